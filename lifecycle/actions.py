@@ -1,0 +1,249 @@
+"""What runs on entering each state: real forward passes, buffer drops, and their records."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from lifecycle.comm import Comm
+from lifecycle.config import RankLayout, ServerArgs, Shape, SmokeRequest
+from lifecycle.device import MemoryMeter, probe_platform, release_cache
+from lifecycle.events import RequestFinished, RequestStarted, WarmupRecord
+from lifecycle.gates import GATES, Platform, calibration_skip_reason, evaluate_gates
+from lifecycle.pipeline import Pipeline, build_pipeline
+from lifecycle.plan import (
+    PROBE_DOES_NOT_FIT,
+    Role,
+    WarmupPlan,
+    WarmupRequest,
+    bounded_shape,
+    bounded_steps,
+    build_plan,
+    fit_probe,
+)
+from lifecycle.recorder import Recorder
+from lifecycle.records import gate_decided, plan_built
+from lifecycle.request import RequestResult, run_request
+from lifecycle.states import State
+
+WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
+
+Action = tuple[str, Callable[[], None]]
+
+
+@dataclass
+class RankRuntime:
+    """What the actions of one rank share; filled in as the startup goes."""
+
+    args: ServerArgs
+    layout: RankLayout
+    recorder: Recorder
+    comm: Comm
+    device: torch.device
+    meter: MemoryMeter
+    local_ranks: int
+    pipeline: Pipeline | None = None
+    platform: Platform | None = None
+    plan: WarmupPlan | None = None
+    dropped_buffers: bool = False
+    results: list[RequestResult] = field(default_factory=list)
+
+    @property
+    def decodes(self) -> bool:
+        """Rank 0 decodes and returns the video; the others stop after the DiT."""
+        return self.layout.rank == 0
+
+    @property
+    def calibration_open(self) -> bool:
+        return self.plan is not None and self.plan.calibration_open
+
+
+class StartupActions:
+    """The actions of each state, in the order they run."""
+
+    def __init__(self, rt: RankRuntime) -> None:
+        self.rt = rt
+
+    def for_state(self, state: State) -> tuple[Action, ...]:
+        table: dict[State, tuple[Action, ...]] = {
+            State.GATE_CHECK: (
+                ("load-pipeline", self.load_pipeline),
+                ("decide-path", self.decide_path),
+            ),
+            State.BOUNDED_WARM: (("bounded-warmup", self.bounded_warm),),
+            State.PROBE: (("probe", self.probe),),
+            State.RE_WARM: (("re-warmup", self.re_warm),),
+            State.DROP_BUFFERS: (("drop-buffers", self.drop_buffers),),
+            State.READY: (("mark-ready", self.ready),),
+        }
+        return table.get(state, ())
+
+    # -- gate-check ----------------------------------------------------------------------------
+
+    def load_pipeline(self) -> None:
+        self.rt.pipeline = build_pipeline(self.rt.args.model, self.rt.comm)
+
+    def decide_path(self) -> None:
+        """Probe the platform, evaluate the gates, agree with every rank, build the plan."""
+        rt = self.rt
+        args, world = rt.args, rt.comm.world
+        platform = probe_platform(rt.device, rt.meter, local_ranks=rt.local_ranks)
+        rt.platform = platform
+        outcomes = evaluate_gates(args, platform)
+        local_reason = calibration_skip_reason(args, platform)
+        # The first failing gate's index (len(GATES) when all pass); the smallest index wins,
+        # so the ranks close calibration together if any one of them closes it.
+        first_failed = next((i for i, o in enumerate(outcomes) if not o.passed), len(GATES))
+        decision = torch.tensor([first_failed], dtype=torch.int64)
+        world.all_reduce(decision, op="min", purpose="gate-agree")
+        agreed = int(decision.item())
+        skip_reason = None if agreed == len(GATES) else GATES[agreed].reason
+        rt.recorder.record(
+            gate_decided(
+                outcomes=outcomes,
+                platform=platform,
+                skip_reason=skip_reason,
+                local_skip_reason=local_reason,
+            )
+        )
+        fit = None
+        probe_shape: Shape | None = None
+        if skip_reason is None and args.warmup_mode.value == "server":
+            fit = fit_probe(args, free_bytes=platform.free_bytes, total_bytes=platform.total_bytes)
+            probe_shape = self._agree_probe_shape(fit.fitted)
+            if probe_shape is None:
+                skip_reason = PROBE_DOES_NOT_FIT
+        rt.plan = build_plan(args, skip_reason=skip_reason, fit=fit, probe_shape=probe_shape)
+        rt.recorder.record(plan_built(rt.plan))
+
+    def _agree_probe_shape(self, mine: Shape | None) -> Shape | None:
+        """The smallest fitted probe among all ranks; None when any rank fits none."""
+        world = self.rt.comm.world
+        local = torch.tensor(
+            [mine.width, mine.height, mine.frames] if mine else [0, 0, 0], dtype=torch.int64
+        )
+        everyone = torch.empty((world.size, 3), dtype=torch.int64)
+        world.all_gather(everyone, local, purpose="probe-agree")
+        shapes = [Shape(width=int(w), height=int(h), frames=int(f)) for w, h, f in everyone.tolist()]
+        if any(s.pixels == 0 for s in shapes):
+            return None
+        return min(shapes, key=lambda s: (s.pixels, s.frames, s.width, s.height))
+
+    # -- warmup --------------------------------------------------------------------------------
+
+    def _plan(self) -> WarmupPlan:
+        assert self.rt.plan is not None, "decide-path builds the plan before any warmup"
+        return self.rt.plan
+
+    def _warm(self, request: WarmupRequest) -> None:
+        rt = self.rt
+        assert rt.pipeline is not None
+        result = run_request(
+            rt.pipeline,
+            prompt=WARMUP_PROMPT,
+            shape=request.shape,
+            steps=request.steps,
+            seed=rt.args.seed,
+            meter=rt.meter,
+            device=rt.device,
+            decode=rt.decodes,
+        )
+        rt.results.append(result)
+        rt.recorder.record(
+            WarmupRecord(
+                role=request.role.value,
+                width=request.shape.width,
+                height=request.shape.height,
+                frames=request.shape.frames,
+                steps=request.steps,
+                tokens=rt.args.model.tokens(request.shape),
+                total_s=result.total_s,
+                step_s=result.step_s,
+                stages=result.stages,
+                memory_source=result.memory_source,
+                baseline_bytes=result.baseline_bytes,
+                peak_bytes=result.peak_bytes,
+                checksum=result.checksum,
+            )
+        )
+
+    def bounded_warm(self) -> None:
+        for request in self._plan().by_role(Role.BOUNDED):
+            self._warm(request)
+
+    def probe(self) -> None:
+        for request in self._plan().by_role(Role.PROBE):
+            self._warm(request)
+
+    def re_warm(self) -> None:
+        for request in self._plan().by_role(Role.REWARM):
+            self._warm(request)
+
+    # -- drop-buffers and ready ----------------------------------------------------------------
+
+    def drop_buffers(self) -> None:
+        rt = self.rt
+        rt.comm.staging.drop(release_cache=lambda: release_cache(rt.device))
+        rt.dropped_buffers = True
+
+    def ready(self) -> None:
+        rt = self.rt
+        mode = rt.args.smoke_request
+        if mode is SmokeRequest.ON or (mode is SmokeRequest.AUTO and rt.dropped_buffers):
+            # The first request after drop-buffers creates the staging buffers again; run it
+            # before /health turns green so that a rank that cannot is caught at startup.
+            model = rt.args.model
+            self.generate(
+                prompt=WARMUP_PROMPT,
+                shape=bounded_shape(model),
+                steps=bounded_steps(model, calibration_open=False),
+                source="smoke",
+            )
+
+    def generate(self, *, prompt: str, shape: Shape, steps: int, source: str) -> RequestResult:
+        """Run one request on this rank, journaled as request_started / request_finished."""
+        rt = self.rt
+        assert rt.pipeline is not None
+        request_id = uuid.uuid4().hex[:12]
+        rt.recorder.record(
+            RequestStarted(
+                request_id=request_id,
+                source=source,
+                width=shape.width,
+                height=shape.height,
+                frames=shape.frames,
+                steps=steps,
+                prompt_chars=len(prompt),
+            )
+        )
+        try:
+            result = run_request(
+                rt.pipeline,
+                prompt=prompt,
+                shape=shape,
+                steps=steps,
+                seed=rt.args.seed,
+                meter=rt.meter,
+                device=rt.device,
+                decode=rt.decodes,
+            )
+        except Exception:
+            rt.recorder.record(
+                RequestFinished(
+                    request_id=request_id, ok=False, total_s=0.0, checksum=None, peak_bytes=None
+                )
+            )
+            raise
+        rt.recorder.record(
+            RequestFinished(
+                request_id=request_id,
+                ok=True,
+                total_s=result.total_s,
+                checksum=result.checksum,
+                peak_bytes=result.peak_bytes,
+            )
+        )
+        return result

@@ -1,0 +1,162 @@
+"""The `lifecycle` command: boot, serve, diagram, db."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+from lifecycle.config import (
+    MODEL_PRESETS,
+    PerformanceMode,
+    ServerArgs,
+    SmokeRequest,
+    WarmupMode,
+)
+from lifecycle.errors import ConfigError, LifecycleError
+from lifecycle.faults import parse_faults
+from lifecycle.logs import LEVELS, configure_logging
+
+EXIT_READY = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _add_startup_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-video", help="model preset (default: tiny-video)")
+    p.add_argument("--pipeline", metavar="MODULE:ATTR", help="import a (ModelSpec, factory) plug-in")
+    p.add_argument("--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"),
+                   help="journal path or SQLAlchemy URL (default: $LIFECYCLE_DB or lifecycle.db)")
+    p.add_argument("--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
+    p.add_argument("--warmup-mode", choices=[m.value for m in WarmupMode], default="server")
+    p.add_argument("--calibrate", action="store_true",
+                   help="opt in to the calibration path (passes the residency-planner gate only)")
+    p.add_argument("--num-ranks", type=int, default=1)
+    p.add_argument("--cfg-parallel", type=int, default=1)
+    p.add_argument("--ulysses", type=int, default=None, help="default: num-ranks / cfg-parallel")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--dist-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="process-group timeout, as NCCL's watchdog (default: 600)")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="SECONDS")
+    p.add_argument("--state-deadline", type=float, default=300.0, metavar="SECONDS",
+                   help="a state that lasts longer is journaled as stalled, with every stack")
+    p.add_argument("--smoke-request", choices=[m.value for m in SmokeRequest], default="auto",
+                   help="run one request at ready (auto: after drop-buffers)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fault", action="append", default=[], metavar="RANK:STATE:KIND",
+                   help="inject a fault (repeatable; also LIFECYCLE_FAULTS, comma-separated)")
+    p.add_argument("--json-logs", action="store_true", help="structlog JSON lines on stderr")
+    p.add_argument("--log-level", choices=LEVELS, default="info")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lifecycle", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    boot = sub.add_parser("boot", help="run a startup to ready and exit (0 ready, 1 failed)")
+    _add_startup_options(boot)
+    serve = sub.add_parser("serve", help="boot, then serve HTTP until SIGTERM")
+    _add_startup_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    sub.add_parser("diagram", help="print the state machine as Mermaid")
+    db = sub.add_parser("db", help="journal schema: current revision, upgrade")
+    db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=_Parser)
+    for name, text in (("current", "print the journal's schema revision"),
+                       ("upgrade", "migrate this lifecycle's own journal to the newest schema")):
+        cmd = db_sub.add_parser(name, help=text)
+        cmd.add_argument("--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"))
+    return parser
+
+
+def server_args(ns: argparse.Namespace) -> ServerArgs:
+    """ServerArgs from parsed options and the environment; ConfigError on anything invalid."""
+    if ns.pipeline:
+        from lifecycle.pipeline import load_plugin
+
+        load_plugin(ns.pipeline)
+    model = MODEL_PRESETS.get(ns.model)
+    if model is None:
+        raise ConfigError(
+            f"--model {ns.model!r} is not one of {', '.join(sorted(MODEL_PRESETS))}", field="model"
+        )
+    ulysses = ns.ulysses if ns.ulysses is not None else max(1, ns.num_ranks // max(1, ns.cfg_parallel))
+    return ServerArgs(
+        model=model,
+        db=ns.db,
+        performance_mode=PerformanceMode(ns.performance_mode),
+        warmup_mode=WarmupMode(ns.warmup_mode),
+        calibrate=ns.calibrate,
+        disable_auto_residency=_truthy(os.environ.get("LIFECYCLE_DISABLE_AUTO_RESIDENCY")),
+        num_ranks=ns.num_ranks,
+        cfg_parallel=ns.cfg_parallel,
+        ulysses=ulysses,
+        device=ns.device,
+        dist_timeout_s=ns.dist_timeout,
+        heartbeat_interval_s=ns.heartbeat_interval,
+        state_deadline_s=ns.state_deadline,
+        smoke_request=SmokeRequest(ns.smoke_request),
+        faults=parse_faults(ns.fault, os.environ.get("LIFECYCLE_FAULTS")),
+        seed=ns.seed,
+    )
+
+
+def _fail_usage(message: str) -> int:
+    print(f"lifecycle: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    created_at = time.time()
+    ns = build_parser().parse_args(argv)
+    if ns.command == "diagram":
+        from lifecycle.states import mermaid
+
+        sys.stdout.write(mermaid())
+        return 0
+    if ns.command == "db":
+        return _db(ns)
+    try:
+        args = server_args(ns)
+    except ConfigError as exc:
+        return _fail_usage(str(exc))
+    configure_logging(json=ns.json_logs, level=ns.log_level)
+    from lifecycle.launch import boot, serve
+
+    try:
+        if ns.command == "serve":
+            return serve(args, created_at=created_at, host=ns.host, port=ns.port)
+        return boot(args, created_at=created_at)
+    except LifecycleError as exc:
+        return _fail_usage(str(exc))
+
+
+def _db(ns: argparse.Namespace) -> int:
+    from lifecycle.journal import Journal, head_revision, journal_revision
+
+    try:
+        if ns.db_command == "current":
+            print(f"{journal_revision(ns.db)} (head {head_revision()})")
+            return 0
+        Journal.open_for_write(ns.db, upgrade=True).close()
+        print(f"{ns.db}: at {head_revision()}")
+        return 0
+    except LifecycleError as exc:
+        return _fail_usage(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The error families of lifecycle, all under one base, `LifecycleError`."""
+
+from __future__ import annotations
+
+
+class LifecycleError(Exception):
+    """Base of every error lifecycle raises on purpose."""
+
+
+class ConfigError(LifecycleError):
+    """A configuration value is out of range or inconsistent."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class FaultSpecError(ConfigError):
+    """A `--fault RANK:STATE:KIND` spec cannot be parsed."""
+
+    def __init__(self, message: str, *, spec: str) -> None:
+        super().__init__(message, field="fault")
+        self.spec = spec
+
+
+class IllegalTransition(LifecycleError):
+    """A trigger that the transition table does not allow from the current state."""
+
+    def __init__(self, *, state: str, trigger: str, reason: str) -> None:
+        super().__init__(f"trigger {trigger!r} is not allowed in state {state!r}: {reason}")
+        self.state = state
+        self.trigger = trigger
+        self.reason = reason
+
+
+class PlanError(LifecycleError):
+    """The warmup plan cannot be built from the configuration."""
+
+
+class JournalError(LifecycleError):
+    """Base of the journal's errors; the message is one line a person can act on."""
+
+
+class NotAJournal(JournalError):
+    """The file or database is not a lifecycle journal (empty, corrupt, or another program's)."""
+
+    def __init__(self, *, location: str, reason: str) -> None:
+        super().__init__(f"{location}: not a lifecycle journal: {reason}")
+        self.location = location
+        self.reason = reason
+
+
+class JournalNotFound(JournalError):
+    """A journal that was to be read does not exist."""
+
+    def __init__(self, *, location: str) -> None:
+        super().__init__(f"{location}: no such journal")
+        self.location = location
+
+
+class SchemaMismatch(JournalError):
+    """The journal's schema revision is not the one this lifecycle writes."""
+
+    def __init__(self, *, location: str, found: str, expected: str, hint: str) -> None:
+        super().__init__(
+            f"{location}: journal schema revision {found} is not {expected} ({hint})"
+        )
+        self.location = location
+        self.found = found
+        self.expected = expected
+        self.hint = hint
+
+
+class JournalConflict(JournalError):
+    """A second writer tried to append an event at a (run, rank, seq) that already exists."""
+
+    def __init__(self, *, run_id: str, rank: int, seq: int) -> None:
+        super().__init__(
+            f"event seq {seq} of run {run_id} rank {rank} already exists: another writer is"
+            " appending to the same run and rank"
+        )
+        self.run_id = run_id
+        self.rank = rank
+        self.seq = seq
+
+
+class CorruptEvent(JournalError):
+    """An event row whose payload cannot be decoded."""
+
+    def __init__(self, *, kind: str, reason: str) -> None:
+        super().__init__(f"event {kind!r} cannot be decoded: {reason}")
+        self.kind = kind
+        self.reason = reason
+
+
+class InjectedFault(LifecycleError):
+    """A fault injected on purpose with `--fault` (kind `raise`)."""
+
+    def __init__(self, *, rank: int, state: str) -> None:
+        super().__init__(f"fault injected on rank {rank} in state {state!r}")
+        self.rank = rank
+        self.state = state
+
+
+class CollectiveError(LifecycleError):
+    """A recorded collective failed or timed out."""
+
+    def __init__(self, message: str, *, group: str, group_seq: int, op: str) -> None:
+        super().__init__(message)
+        self.group = group
+        self.group_seq = group_seq
+        self.op = op
+
+
+class CollectiveTimeout(CollectiveError):
+    """A recorded collective did not finish within the process-group timeout."""
+
+
+class RankDisagreement(LifecycleError):
+    """Ranks reached different decisions where they must agree."""
+
+    def __init__(self, message: str, *, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank

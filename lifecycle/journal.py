@@ -1,0 +1,615 @@
+"""The journal: a write-ahead, append-only event store over SQLAlchemy Core."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Text,
+    create_engine,
+    event,
+    inspect,
+    select,
+    text,
+    type_coerce,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from lifecycle.errors import (
+    JournalConflict,
+    JournalError,
+    JournalNotFound,
+    NotAJournal,
+    SchemaMismatch,
+)
+from lifecycle.events import Event, StoredEvent, decode_or_unknown, encode
+from lifecycle.schema import events, runs
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+BUSY_TIMEOUT_S = 30.0
+LOCKED_RETRIES = 5
+REQUIRED_TABLES = frozenset({"runs", "events"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRow:
+    run_id: str
+    created_at: float
+    host: str
+    world_size: int
+    config: dict[str, Any]
+    lifecycle_version: str
+
+
+def to_url(location: str) -> str:
+    """A SQLAlchemy URL for a journal given as a URL or as a file path."""
+    if "://" in location:
+        return location
+    return "sqlite:///" + os.path.abspath(os.path.expanduser(location))
+
+
+def _sqlite_path(url: str) -> Path | None:
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("sqlite"):
+        return None
+    if not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema revisions (Alembic)
+
+
+def migrations_dir() -> Path:
+    from lifecycle import migrations
+
+    return Path(migrations.__file__).parent
+
+
+def alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+@cache
+def known_revisions() -> tuple[str, ...]:
+    """Every revision this lifecycle knows, oldest first; the last is head."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(migrations_dir()))
+    heads = script.get_heads()
+    if len(heads) != 1:
+        raise JournalError(f"the journal migrations have {len(heads)} heads, expected one")
+    return tuple(reversed([rev.revision for rev in script.walk_revisions()]))
+
+
+def head_revision() -> str:
+    return known_revisions()[-1]
+
+
+EMPTY = "empty"
+
+
+def _schema_revision(conn: Connection, location: str) -> str:
+    """The journal's revision, or EMPTY for a database with no tables at all."""
+    tables = set(inspect(conn).get_table_names())
+    if "alembic_version" not in tables:
+        if not tables:
+            return EMPTY
+        listed = ", ".join(sorted(tables)[:5])
+        raise NotAJournal(location=location, reason=f"a database of another program ({listed})")
+    versions = [str(v) for v in conn.execute(text("SELECT version_num FROM alembic_version")).scalars()]
+    if len(versions) != 1:
+        raise NotAJournal(location=location, reason=f"{len(versions)} schema revisions recorded")
+    revision = versions[0]
+    known = known_revisions()
+    if revision not in known:
+        raise SchemaMismatch(
+            location=location,
+            found=revision,
+            expected=head_revision(),
+            hint="unknown to this lifecycle: written by a newer lifecycle or another program;"
+            " upgrade lifecycle to read it",
+        )
+    if revision == head_revision() and not REQUIRED_TABLES <= tables:
+        raise NotAJournal(location=location, reason="journal tables are missing")
+    return revision
+
+
+def _check_head(revision: str, location: str) -> None:
+    if revision not in (head_revision(), EMPTY):
+        raise SchemaMismatch(
+            location=location,
+            found=revision,
+            expected=head_revision(),
+            hint=f"older: run `lifecycle db upgrade --db {location}`",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Engines
+
+
+def _check_sqlite_file(path: Path, location: str) -> bool:
+    """Refuse a file that is not a SQLite database; True when it is missing or empty."""
+    if not path.exists():
+        return True
+    if path.is_dir():
+        raise NotAJournal(location=location, reason="a directory")
+    size = path.stat().st_size
+    if size == 0:
+        return True
+    with path.open("rb") as fh:
+        header = fh.read(100)
+    if not header.startswith(SQLITE_HEADER):
+        raise NotAJournal(location=location, reason="not a SQLite database")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if len(header) < 100 or page_size < 512 or size < page_size or size % page_size:
+        raise NotAJournal(location=location, reason=f"truncated SQLite file ({size} bytes)")
+    return False
+
+
+def _sqlite_engine(path: Path, *, write: bool) -> Engine:
+    mode = "rwc" if write else "ro"
+    uri = f"file:{quote(str(path))}?mode={mode}"
+
+    def connect() -> sqlite3.Connection:
+        # isolation_level=None: SQLAlchemy's begin hook below emits BEGIN itself, so that DDL
+        # (the migrations) is transactional too.
+        return sqlite3.connect(
+            uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None
+        )
+
+    engine = create_engine("sqlite://", creator=connect, poolclass=NullPool)
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if write:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        # IMMEDIATE takes the write lock up front: a writer waits in the busy handler instead
+        # of failing when it upgrades a read lock that another writer has overtaken.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _translate(exc: Exception, location: str) -> JournalError:
+    message = str(getattr(exc, "orig", exc)).splitlines()[0]
+    if "file is not a database" in message or "malformed" in message:
+        return NotAJournal(location=location, reason=f"corrupt SQLite file ({message})")
+    return JournalError(f"{location}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The journal
+
+
+class Journal:
+    """One journal, opened for reading or for writing."""
+
+    def __init__(self, *, engine: Engine, location: str, url: str, writable: bool) -> None:
+        self.engine = engine
+        self.location = location
+        self.url = url
+        self.writable = writable
+        self.malformed_rows: list[str] = []
+
+    # -- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open_for_read(cls, location: str) -> Journal:
+        """Open an existing journal read-only; never writes to it."""
+        url = to_url(location)
+        path = _sqlite_path(url)
+        if path is not None:
+            if not path.exists():
+                raise JournalNotFound(location=location)
+            if _check_sqlite_file(path, location):
+                raise NotAJournal(location=location, reason="empty file")
+            engine = _sqlite_engine(path, write=False)
+        else:
+            engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                revision = _schema_revision(conn, location)
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            raise _translate(exc, location) from None
+        except JournalError:
+            engine.dispose()
+            raise
+        if revision == EMPTY:
+            engine.dispose()
+            raise NotAJournal(location=location, reason="an empty database")
+        try:
+            _check_head(revision, location)
+        except SchemaMismatch:
+            engine.dispose()
+            raise
+        return cls(engine=engine, location=location, url=url, writable=False)
+
+    @classmethod
+    def open_for_write(cls, location: str, *, upgrade: bool = False) -> Journal:
+        """Open a journal to append to, creating its tables in a new or empty database.
+
+        A journal at an older revision is migrated only when `upgrade` is true; anything that
+        is not a journal of this lifecycle is refused before a byte of it is written.
+        """
+        url = to_url(location)
+        path = _sqlite_path(url)
+        if path is None:
+            engine = create_engine(url, poolclass=NullPool)
+            cls._migrate(engine, location, url, upgrade=upgrade)
+            return cls(engine=engine, location=location, url=url, writable=True)
+        if not path.parent.is_dir():
+            raise JournalError(f"{location}: directory {path.parent} does not exist")
+        if not _check_sqlite_file(path, location):
+            # Inspect through a read-only connection first: switching a foreign database to
+            # WAL would already change its bytes.
+            probe = _sqlite_engine(path, write=False)
+            try:
+                with probe.connect() as conn:
+                    revision = _schema_revision(conn, location)
+            except SQLAlchemyError as exc:
+                raise _translate(exc, location) from None
+            finally:
+                probe.dispose()
+            if not upgrade:
+                _check_head(revision, location)
+        with _creation_lock(path):
+            engine = _sqlite_engine(path, write=True)
+            try:
+                cls._migrate(engine, location, url, upgrade=upgrade)
+            except BaseException:
+                engine.dispose()
+                raise
+        return cls(engine=engine, location=location, url=url, writable=True)
+
+    @staticmethod
+    def _migrate(engine: Engine, location: str, url: str, *, upgrade: bool) -> None:
+        from alembic import command
+
+        try:
+            with engine.connect() as conn:
+                revision = _schema_revision(conn, location)
+                if revision == head_revision():
+                    conn.rollback()
+                    return
+                if revision != EMPTY and not upgrade:
+                    _check_head(revision, location)
+                cfg = alembic_config(url)
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                conn.commit()
+        except SQLAlchemyError as exc:
+            raise _translate(exc, location) from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def create_run(self, row: RunRow) -> None:
+        """Record a run; a second call with the same run id (another rank) is a no-op."""
+        values = {
+            "run_id": row.run_id,
+            "created_at": row.created_at,
+            "host": row.host,
+            "world_size": row.world_size,
+            "config": row.config,
+            "lifecycle_version": row.lifecycle_version,
+        }
+        try:
+            with self.engine.begin() as conn:
+                exists = conn.execute(
+                    select(runs.c.run_id).where(runs.c.run_id == row.run_id)
+                ).first()
+                if exists is None:
+                    conn.execute(runs.insert().values(**values))
+        except IntegrityError:
+            return  # another rank recorded it between our check and insert
+        except SQLAlchemyError as exc:
+            raise _translate(exc, self.location) from None
+
+    def runs(self) -> list[RunRow]:
+        stmt = select(
+            runs.c.run_id,
+            runs.c.created_at,
+            runs.c.host,
+            runs.c.world_size,
+            type_coerce(runs.c.config, Text),
+            runs.c.lifecycle_version,
+        ).order_by(runs.c.created_at, runs.c.run_id)
+        out: list[RunRow] = []
+        try:
+            with self.engine.connect() as conn:
+                for run_id, created_at, host, world_size, config, version in conn.execute(stmt):
+                    try:
+                        parsed = json.loads(config) if isinstance(config, str) else config
+                    except ValueError:
+                        parsed = None
+                    if not isinstance(parsed, dict):
+                        self.malformed_rows.append(f"run {run_id}: config is not a JSON object")
+                        parsed = {}
+                    out.append(
+                        RunRow(
+                            run_id=str(run_id),
+                            created_at=float(created_at or 0.0),
+                            host=str(host),
+                            world_size=int(world_size or 0),
+                            config=parsed,
+                            lifecycle_version=str(version),
+                        )
+                    )
+        except SQLAlchemyError as exc:
+            raise _translate(exc, self.location) from None
+        return out
+
+    # -- events --------------------------------------------------------------------------------
+
+    def writer(self, *, run_id: str, rank: int) -> RankWriter:
+        if not self.writable:
+            raise JournalError(f"{self.location}: opened read-only")
+        return RankWriter(self, run_id=run_id, rank=rank)
+
+    def read(
+        self, *, run_id: str | None = None, rank: int | None = None, from_seq: int = 0
+    ) -> Iterator[StoredEvent]:
+        """Events in (run_id, rank, seq) order, decoded; unknown or corrupt payloads included."""
+        stmt = select(
+            events.c.run_id,
+            events.c.rank,
+            events.c.seq,
+            events.c.wall_time,
+            events.c.mono_ns,
+            events.c.kind,
+            events.c.version,
+            events.c.state,
+            type_coerce(events.c.data, Text),
+        ).order_by(events.c.run_id, events.c.rank, events.c.seq)
+        if run_id is not None:
+            stmt = stmt.where(events.c.run_id == run_id)
+        if rank is not None:
+            stmt = stmt.where(events.c.rank == rank)
+        if from_seq:
+            stmt = stmt.where(events.c.seq >= from_seq)
+        try:
+            with self.engine.connect() as conn:
+                for row in conn.execute(stmt):
+                    stored = self._stored(row)
+                    if stored is not None:
+                        yield stored
+        except SQLAlchemyError as exc:
+            raise _translate(exc, self.location) from None
+
+    def _stored(self, row: Any) -> StoredEvent | None:
+        run_id, rank, seq, wall_time, mono_ns, kind, version, state, data = row
+        if not (
+            isinstance(run_id, str)
+            and _is_int(rank)
+            and _is_int(seq)
+            and _is_number(wall_time)
+            and _is_int(mono_ns)
+            and isinstance(kind, str)
+            and _is_int(version)
+            and isinstance(state, str)
+        ):
+            self.malformed_rows.append(f"run {run_id!r} rank {rank!r} seq {seq!r}: bad envelope")
+            return None
+        payload = data if isinstance(data, str) else json.dumps(data)
+        return StoredEvent(
+            run_id=run_id,
+            rank=rank,
+            seq=seq,
+            wall_time=float(wall_time),
+            mono_ns=mono_ns,
+            state=state,
+            event=decode_or_unknown(kind, version, payload),
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@contextlib.contextmanager
+def _creation_lock(path: Path) -> Iterator[None]:
+    """Serialise journal creation between processes that open the same new file at once."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+class RankWriter:
+    """Appends one rank's events with gapless sequence numbers, each committed before return.
+
+    Thread-safe: the rank's main thread and its heartbeat thread share one writer.
+    """
+
+    def __init__(self, journal: Journal, *, run_id: str, rank: int) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self._location = journal.location
+        self._lock = threading.Lock()
+        self._conn = journal.engine.connect()
+        dialect = journal.engine.dialect
+        compiled = events.insert().compile(dialect=dialect)
+        self._sql = str(compiled)
+        self._positional = bool(compiled.positional)
+        self._order = tuple(compiled.positiontup or ())
+        try:
+            existing = self._conn.execute(
+                select(events.c.seq)
+                .where(events.c.run_id == run_id, events.c.rank == rank)
+                .limit(1)
+            ).first()
+            self._conn.rollback()
+        except SQLAlchemyError as exc:
+            self._conn.close()
+            raise _translate(exc, self._location) from None
+        if existing is not None:
+            self._conn.close()
+            raise JournalConflict(run_id=run_id, rank=rank, seq=0)
+        driver = self._conn.connection.driver_connection
+        self._sqlite = driver if isinstance(driver, sqlite3.Connection) else None
+        self._next_seq = 0
+        self._closed = False
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def append(self, event: Event, *, state: str, wall_time: float, mono_ns: int) -> StoredEvent:
+        payload = encode(event)
+        with self._lock:
+            if self._closed:
+                raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
+            seq = self._next_seq
+            values: dict[str, Any] = {
+                "run_id": self.run_id,
+                "rank": self.rank,
+                "seq": seq,
+                "wall_time": wall_time,
+                "mono_ns": mono_ns,
+                "kind": event.kind,
+                "version": event.version,
+                "state": state,
+                "data": payload,
+            }
+            self._insert(values, seq)
+            self._next_seq = seq + 1
+        return StoredEvent(
+            run_id=self.run_id,
+            rank=self.rank,
+            seq=seq,
+            wall_time=wall_time,
+            mono_ns=mono_ns,
+            state=state,
+            event=event,
+        )
+
+    def _insert(self, values: dict[str, Any], seq: int) -> None:
+        params: Any = tuple(values[k] for k in self._order) if self._positional else values
+        for attempt in range(LOCKED_RETRIES + 1):
+            try:
+                if self._sqlite is not None:
+                    self._insert_sqlite(params)
+                else:
+                    self._conn.exec_driver_sql(self._sql, params)
+                    self._conn.commit()
+                return
+            except IntegrityError as exc:
+                self._conn.rollback()
+                if "UNIQUE" in str(exc.orig) or "PRIMARY" in str(exc.orig).upper():
+                    raise JournalConflict(run_id=self.run_id, rank=self.rank, seq=seq) from None
+                raise _translate(exc, self._location) from None
+            except OperationalError as exc:
+                self._conn.rollback()
+                if "locked" in str(exc.orig) and attempt < LOCKED_RETRIES:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise _translate(exc, self._location) from None
+            except DBAPIError as exc:
+                self._conn.rollback()
+                raise _translate(exc, self._location) from None
+            except sqlite3.IntegrityError as exc:
+                self._rollback_sqlite()
+                if "UNIQUE" in str(exc):
+                    raise JournalConflict(run_id=self.run_id, rank=self.rank, seq=seq) from None
+                raise JournalError(f"{self._location}: {exc}") from None
+            except sqlite3.OperationalError as exc:
+                self._rollback_sqlite()
+                if "locked" in str(exc) and attempt < LOCKED_RETRIES:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise _translate(exc, self._location) from None
+            except sqlite3.Error as exc:
+                self._rollback_sqlite()
+                raise _translate(exc, self._location) from None
+
+    def _insert_sqlite(self, params: Any) -> None:
+        # The hot path: one append is BEGIN IMMEDIATE, INSERT, COMMIT on the driver connection
+        # that SQLAlchemy opened, without the per-statement cost of its execution layer.
+        assert self._sqlite is not None
+        cur = self._sqlite.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            cur.execute(self._sql, params)
+            cur.execute("COMMIT")
+        finally:
+            cur.close()
+
+    def _rollback_sqlite(self) -> None:
+        if self._sqlite is not None and self._sqlite.in_transaction:
+            self._sqlite.execute("ROLLBACK")
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+
+def journal_revision(location: str) -> str:
+    """The schema revision of an existing journal, read without writing to it."""
+    url = to_url(location)
+    path = _sqlite_path(url)
+    if path is not None:
+        if not path.exists():
+            raise JournalNotFound(location=location)
+        if _check_sqlite_file(path, location):
+            return EMPTY
+        engine = _sqlite_engine(path, write=False)
+    else:
+        engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return _schema_revision(conn, location)
+    except SQLAlchemyError as exc:
+        raise _translate(exc, location) from None
+    finally:
+        engine.dispose()

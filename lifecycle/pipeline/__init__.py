@@ -1,0 +1,85 @@
+"""Pipelines: the built-in `tiny-video` family and the plug-in point for a server's own."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from lifecycle.comm import Comm
+from lifecycle.config import MODEL_PRESETS, ModelSpec, Shape
+from lifecycle.errors import ConfigError
+
+
+class Pipeline(Protocol):
+    """What the startup actions need of a text-to-video pipeline.
+
+    `components` names its stages in order; `encode_prompt`, `denoise` and `decode` run them.
+    Collectives go through `comm` (a recorded group); buffers through `comm.staging`.
+    """
+
+    spec: ModelSpec
+    components: tuple[str, ...]
+
+    @property
+    def parameter_bytes(self) -> int: ...
+
+    def encode_prompt(self, prompt: str) -> Any: ...
+
+    def denoise(
+        self,
+        embeds: Any,
+        shape: Shape,
+        steps: int,
+        *,
+        seed: int,
+        on_step: Callable[[int], None],
+    ) -> torch.Tensor: ...
+
+    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor: ...
+
+
+PipelineFactory = Callable[[ModelSpec, Comm], Pipeline]
+
+
+def _tiny(spec: ModelSpec, comm: Comm) -> Pipeline:
+    from lifecycle.pipeline.tiny import TinyVideoPipeline
+
+    return TinyVideoPipeline(spec, comm=comm)
+
+
+_FACTORIES: dict[str, PipelineFactory] = {name: _tiny for name in MODEL_PRESETS}
+
+
+def register_pipeline(spec: ModelSpec, factory: PipelineFactory) -> None:
+    """Make `--model spec.name` build pipelines with `factory` in this process."""
+    MODEL_PRESETS[spec.name] = spec
+    _FACTORIES[spec.name] = factory
+
+
+def load_plugin(target: str) -> None:
+    """Import `module:attr` and register what it names: a (ModelSpec, factory) pair.
+
+    Rank processes import the same target, so a plug-in works across spawned ranks too.
+    """
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--pipeline must be MODULE:ATTR, not {target!r}", field="pipeline")
+    try:
+        value = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--pipeline {target}: {exc}", field="pipeline") from exc
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], ModelSpec)):
+        raise ConfigError(
+            f"--pipeline {target} must name a (ModelSpec, factory) pair", field="pipeline"
+        )
+    register_pipeline(value[0], value[1])
+
+
+def build_pipeline(spec: ModelSpec, comm: Comm) -> Pipeline:
+    factory = _FACTORIES.get(spec.name)
+    if factory is None:
+        raise ConfigError(f"no pipeline is registered for model {spec.name!r}", field="model")
+    return factory(spec, comm)

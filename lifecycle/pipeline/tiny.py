@@ -1,0 +1,340 @@
+"""The built-in tiny text-to-video pipeline: byte-level text encoder, Ulysses DiT, chunked decoder."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lifecycle.comm import Comm, UlyssesAttention
+from lifecycle.config import ModelSpec, Shape
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TinyConfig:
+    latent_channels: int = 8
+    dim: int = 128
+    heads: int = 4
+    layers: int = 4
+    mlp_ratio: int = 2
+    text_dim: int = 64
+    text_layers: int = 2
+    text_len: int = 32
+    patch: int = 2
+    vae_spatial: int = 32
+    vae_temporal: int = 4
+    vae_hidden: int = 32
+    guidance: float = 5.0
+
+
+def _seeded(name: str) -> torch.Generator:
+    seed = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") >> 1
+    return torch.Generator().manual_seed(seed)
+
+
+def _sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    angles = positions.float()[:, None] * freqs[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class TextEncoder(nn.Module):
+    """A small transformer over the prompt's UTF-8 bytes."""
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(257, cfg.text_dim)  # 256 byte values + padding
+        self.pos = nn.Parameter(torch.zeros(cfg.text_len, cfg.text_dim))
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                cfg.text_dim,
+                nhead=4,
+                dim_feedforward=cfg.text_dim * 2,
+                batch_first=True,
+                dropout=0.0,
+            )
+            for _ in range(cfg.text_layers)
+        )
+        self.norm = nn.LayerNorm(cfg.text_dim)
+
+    def tokenize(self, prompts: list[str]) -> torch.Tensor:
+        rows = []
+        for prompt in prompts:
+            ids = list(prompt.encode("utf-8")[: self.cfg.text_len])
+            rows.append(ids + [256] * (self.cfg.text_len - len(ids)))
+        return torch.tensor(rows, dtype=torch.long)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.pos
+        for layer in self.layers:
+            x = layer(x)
+        out: torch.Tensor = self.norm(x)
+        return out
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        d = cfg.dim
+        self.heads = cfg.heads
+        self.norm1 = nn.LayerNorm(d, elementwise_affine=False)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm2 = nn.LayerNorm(d)
+        self.cross_q = nn.Linear(d, d)
+        self.cross_kv = nn.Linear(cfg.text_dim, 2 * d)
+        self.cross_proj = nn.Linear(d, d)
+        self.norm3 = nn.LayerNorm(d, elementwise_affine=False)
+        self.mlp = nn.Sequential(
+            nn.Linear(d, d * cfg.mlp_ratio), nn.GELU(approximate="tanh"), nn.Linear(d * cfg.mlp_ratio, d)
+        )
+        self.modulation = nn.Linear(d, 6 * d)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        t_emb: torch.Tensor,
+        text: torch.Tensor,
+        attention: UlyssesAttention,
+        key_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        b, n, d = x.shape
+        h = self.heads
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(t_emb)[:, None].chunk(6, -1)
+        y = self.norm1(x) * (1 + scale1) + shift1
+        qkv = self.qkv(y).view(b, n, 3, h, d // h)
+        x = x + gate1 * self.proj(attention(qkv, key_mask).reshape(b, n, d))
+        q = self.cross_q(self.norm2(x)).view(b, n, h, d // h).transpose(1, 2)
+        kv = self.cross_kv(text).view(b, -1, 2, h, d // h).permute(2, 0, 3, 1, 4)
+        cross = F.scaled_dot_product_attention(q, kv[0], kv[1]).transpose(1, 2).reshape(b, n, d)
+        x = x + self.cross_proj(cross)
+        y = self.norm3(x) * (1 + scale2) + shift2
+        out: torch.Tensor = x + gate2 * self.mlp(y)
+        return out
+
+
+class DiT(nn.Module):
+    """A diffusion transformer over patchified video latents, sequence-parallel by Ulysses."""
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        p, c, d = cfg.patch, cfg.latent_channels, cfg.dim
+        self.patch_embed = nn.Linear(c * p * p, d)
+        self.time_mlp = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
+        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(d, elementwise_affine=False)
+        self.final_mod = nn.Linear(d, 2 * d)
+        self.final = nn.Linear(d, c * p * p)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        sigma: torch.Tensor,
+        text: torch.Tensor,
+        attention: UlyssesAttention,
+        key_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        x = self.patch_embed(tokens) + positions
+        t_emb = self.time_mlp(_sinusoid(sigma * 1000.0, self.cfg.dim))
+        for block in self.blocks:
+            x = block(x, t_emb, text, attention, key_mask)
+        shift, scale = self.final_mod(t_emb)[:, None].chunk(2, -1)
+        out: torch.Tensor = self.final(self.final_norm(x) * (1 + scale) + shift)
+        return out
+
+
+class Decoder(nn.Module):
+    """A VAE-style decoder: latent frames to pixels by convolution and depth-to-space."""
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        s, hidden = cfg.vae_spatial, cfg.vae_hidden
+        self.cfg = cfg
+        self.conv_in = nn.Conv2d(cfg.latent_channels, hidden, 3, padding=1)
+        self.conv_mid = nn.Conv2d(hidden, hidden, 3, padding=1)
+        self.first_frame = nn.Conv2d(hidden, 3 * s * s, 1)
+        self.later_frames = nn.Conv2d(hidden, 3 * cfg.vae_temporal * s * s, 1)
+
+    def decode_frame(self, latent: torch.Tensor, *, first: bool) -> torch.Tensor:
+        """One latent frame (B, C, h, w) to pixel frames (B, F, 3, h*s, w*s) in [-1, 1]."""
+        s = self.cfg.vae_spatial
+        y = F.silu(self.conv_mid(F.silu(self.conv_in(latent))))
+        head = self.first_frame if first else self.later_frames
+        pixels = F.pixel_shuffle(head(y), s)  # (B, 3*F, h*s, w*s)
+        b, cf, hh, ww = pixels.shape
+        return torch.tanh(pixels.view(b, cf // 3, 3, hh, ww))
+
+
+@dataclass(slots=True)
+class PromptEmbeds:
+    text: torch.Tensor  # (branches, L, text_dim)
+    branches: tuple[str, ...]  # which CFG branches this rank computes: "cond", "uncond"
+
+
+class TinyVideoPipeline:
+    """Text encoder, DiT and decoder of `tiny-video`, with deterministic random weights."""
+
+    components = ("text_encoder", "dit", "vae")
+
+    def __init__(self, spec: ModelSpec, *, comm: Comm, cfg: TinyConfig | None = None) -> None:
+        self.spec = spec
+        self.cfg = cfg or TinyConfig(heads=spec.attention_heads)
+        self.comm = comm
+        device = comm.device
+        generator = _seeded(spec.name)
+        with torch.no_grad():
+            self.text_encoder = TextEncoder(self.cfg)
+            self.dit = DiT(self.cfg)
+            self.vae = Decoder(self.cfg)
+            for module in (self.text_encoder, self.dit, self.vae):
+                for param in module.parameters():
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+                module.to(device).eval()
+        self.attention = UlyssesAttention(comm)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(
+            p.numel() * p.element_size()
+            for m in (self.text_encoder, self.dit, self.vae)
+            for p in m.parameters()
+        )
+
+    def branches(self) -> tuple[str, ...]:
+        if self.comm.layout.cfg_parallel == 1:
+            return ("cond", "uncond")
+        return ("cond",) if self.comm.layout.cfg_rank == 0 else ("uncond",)
+
+    @torch.inference_mode()
+    def encode_prompt(self, prompt: str) -> PromptEmbeds:
+        branches = self.branches()
+        prompts = [prompt if b == "cond" else "" for b in branches]
+        tokens = self.text_encoder.tokenize(prompts).to(self.comm.device)
+        return PromptEmbeds(text=self.text_encoder(tokens), branches=branches)
+
+    def latent_shape(self, shape: Shape) -> tuple[int, int, int, int]:
+        cfg = self.cfg
+        grid = cfg.vae_spatial * cfg.patch
+        frames = (shape.frames - 1) // cfg.vae_temporal + 1
+        height = -(-shape.height // grid) * cfg.patch
+        width = -(-shape.width // grid) * cfg.patch
+        return (cfg.latent_channels, frames, height, width)
+
+    @torch.inference_mode()
+    def denoise(
+        self,
+        embeds: PromptEmbeds,
+        shape: Shape,
+        steps: int,
+        *,
+        seed: int,
+        on_step: Callable[[int], None],
+    ) -> torch.Tensor:
+        """Flow-matching Euler steps with classifier-free guidance; returns the final latents."""
+        cfg, comm = self.cfg, self.comm
+        device = comm.device
+        c, t, h, w = self.latent_shape(shape)
+        p = cfg.patch
+        generator = torch.Generator().manual_seed(seed)
+        latents = torch.randn((1, c, t, h, w), generator=generator).to(device)
+        n = t * (h // p) * (w // p)
+        k = comm.ulysses.size
+        n_local = -(-n // k)
+        n_padded = n_local * k
+        key_mask = None
+        if n_padded != n:
+            key_mask = torch.arange(n_padded, device=device) < n
+        grid = torch.stack(
+            torch.meshgrid(
+                torch.arange(t), torch.arange(h // p), torch.arange(w // p), indexing="ij"
+            ),
+            dim=-1,
+        ).reshape(-1, 3)
+        positions = sum(
+            _sinusoid(grid[:, i].to(device) * (i + 1), cfg.dim) for i in range(3)
+        )
+        assert isinstance(positions, torch.Tensor)
+        positions = F.pad(positions, (0, 0, 0, n_padded - n))
+        lo = comm.layout.ulysses_rank * n_local
+        positions_local = positions[lo : lo + n_local]
+        sigmas = torch.linspace(1.0, 0.0, steps + 1)
+        branches = len(embeds.branches)
+        token_dim = c * p * p
+        for step in range(steps):
+            tokens = self._patchify(latents).expand(branches, -1, -1)
+            tokens = F.pad(tokens, (0, 0, 0, n_padded - n))[:, lo : lo + n_local]
+            sigma = sigmas[step].expand(branches).to(device)
+            local = self.dit(tokens, positions_local, sigma, embeds.text, self.attention, key_mask)
+            velocity = self._gather_sequence(local.contiguous(), n, token_dim)
+            cond, uncond = self._gather_branches(velocity, embeds.branches)
+            guided = uncond + cfg.guidance * (cond - uncond)
+            latents = latents + (sigmas[step + 1] - sigmas[step]) * self._unpatchify(
+                guided[None], (c, t, h, w)
+            )
+            on_step(step)
+        return latents
+
+    def _gather_sequence(self, local: torch.Tensor, n: int, token_dim: int) -> torch.Tensor:
+        group = self.comm.ulysses
+        branches, n_local, _ = local.shape
+        buffer = self.comm.staging.get(
+            purpose="ulysses-gather",
+            shape=(group.size, branches, n_local, token_dim),
+            dtype=local.dtype,
+            group=group,
+        )
+        group.all_gather(buffer, local, purpose="ulysses-gather")
+        return buffer.permute(1, 0, 2, 3).reshape(branches, -1, token_dim)[:, :n]
+
+    def _gather_branches(
+        self, velocity: torch.Tensor, branches: tuple[str, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(branches) == 2:
+            return velocity[0], velocity[1]
+        group = self.comm.cfg
+        buffer = self.comm.staging.get(
+            purpose="cfg-gather",
+            shape=(group.size, *velocity.shape[1:]),
+            dtype=velocity.dtype,
+            group=group,
+        )
+        group.all_gather(buffer, velocity[0], purpose="cfg-gather")
+        return buffer[0], buffer[1]
+
+    def _patchify(self, latents: torch.Tensor) -> torch.Tensor:
+        _, c, t, h, w = latents.shape
+        p = self.cfg.patch
+        x = latents.view(1, c, t, h // p, p, w // p, p).permute(0, 2, 3, 5, 1, 4, 6)
+        return x.reshape(1, t * (h // p) * (w // p), c * p * p)
+
+    def _unpatchify(self, tokens: torch.Tensor, latent: tuple[int, int, int, int]) -> torch.Tensor:
+        c, t, h, w = latent
+        p = self.cfg.patch
+        x = tokens.view(1, t, h // p, w // p, c, p, p).permute(0, 4, 1, 2, 5, 3, 6)
+        return x.reshape(1, c, t, h, w)
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        """Decode latent frame by frame into a uint8 video (frames, height, width, 3)."""
+        video = torch.empty(
+            (shape.frames, shape.height, shape.width, 3), dtype=torch.uint8, device=latents.device
+        )
+        written = 0
+        for index in range(latents.shape[2]):
+            frames = self.vae.decode_frame(latents[:, :, index], first=index == 0)[0]
+            frames = frames[:, :, : shape.height, : shape.width]
+            count = min(frames.shape[0], shape.frames - written)
+            pixels = ((frames[:count] + 1.0) * 127.5).clamp_(0, 255).to(torch.uint8)
+            video[written : written + count] = pixels.permute(0, 2, 3, 1)
+            written += count
+        return video
+

@@ -1,0 +1,94 @@
+"""What `lifecycle boot` prints while a startup runs: one line per state left (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lifecycle.events import (
+    BuffersDropped,
+    Error,
+    FaultInjected,
+    PlanBuilt,
+    StoredEvent,
+    Transition,
+    WarmupRecord,
+)
+from lifecycle.states import State
+
+MIB = 2**20
+
+
+def format_bytes(value: int | None) -> str:
+    if value is None:
+        return "n/a"
+    if abs(value) >= 2**30:
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value / MIB:.1f} MiB"
+
+
+@dataclass
+class ProgressPrinter:
+    """Turns one rank's events into lines: each state with its duration and what it did."""
+
+    run_created_at: float
+    lines_out: list[str] = field(default_factory=list)
+    _entered: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _details: dict[int, list[str]] = field(default_factory=dict)
+    _warmup_s: dict[int, float] = field(default_factory=dict)
+    _ready_at: dict[int, float] = field(default_factory=dict)
+
+    def feed(self, stored: StoredEvent) -> list[str]:
+        rank = stored.rank
+        prefix = f"[rank {rank}] " if rank else ""
+        out: list[str] = []
+        event = stored.event
+        details = self._details.setdefault(rank, [])
+        if rank not in self._entered:
+            self._entered[rank] = (State.CREATED.value, stored.wall_time)
+        match event:
+            case Transition():
+                state, since = self._entered[rank]
+                if state != State.READY:
+                    line = f"{prefix}  {state:<13} {stored.wall_time - since:8.3f} s"
+                    if details:
+                        line += "   " + "; ".join(details)
+                    out.append(line)
+                details.clear()
+                self._entered[rank] = (event.dest, stored.wall_time)
+                if event.dest == State.READY:
+                    self._ready_at[rank] = stored.wall_time
+                    warm = self._warmup_s.get(rank, 0.0)
+                    out.append(
+                        f"{prefix}  {'ready':<13} startup to ready"
+                        f" {stored.wall_time - self.run_created_at:.2f} s (warmup {warm:.2f} s)"
+                    )
+                elif event.dest == State.FAILED:
+                    out.append(f"{prefix}  failed")
+            case PlanBuilt():
+                if event.skip_reason is not None:
+                    details.append(f"calibration skipped: {event.skip_reason}")
+                else:
+                    probe = next((r for r in event.requests if r.role == "probe"), None)
+                    if probe is not None:
+                        details.append(
+                            f"calibration on: probe {probe.width}x{probe.height}x{probe.frames}"
+                        )
+            case WarmupRecord():
+                self._warmup_s[rank] = self._warmup_s.get(rank, 0.0) + event.total_s
+                details.append(
+                    f"{event.role} {event.width}x{event.height}x{event.frames} at {event.steps}"
+                    f" steps {event.total_s:.2f} s, peak {format_bytes(event.peak_bytes)}"
+                    f" ({event.memory_source or 'unmeasured'})"
+                )
+            case BuffersDropped():
+                details.append(
+                    f"dropped {event.buffers} staging buffers, freed {format_bytes(event.bytes_freed)}"
+                )
+            case FaultInjected():
+                out.append(f"{prefix}  fault injected: {event.fault}")
+            case Error() if event.fatal:
+                out.append(f"{prefix}  error in {stored.state}: {event.error_type}: {event.message}")
+            case _:
+                pass
+        self.lines_out.extend(out)
+        return out

@@ -1,0 +1,313 @@
+"""One rank's startup: the machine driven through its states, every step journaled first."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform as pyplatform
+import secrets
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lifecycle import __version__
+from lifecycle.actions import RankRuntime, StartupActions
+from lifecycle.comm import Comm
+from lifecycle.config import RankLayout, ServerArgs, args_to_json, fault_for
+from lifecycle.device import memory_meter, select_device
+from lifecycle.errors import InjectedFault, JournalError
+from lifecycle.events import (
+    ActionFinished,
+    ActionStarted,
+    Error,
+    FaultInjected,
+    RunStarted,
+    Shutdown,
+    Transition,
+)
+from lifecycle.faults import FaultKind, FaultSpec
+from lifecycle.heartbeat import HeartbeatThread
+from lifecycle.journal import Journal, RunRow
+from lifecycle.machine import LifecycleMachine
+from lifecycle.recorder import Recorder
+from lifecycle.states import TERMINAL_STATES, State, Trigger
+
+FAULT_EXIT_CODE = 17
+RING_CAPACITY = 4096
+
+_NEXT_TRIGGER = {
+    State.CREATED: Trigger.START,
+    State.GATE_CHECK: Trigger.WARM,
+    State.PROBE: Trigger.REWARM,
+    State.RE_WARM: Trigger.DROP,
+    State.DROP_BUFFERS: Trigger.FINISH,
+}
+
+
+def next_trigger(state: State, *, calibration_open: bool) -> Trigger | None:
+    """The trigger a healthy startup takes from `state`; None once it is ready or terminal."""
+    if state is State.BOUNDED_WARM:
+        return Trigger.CALIBRATE if calibration_open else Trigger.FINISH
+    return _NEXT_TRIGGER.get(state)
+
+
+def new_run_id(now: float) -> str:
+    """Sortable and readable: UTC date and time, then six random hex digits."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(3)
+
+
+def run_row(args: ServerArgs, *, run_id: str, created_at: float) -> RunRow:
+    return RunRow(
+        run_id=run_id,
+        created_at=created_at,
+        host=socket.gethostname(),
+        world_size=args.num_ranks,
+        config=args_to_json(args),
+        lifecycle_version=__version__,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankLaunch:
+    run_id: str
+    rank: int
+    local_ranks: int  # ranks on this host, which share its CPU cores and memory
+    distributed: bool  # join a torch.distributed group (MASTER_ADDR/PORT from the environment)
+
+
+class RankSession:
+    """Drives one rank from `created` to `ready` (or `failed`) and keeps it there."""
+
+    def __init__(self, args: ServerArgs, launch: RankLaunch, recorder: Recorder) -> None:
+        self.args = args
+        self.launch = launch
+        self.recorder = recorder
+        self.layout = RankLayout(
+            rank=launch.rank, cfg_parallel=args.cfg_parallel, ulysses=args.ulysses
+        )
+        self._fire_lock = threading.RLock()
+        self._skip_armed: FaultSpec | None = None
+        self.runtime: RankRuntime | None = None
+        self.machine = LifecycleMachine(
+            before=self._journal_transition,
+            on_illegal=self._journal_illegal,
+            calibration_open=lambda: self.runtime is not None and self.runtime.calibration_open,
+        )
+        self.heartbeat = HeartbeatThread(
+            recorder,
+            interval_s=args.heartbeat_interval_s,
+            deadline_s=args.state_deadline_s,
+            pending=lambda: self.runtime.comm.pending.snapshot() if self.runtime else None,
+        )
+
+    # -- journaling hooks ----------------------------------------------------------------------
+
+    def _journal_transition(self, trigger: Trigger, source: State, dest: State) -> None:
+        self.recorder.record(
+            Transition(trigger=trigger.value, source=source.value, dest=dest.value), state=dest
+        )
+
+    def _journal_illegal(self, error: Exception) -> None:
+        self.recorder.record(
+            Error(
+                error_type=type(error).__name__,
+                message=str(error),
+                traceback="",
+                trigger=getattr(error, "trigger", None),
+                fatal=False,
+            )
+        )
+
+    def fire(self, trigger: Trigger) -> State:
+        with self._fire_lock:
+            state = self.machine.fire(trigger)
+            self.recorder.enter(state)
+            return state
+
+    # -- startup -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Journal the rank's start, start its heartbeat, join the process group."""
+        device = select_device(self.args.device, local_rank=self.launch.rank)
+        self.recorder.record(
+            RunStarted(
+                world_size=self.args.num_ranks,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                lifecycle_version=__version__,
+                torch_version=torch.__version__,
+                python_version=pyplatform.python_version(),
+                device=str(device),
+                dist_backend=_backend(device) if self.launch.distributed else None,
+            )
+        )
+        self.heartbeat.start()
+        if device.type == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.launch.local_ranks))
+        if self.launch.distributed:
+            self._run_action("init-process-group", lambda: self._init_process_group(device))
+        comm = Comm(
+            layout=self.layout,
+            sink=self.recorder,
+            device=device,
+            timeout_s=self.args.dist_timeout_s,
+            skip=self._skip_collective,
+            distributed=self.launch.distributed,
+        )
+        self.runtime = RankRuntime(
+            args=self.args,
+            layout=self.layout,
+            recorder=self.recorder,
+            comm=comm,
+            device=device,
+            meter=memory_meter(device),
+            local_ranks=self.launch.local_ranks,
+        )
+
+    def _init_process_group(self, device: torch.device) -> None:
+        dist.init_process_group(
+            backend=_backend(device),
+            init_method="env://",
+            rank=self.launch.rank,
+            world_size=self.args.num_ranks,
+            timeout=datetime.timedelta(seconds=self.args.dist_timeout_s),
+        )
+
+    def boot(self) -> State:
+        """Walk the table to `ready`; on any error journal it and go to `failed`."""
+        try:
+            self.start()
+            assert self.runtime is not None
+            actions = StartupActions(self.runtime)
+            while True:
+                trigger = next_trigger(
+                    self.machine.state, calibration_open=self.runtime.calibration_open
+                )
+                if trigger is None:
+                    break
+                state = self.fire(trigger)
+                self._inject_fault(state)
+                for name, action in actions.for_state(state):
+                    self._run_action(name, action)
+        except Exception as exc:  # every failure of a startup step is journaled, then fails it
+            self.fail(exc)
+        return self.machine.state
+
+    def _run_action(self, name: str, action: Callable[[], None]) -> None:
+        self.recorder.record(ActionStarted(action=name))
+        started = time.perf_counter()
+        try:
+            action()
+        except BaseException:
+            self.recorder.record(
+                ActionFinished(action=name, duration_s=time.perf_counter() - started, ok=False)
+            )
+            raise
+        self.recorder.record(
+            ActionFinished(action=name, duration_s=time.perf_counter() - started, ok=True)
+        )
+
+    def fail(self, exc: BaseException) -> None:
+        try:
+            self.recorder.record(
+                Error(
+                    error_type=type(exc).__name__,
+                    message=str(exc),
+                    traceback="".join(traceback.format_exception(exc))[-8000:],
+                    trigger=None,
+                    fatal=True,
+                )
+            )
+            with self._fire_lock:
+                if self.machine.state not in TERMINAL_STATES:
+                    self.fire(Trigger.FAIL)
+        except JournalError:
+            pass  # the journal itself failed: nothing more can be recorded
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def _inject_fault(self, state: State) -> None:
+        kind = fault_for(self.args, rank=self.launch.rank, state=state)
+        if kind is None:
+            return
+        spec = FaultSpec(rank=self.launch.rank, state=state, kind=kind)
+        if kind is FaultKind.SKIP_COLLECTIVE:
+            self._skip_armed = spec  # journaled when it fires, with the collective it skipped
+            return
+        self.recorder.record(FaultInjected(fault=str(spec), fault_kind=kind.value))
+        if kind is FaultKind.RAISE:
+            raise InjectedFault(rank=self.launch.rank, state=state.value)
+        if kind is FaultKind.EXIT:
+            os._exit(FAULT_EXIT_CODE)  # no cleanup, as a crash
+        if kind is FaultKind.HANG:
+            threading.Event().wait()  # forever; the heartbeat thread goes on
+
+    def _skip_collective(self, group: str, group_seq: int, op: str) -> bool:
+        spec = self._skip_armed
+        if spec is None or self.recorder.state is not spec.state:
+            return False
+        self._skip_armed = None
+        self.recorder.record(
+            FaultInjected(
+                fault=f"{spec} ({op} #{group_seq} in {group})", fault_kind=spec.kind.value
+            )
+        )
+        return True
+
+    # -- after ready ---------------------------------------------------------------------------
+
+    def serve_collectives_from_ring(self) -> None:
+        """After ready, keep collective records off the request path (flushed by heartbeats)."""
+        self.recorder.buffer_collectives(RING_CAPACITY)
+
+    def stop(self, *, reason: str, signal_name: str | None = None) -> None:
+        """Journal a shutdown; a ready rank moves to `stopped`."""
+        with self._fire_lock:
+            self.recorder.record(Shutdown(reason=reason, signal=signal_name))
+            if self.machine.state is State.READY:
+                self.fire(Trigger.STOP)
+
+    def linger(self, seconds: float, *, until: threading.Event) -> None:
+        """Stay alive (heartbeating) after a failure so that peers block as they would under
+        NCCL, until `until` is set or `seconds` pass."""
+        until.wait(timeout=seconds)
+
+    def close(self) -> None:
+        self.heartbeat.stop()
+        try:
+            self.recorder.close()
+        except JournalError:
+            pass
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def install_signal_watcher(on_signal: Callable[[signal.Signals], None]) -> None:
+    """Handle SIGTERM and SIGINT in a thread of their own.
+
+    The main thread may be blocked inside a collective in C++, where a Python signal handler
+    would never run; blocking the signals and waiting for them in a thread always answers.
+    Call before any other thread starts so that every thread inherits the mask.
+    """
+    signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+    def watch() -> None:
+        received = signal.sigwait(signals)
+        on_signal(signal.Signals(received))
+
+    threading.Thread(target=watch, name="lifecycle-signals", daemon=True).start()
+
+
+def open_rank_recorder(args: ServerArgs, *, run_id: str, rank: int) -> Recorder:
+    journal = Journal.open_for_write(args.db)
+    return Recorder(journal.writer(run_id=run_id, rank=rank))

@@ -1,0 +1,150 @@
+"""One rank's recorder: every event is committed to the journal, then logged through structlog."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from lifecycle.events import Event, StoredEvent
+from lifecycle.journal import RankWriter
+from lifecycle.states import State
+
+# Kinds that may wait in memory after `ready`, off the request path (see buffer_collectives).
+RING_KINDS = frozenset({"collective_started", "collective_finished"})
+DEBUG_KINDS = frozenset({"heartbeat", "collective_started", "collective_finished"})
+WARNING_KINDS = frozenset({"stalled", "fault_injected"})
+ERROR_KINDS = frozenset({"error"})
+
+
+class Clock(Protocol):
+    def wall(self) -> float: ...
+
+    def mono_ns(self) -> int: ...
+
+
+class SystemClock:
+    def wall(self) -> float:
+        return time.time()
+
+    def mono_ns(self) -> int:
+        return time.monotonic_ns()
+
+
+Listener = Callable[[StoredEvent], None]
+
+
+class Recorder:
+    """Appends this rank's events in order; `record` returns once the event is on disk.
+
+    After `buffer_collectives`, collective records go to a bounded in-memory ring instead and
+    reach the journal in order when anything else is recorded, when the heartbeat flushes, or
+    on error.
+    """
+
+    def __init__(
+        self,
+        writer: RankWriter,
+        *,
+        clock: Clock | None = None,
+        logger: Any = None,
+    ) -> None:
+        self._writer = writer
+        self._clock = clock or SystemClock()
+        self._log = logger or structlog.get_logger("lifecycle").bind(
+            run_id=writer.run_id, rank=writer.rank
+        )
+        self._lock = threading.RLock()
+        self._ring: deque[tuple[Event, str, float, int]] | None = None
+        self.ring_dropped = 0
+        self._listeners: list[Listener] = []
+        self.state = State.CREATED
+        self.state_entered_mono_ns = self._clock.mono_ns()
+
+    @property
+    def run_id(self) -> str:
+        return self._writer.run_id
+
+    @property
+    def rank(self) -> int:
+        return self._writer.rank
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def record(self, event: Event, *, state: State | None = None) -> StoredEvent | None:
+        """Commit one event (its envelope state is `state`, else the current state)."""
+        stamp = (state or self.state).value, self._clock.wall(), self._clock.mono_ns()
+        with self._lock:
+            if self._ring is not None and event.kind in RING_KINDS:
+                if len(self._ring) == self._ring.maxlen:
+                    self.ring_dropped += 1
+                self._ring.append((event, *stamp))
+                return None
+            self._flush_locked()
+            return self._append(event, *stamp)
+
+    def enter(self, state: State) -> None:
+        """The machine moved: later events carry the new state."""
+        self.state = state
+        self.state_entered_mono_ns = self._clock.mono_ns()
+
+    def buffer_collectives(self, capacity: int) -> None:
+        with self._lock:
+            self._ring = deque(maxlen=capacity)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._ring:
+            while self._ring:
+                self._append(*self._ring.popleft())
+
+    def _append(self, event: Event, state: str, wall: float, mono: int) -> StoredEvent:
+        stored = self._writer.append(event, state=state, wall_time=wall, mono_ns=mono)
+        self._emit_log(stored)
+        for listener in self._listeners:
+            listener(stored)
+        return stored
+
+    def _emit_log(self, stored: StoredEvent) -> None:
+        kind = stored.kind
+        method = (
+            self._log.debug
+            if kind in DEBUG_KINDS
+            else self._log.error
+            if kind in ERROR_KINDS
+            else self._log.warning
+            if kind in WARNING_KINDS
+            else self._log.info
+        )
+        fields = {
+            f.name: _loggable(getattr(stored.event, f.name))
+            for f in dataclasses.fields(stored.event)
+            if f.name != "traceback"
+        }
+        method(kind, state=stored.state, seq=stored.seq, **fields)
+
+    def close(self) -> None:
+        with self._lock:
+            self._flush_locked()
+            self._writer.close()
+
+
+def _loggable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+        return [dataclasses.asdict(v) for v in value]
+    return value

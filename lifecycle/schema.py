@@ -1,0 +1,55 @@
+"""The journal's tables as SQLAlchemy Core metadata (Alembic's `target_metadata`)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("created_at", Float, nullable=False),  # seconds since the epoch
+    Column("host", String(255), nullable=False),
+    Column("world_size", Integer, nullable=False),
+    Column("config", JSON, nullable=False),
+    Column("lifecycle_version", String(32), nullable=False),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.run_id"), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("seq", Integer, nullable=False),  # gapless from 0 per (run_id, rank)
+    Column("wall_time", Float, nullable=False),  # seconds since the epoch
+    Column("mono_ns", BigInteger, nullable=False),  # the writing process's monotonic clock
+    Column("kind", String(64), nullable=False),
+    Column("version", Integer, nullable=False),  # the payload schema version of `kind`
+    Column("state", String(32), nullable=False),  # the rank's state after this event
+    Column("data", JSON, nullable=False),  # the payload, a JSON object
+    # A second writer at the same (run_id, rank, seq) fails on this key instead of interleaving.
+    PrimaryKeyConstraint("run_id", "rank", "seq"),
+    Index(None, "run_id", "kind"),
+)

@@ -1,0 +1,1 @@
+"""replay: the post-mortem CLI that reads lifecycle journals and says what happened."""
