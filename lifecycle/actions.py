@@ -127,7 +127,9 @@ class StartupActions:
         )
         everyone = torch.empty((world.size, 3), dtype=torch.int64)
         world.all_gather(everyone, local, purpose="probe-agree")
-        shapes = [Shape(width=int(w), height=int(h), frames=int(f)) for w, h, f in everyone.tolist()]
+        shapes = [
+            Shape(width=int(w), height=int(h), frames=int(f)) for w, h, f in everyone.tolist()
+        ]
         if any(s.pixels == 0 for s in shapes):
             return None
         return min(shapes, key=lambda s: (s.pixels, s.frames, s.width, s.height))

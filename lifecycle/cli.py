@@ -38,27 +38,54 @@ def _truthy(value: str | None) -> bool:
 
 def _add_startup_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-video", help="model preset (default: tiny-video)")
-    p.add_argument("--pipeline", metavar="MODULE:ATTR", help="import a (ModelSpec, factory) plug-in")
-    p.add_argument("--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"),
-                   help="journal path or SQLAlchemy URL (default: $LIFECYCLE_DB or lifecycle.db)")
+    p.add_argument(
+        "--pipeline", metavar="MODULE:ATTR", help="import a (ModelSpec, factory) plug-in"
+    )
+    p.add_argument(
+        "--db",
+        default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"),
+        help="journal path or SQLAlchemy URL (default: $LIFECYCLE_DB or lifecycle.db)",
+    )
     p.add_argument("--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
     p.add_argument("--warmup-mode", choices=[m.value for m in WarmupMode], default="server")
-    p.add_argument("--calibrate", action="store_true",
-                   help="opt in to the calibration path (passes the residency-planner gate only)")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="opt in to the calibration path (passes the residency-planner gate only)",
+    )
     p.add_argument("--num-ranks", type=int, default=1)
     p.add_argument("--cfg-parallel", type=int, default=1)
     p.add_argument("--ulysses", type=int, default=None, help="default: num-ranks / cfg-parallel")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--dist-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="process-group timeout, as NCCL's watchdog (default: 600)")
+    p.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="process-group timeout, as NCCL's watchdog (default: 600)",
+    )
     p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="SECONDS")
-    p.add_argument("--state-deadline", type=float, default=300.0, metavar="SECONDS",
-                   help="a state that lasts longer is journaled as stalled, with every stack")
-    p.add_argument("--smoke-request", choices=[m.value for m in SmokeRequest], default="auto",
-                   help="run one request at ready (auto: after drop-buffers)")
+    p.add_argument(
+        "--state-deadline",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a state that lasts longer is journaled as stalled, with every stack",
+    )
+    p.add_argument(
+        "--smoke-request",
+        choices=[m.value for m in SmokeRequest],
+        default="auto",
+        help="run one request at ready (auto: after drop-buffers)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fault", action="append", default=[], metavar="RANK:STATE:KIND",
-                   help="inject a fault (repeatable; also LIFECYCLE_FAULTS, comma-separated)")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="RANK:STATE:KIND",
+        help="inject a fault (repeatable; also LIFECYCLE_FAULTS, comma-separated)",
+    )
     p.add_argument("--json-logs", action="store_true", help="structlog JSON lines on stderr")
     p.add_argument("--log-level", choices=LEVELS, default="info")
 
@@ -75,8 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("diagram", help="print the state machine as Mermaid")
     db = sub.add_parser("db", help="journal schema: current revision, upgrade")
     db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=_Parser)
-    for name, text in (("current", "print the journal's schema revision"),
-                       ("upgrade", "migrate this lifecycle's own journal to the newest schema")):
+    for name, text in (
+        ("current", "print the journal's schema revision"),
+        ("upgrade", "migrate this lifecycle's own journal to the newest schema"),
+    ):
         cmd = db_sub.add_parser(name, help=text)
         cmd.add_argument("--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"))
     return parser
@@ -93,7 +122,9 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
         raise ConfigError(
             f"--model {ns.model!r} is not one of {', '.join(sorted(MODEL_PRESETS))}", field="model"
         )
-    ulysses = ns.ulysses if ns.ulysses is not None else max(1, ns.num_ranks // max(1, ns.cfg_parallel))
+    ulysses = (
+        ns.ulysses if ns.ulysses is not None else max(1, ns.num_ranks // max(1, ns.cfg_parallel))
+    )
     return ServerArgs(
         model=model,
         db=ns.db,

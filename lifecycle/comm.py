@@ -279,7 +279,10 @@ class StagingBuffers:
         freed = self.live_bytes
         self._buffers.clear()
         event = BuffersDropped(
-            buffers=len(keys), bytes_freed=freed, keys=keys, allocator_released_bytes=release_cache()
+            buffers=len(keys),
+            bytes_freed=freed,
+            keys=keys,
+            allocator_released_bytes=release_cache(),
         )
         self._sink.record(event)
         return event

@@ -199,7 +199,9 @@ def validate(args: ServerArgs) -> None:
             field="ulysses",
         )
     if args.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"--device must be auto, cpu or cuda, not {args.device!r}", field="device")
+        raise ConfigError(
+            f"--device must be auto, cpu or cuda, not {args.device!r}", field="device"
+        )
     if not 0 < args.dist_timeout_s <= 86400:
         raise ConfigError(
             f"--dist-timeout must be in (0, 86400] seconds, not {args.dist_timeout_s}",
@@ -262,7 +264,9 @@ def args_from_json(doc: dict[str, Any]) -> ServerArgs:
         model_doc = dict(doc["model"])
         memory = MemoryModel(**model_doc.pop("memory"))
         model_fields = {f.name for f in dataclasses.fields(ModelSpec)}
-        model = ModelSpec(memory=memory, **{k: v for k, v in model_doc.items() if k in model_fields})
+        model = ModelSpec(
+            memory=memory, **{k: v for k, v in model_doc.items() if k in model_fields}
+        )
         known = {f.name for f in dataclasses.fields(ServerArgs)} - {"model", "faults"}
         values = {k: v for k, v in doc.items() if k in known}
         enums: dict[str, type[StrEnum]] = {

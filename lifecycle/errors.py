@@ -62,9 +62,7 @@ class SchemaMismatch(JournalError):
     """The journal's schema revision is not the one this lifecycle writes."""
 
     def __init__(self, *, location: str, found: str, expected: str, hint: str) -> None:
-        super().__init__(
-            f"{location}: journal schema revision {found} is not {expected} ({hint})"
-        )
+        super().__init__(f"{location}: journal schema revision {found} is not {expected} ({hint})")
         self.location = location
         self.found = found
         self.expected = expected

@@ -55,8 +55,7 @@ def parse_fault(spec: str) -> FaultSpec:
     faultable = {s.value: s for s in FAULTABLE_STATES}
     if state_text not in faultable:
         raise FaultSpecError(
-            f"bad fault spec {spec!r}: state {state_text!r} is not one of "
-            + ", ".join(faultable),
+            f"bad fault spec {spec!r}: state {state_text!r} is not one of " + ", ".join(faultable),
             spec=spec,
         )
     kinds = {k.value: k for k in FaultKind}
@@ -68,9 +67,9 @@ def parse_fault(spec: str) -> FaultSpec:
     return FaultSpec(rank=int(rank_text), state=faultable[state_text], kind=kinds[kind_text])
 
 
-def parse_faults(specs: list[str] | tuple[str, ...], env_value: str | None = None) -> tuple[
-    FaultSpec, ...
-]:
+def parse_faults(
+    specs: list[str] | tuple[str, ...], env_value: str | None = None
+) -> tuple[FaultSpec, ...]:
     """Parse the `--fault` specs and the comma-separated `LIFECYCLE_FAULTS` value, in that order."""
     texts = list(specs)
     if env_value:

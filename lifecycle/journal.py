@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import sqlite3
@@ -78,9 +79,11 @@ def _sqlite_path(url: str) -> Path | None:
 
 
 def migrations_dir() -> Path:
-    from lifecycle import migrations
-
-    return Path(migrations.__file__).parent
+    """The Alembic scripts: `migrations/` of a checkout, `lifecycle/migrations` when installed."""
+    spec = importlib.util.find_spec("lifecycle.migrations")
+    if spec is None or spec.origin is None:
+        raise JournalError("the journal migrations are not installed with lifecycle")
+    return Path(spec.origin).parent
 
 
 def alembic_config(url: str) -> Any:
@@ -119,7 +122,9 @@ def _schema_revision(conn: Connection, location: str) -> str:
             return EMPTY
         listed = ", ".join(sorted(tables)[:5])
         raise NotAJournal(location=location, reason=f"a database of another program ({listed})")
-    versions = [str(v) for v in conn.execute(text("SELECT version_num FROM alembic_version")).scalars()]
+    versions = [
+        str(v) for v in conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
+    ]
     if len(versions) != 1:
         raise NotAJournal(location=location, reason=f"{len(versions)} schema revisions recorded")
     revision = versions[0]
@@ -132,7 +137,7 @@ def _schema_revision(conn: Connection, location: str) -> str:
             hint="unknown to this lifecycle: written by a newer lifecycle or another program;"
             " upgrade lifecycle to read it",
         )
-    if revision == head_revision() and not REQUIRED_TABLES <= tables:
+    if revision == head_revision() and not tables >= REQUIRED_TABLES:
         raise NotAJournal(location=location, reason="journal tables are missing")
     return revision
 

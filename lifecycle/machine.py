@@ -43,7 +43,9 @@ class LifecycleMachine:
             model=self._model,
             states=[s.value for s in State],
             initial=initial.value,
-            transitions=[self._edge_spec(e.trigger, e.source, e.dest, e.guard) for e in TRANSITIONS],
+            transitions=[
+                self._edge_spec(e.trigger, e.source, e.dest, e.guard) for e in TRANSITIONS
+            ],
             auto_transitions=False,
             send_event=True,
             ignore_invalid_triggers=False,

@@ -115,9 +115,7 @@ def fit_probe(args: ServerArgs, *, free_bytes: int, total_bytes: int) -> ProbeFi
     frame_shrinks = area_shrinks = 0
 
     def estimate(s: Shape) -> int:
-        return model.memory.estimate(
-            tokens=-(-model.tokens(s) // args.ulysses), pixels=s.pixels
-        )
+        return model.memory.estimate(tokens=-(-model.tokens(s) // args.ulysses), pixels=s.pixels)
 
     while estimate(shape) > budget:
         if shape.frames > floor.frames:

@@ -81,13 +81,14 @@ class ProgressPrinter:
                     f" ({event.memory_source or 'unmeasured'})"
                 )
             case BuffersDropped():
-                details.append(
-                    f"dropped {event.buffers} staging buffers, freed {format_bytes(event.bytes_freed)}"
-                )
+                freed = format_bytes(event.bytes_freed)
+                details.append(f"dropped {event.buffers} staging buffers, freed {freed}")
             case FaultInjected():
                 out.append(f"{prefix}  fault injected: {event.fault}")
             case Error() if event.fatal:
-                out.append(f"{prefix}  error in {stored.state}: {event.error_type}: {event.message}")
+                out.append(
+                    f"{prefix}  error in {stored.state}: {event.error_type}: {event.message}"
+                )
             case _:
                 pass
         self.lines_out.extend(out)

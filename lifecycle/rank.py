@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform as pyplatform
@@ -281,10 +282,8 @@ class RankSession:
 
     def close(self) -> None:
         self.heartbeat.stop()
-        try:
+        with contextlib.suppress(JournalError):
             self.recorder.close()
-        except JournalError:
-            pass
 
 
 def _backend(device: torch.device) -> str:

@@ -88,5 +88,8 @@ def plan_built(plan: WarmupPlan) -> PlanBuilt:
 def fitted_shape(record: ProbeFitRecord | None) -> Shape | None:
     if record is None or record.fitted_width is None:
         return None
-    assert record.fitted_height is not None and record.fitted_frames is not None
-    return Shape(width=record.fitted_width, height=record.fitted_height, frames=record.fitted_frames)
+    assert record.fitted_height is not None
+    assert record.fitted_frames is not None
+    return Shape(
+        width=record.fitted_width, height=record.fitted_height, frames=record.fitted_frames
+    )

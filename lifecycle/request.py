@@ -55,7 +55,10 @@ def run_request(
         synchronize(device)
         stages.append(
             StageRecord(
-                name=name, ran=True, seconds=time.perf_counter() - since, peak_bytes=meter.peak_bytes()
+                name=name,
+                ran=True,
+                seconds=time.perf_counter() - since,
+                peak_bytes=meter.peak_bytes(),
             )
         )
 

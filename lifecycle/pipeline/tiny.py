@@ -1,4 +1,4 @@
-"""The built-in tiny text-to-video pipeline: byte-level text encoder, Ulysses DiT, chunked decoder."""
+"""The built-in tiny text-to-video pipeline: text encoder, Ulysses DiT, chunked decoder."""
 
 from __future__ import annotations
 
@@ -93,7 +93,9 @@ class DiTBlock(nn.Module):
         self.cross_proj = nn.Linear(d, d)
         self.norm3 = nn.LayerNorm(d, elementwise_affine=False)
         self.mlp = nn.Sequential(
-            nn.Linear(d, d * cfg.mlp_ratio), nn.GELU(approximate="tanh"), nn.Linear(d * cfg.mlp_ratio, d)
+            nn.Linear(d, d * cfg.mlp_ratio),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(d * cfg.mlp_ratio, d),
         )
         self.modulation = nn.Linear(d, 6 * d)
 
@@ -183,7 +185,7 @@ class PromptEmbeds:
 class TinyVideoPipeline:
     """Text encoder, DiT and decoder of `tiny-video`, with deterministic random weights."""
 
-    components = ("text_encoder", "dit", "vae")
+    components: tuple[str, ...] = ("text_encoder", "dit", "vae")
 
     def __init__(self, spec: ModelSpec, *, comm: Comm, cfg: TinyConfig | None = None) -> None:
         self.spec = spec
@@ -259,9 +261,7 @@ class TinyVideoPipeline:
             ),
             dim=-1,
         ).reshape(-1, 3)
-        positions = sum(
-            _sinusoid(grid[:, i].to(device) * (i + 1), cfg.dim) for i in range(3)
-        )
+        positions = sum(_sinusoid(grid[:, i].to(device) * (i + 1), cfg.dim) for i in range(3))
         assert isinstance(positions, torch.Tensor)
         positions = F.pad(positions, (0, 0, 0, n_padded - n))
         lo = comm.layout.ulysses_rank * n_local
@@ -337,4 +337,3 @@ class TinyVideoPipeline:
             video[written : written + count] = pixels.permute(0, 2, 3, 1)
             written += count
         return video
-

@@ -38,9 +38,7 @@ def upgrade() -> None:
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("state", sa.String(32), nullable=False),
         sa.Column("data", sa.JSON(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["run_id"], ["runs.run_id"], name=op.f("fk_events_run_id_runs")
-        ),
+        sa.ForeignKeyConstraint(["run_id"], ["runs.run_id"], name=op.f("fk_events_run_id_runs")),
         sa.PrimaryKeyConstraint("run_id", "rank", "seq", name=op.f("pk_events")),
     )
     op.create_index(op.f("ix_events_run_id_kind"), "events", ["run_id", "kind"])

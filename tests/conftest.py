@@ -1,0 +1,56 @@
+"""Shared fixtures: journals in tmp_path, and the command line run as a real subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(
+    module: str,
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    timeout: float = 240.0,
+    env: dict[str, str] | None = None,
+) -> Completed:
+    """Run `python -m module args...` to completion, bounded by `timeout` seconds."""
+    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def lifecycle_cli(tmp_path: Path) -> Callable[..., Completed]:
+    def run(*args: str, timeout: float = 240.0, env: dict[str, str] | None = None) -> Completed:
+        return run_cli("lifecycle.cli", args, cwd=tmp_path, timeout=timeout, env=env)
+
+    return run
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

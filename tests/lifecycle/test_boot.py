@@ -1,0 +1,171 @@
+"""`lifecycle boot` on one rank, end to end: real forward passes, a real SQLite journal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lifecycle.events import (
+    BuffersAllocated,
+    BuffersDropped,
+    RequestFinished,
+    Transition,
+    WarmupRecord,
+)
+from lifecycle.fold import fold_run
+from lifecycle.journal import Journal
+from tests.conftest import Completed, file_digest
+
+
+def only_run(db: Path) -> list:  # type: ignore[type-arg]
+    journal = Journal.open_for_read(str(db))
+    (run,) = journal.runs()
+    return list(journal.read(run_id=run.run_id))
+
+
+def test_auto_mode_boots_on_one_bounded_request(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """Auto mode skips calibration (planner not available): gate-check, bounded-warm, ready,
+    one warmup request 832x480x17 at 2 steps, exit 0."""
+    result = lifecycle_cli("boot", "--db", "j.db")
+    assert result.returncode == 0, result.stderr
+    assert "calibration skipped: residency planner not available" in result.stdout
+    assert "startup to ready" in result.stdout
+    events = only_run(tmp_path / "j.db")
+    path = [e.event.dest for e in events if isinstance(e.event, Transition)]
+    assert path == ["gate-check", "bounded-warm", "ready", "stopped"]
+    records = [e.event for e in events if isinstance(e.event, WarmupRecord)]
+    assert [(r.role, r.width, r.height, r.frames, r.steps) for r in records] == [
+        ("bounded", 832, 480, 17, 2)
+    ]
+    record = records[0]
+    assert record.memory_source == "linux-vmhwm"
+    assert record.peak_bytes is not None and record.baseline_bytes is not None
+    assert [s.name for s in record.stages] == ["text_encoder", "dit", "vae"]
+    assert all(s.ran and s.seconds > 0 for s in record.stages)
+    assert len(record.step_s) == 2
+    view = fold_run(events)[0]
+    assert view.skip_reason == "residency planner not available"
+    assert not view.calibrated
+    assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_calibrate_runs_the_full_path_with_three_warmup_records(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """--calibrate walks all six states: bounded (4 steps), probe at 1280x720x81, re-warm;
+    drop-buffers frees the staging buffers and the smoke request creates them again."""
+    result = lifecycle_cli("boot", "--db", "j.db", "--calibrate")
+    assert result.returncode == 0, result.stderr
+    assert "calibration on: probe 1280x720x81" in result.stdout
+    events = only_run(tmp_path / "j.db")
+    path = [e.event.dest for e in events if isinstance(e.event, Transition)]
+    assert path == [
+        "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready", "stopped"
+    ]  # fmt: skip
+    records = [e.event for e in events if isinstance(e.event, WarmupRecord)]
+    assert [(r.role, f"{r.width}x{r.height}x{r.frames}", r.steps) for r in records] == [
+        ("bounded", "832x480x17", 4),
+        ("probe", "1280x720x81", 4),
+        ("rewarm", "832x480x17", 4),
+    ]
+    probe = records[1]
+    assert probe.tokens > records[0].tokens
+    assert probe.peak_bytes is not None and records[0].peak_bytes is not None
+    assert probe.peak_bytes > records[0].peak_bytes
+    (drop,) = [e for e in events if isinstance(e.event, BuffersDropped)]
+    assert drop.state == "drop-buffers"
+    assert drop.event.bytes_freed > 0 and drop.event.buffers > 0
+    after_drop = [e for e in events if isinstance(e.event, BuffersAllocated) and e.seq > drop.seq]
+    assert after_drop and all(e.state == "ready" for e in after_drop)
+    smoke = [e.event for e in events if isinstance(e.event, RequestFinished)]
+    assert len(smoke) == 1 and smoke[0].ok
+
+
+def test_every_journal_event_is_one_structlog_line(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """With --json-logs at debug level, each journal row appears once as a JSON log line
+    bound to its run id, rank and state."""
+    result = lifecycle_cli("boot", "--db", "j.db", "--json-logs", "--log-level", "debug")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    events = only_run(tmp_path / "j.db")
+    logged = {(line["rank"], line["seq"]): line for line in lines if "seq" in line}
+    assert set(logged) == {(e.rank, e.seq) for e in events}
+    for stored in events:
+        line = logged[(stored.rank, stored.seq)]
+        assert line["event"] == stored.kind
+        assert line["state"] == stored.state
+        assert line["run_id"] == stored.run_id
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num-ranks", "many"], "invalid int value"),
+        (["--performance-mode", "turbo"], "invalid choice"),
+        (["--fault", "1:nowhere:raise"], "bad fault spec"),
+        (["--fault", "0:probe"], "expected RANK:STATE:KIND"),
+        (["--num-ranks", "3", "--cfg-parallel", "2", "--ulysses", "2"], "must equal"),
+        (["--model", "giant-video"], "is not one of"),
+        (["--dist-timeout", "-1"], "--dist-timeout"),
+    ],
+)
+def test_bad_flags_get_one_line_and_exit_2(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed], args: list[str], message: str
+) -> None:
+    """A bad flag value is one clear line on stderr, exit 2, and no journal is created."""
+    result = lifecycle_cli("boot", "--db", "j.db", *args, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_a_file_that_is_not_a_journal_is_refused_untouched(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """Booting onto a text file says so in one line, exits 2, and leaves the file alone."""
+    target = tmp_path / "notes.txt"
+    target.write_text("shopping list\n")
+    before = file_digest(target)
+    result = lifecycle_cli("boot", "--db", str(target), timeout=60)
+    assert result.returncode == 2
+    assert "not a lifecycle journal: not a SQLite database" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert file_digest(target) == before
+
+
+def test_a_journal_from_a_newer_lifecycle_is_refused_untouched(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A journal at an unknown (newer) revision is refused in one line; nothing is written."""
+    import sqlite3
+
+    db = tmp_path / "j.db"
+    Journal.open_for_write(str(db)).close()
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE alembic_version SET version_num = '0099_from_the_future'")
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = file_digest(db)
+    result = lifecycle_cli("boot", "--db", str(db), timeout=60)
+    assert result.returncode == 2
+    assert "0099_from_the_future" in result.stderr and "newer lifecycle" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert file_digest(db) == before
+
+
+def test_diagram_prints_mermaid(lifecycle_cli: Callable[..., Completed]) -> None:
+    """`lifecycle diagram` prints the machine as a Mermaid state diagram."""
+    result = lifecycle_cli("diagram", timeout=60)
+    assert result.returncode == 0
+    assert result.stdout.startswith("stateDiagram-v2")
+    assert "drop_buffers --> ready: finish" in result.stdout

@@ -1,0 +1,130 @@
+"""The fold: a rank's state, path and records rebuilt from its events alone."""
+
+from __future__ import annotations
+
+from lifecycle.events import (
+    ActionFinished,
+    ActionStarted,
+    BuffersAllocated,
+    BuffersDropped,
+    CollectiveFinished,
+    CollectiveStarted,
+    Event,
+    Heartbeat,
+    PlanBuilt,
+    StoredEvent,
+    Transition,
+    UnknownEvent,
+)
+from lifecycle.fold import fold_rank, fold_run
+
+
+def stream(
+    *items: tuple[float, str, Event], rank: int = 0, start_seq: int = 0
+) -> list[StoredEvent]:
+    return [
+        StoredEvent(
+            run_id="r", rank=rank, seq=start_seq + i, wall_time=t, mono_ns=i, state=state, event=e
+        )
+        for i, (t, state, e) in enumerate(items)
+    ]
+
+
+def hop(source: str, dest: str, trigger: str = "t") -> Transition:
+    return Transition(trigger=trigger, source=source, dest=dest)
+
+
+def started(seq: int, group: str = "ulysses0") -> CollectiveStarted:
+    return CollectiveStarted(
+        group=group, group_ranks=(0, 1), group_seq=seq, op="all_to_all", purpose="ulysses-qkv",
+        dtype="float32", shapes=((2, 4),), input_splits=(4, 4), output_splits=(4, 4),
+        timeout_s=600.0,
+    )  # fmt: skip
+
+
+def test_path_spans_and_durations_come_from_transitions() -> None:
+    """Each transition closes one span and opens the next; the path lists states entered."""
+    view = fold_rank(
+        stream(
+            (10.0, "created", Heartbeat(uptime_s=0, in_state_s=0, pending=None)),
+            (11.0, "gate-check", hop("created", "gate-check")),
+            (12.5, "bounded-warm", hop("gate-check", "bounded-warm")),
+            (15.0, "ready", hop("bounded-warm", "ready")),
+        )
+    )
+    assert view.path == ("created", "gate-check", "bounded-warm", "ready")
+    assert [(s.state, s.duration_s()) for s in view.spans[:-1]] == [
+        ("created", 1.0), ("gate-check", 1.5), ("bounded-warm", 2.5)
+    ]  # fmt: skip
+    assert view.spans[-1].left_at is None
+    assert view.time_in_state_s(now=20.0) == 5.0
+    assert view.entered_at("bounded-warm") == 12.5
+    assert not view.healthy
+
+
+def test_healthy_needs_the_ready_action_done() -> None:
+    """A rank is healthy once its ready action finished, not at the transition."""
+    events = stream(
+        (1.0, "ready", hop("bounded-warm", "ready")),
+        (1.1, "ready", ActionStarted(action="mark-ready")),
+    )
+    assert not fold_rank(events).healthy
+    events += stream(
+        (1.2, "ready", ActionFinished(action="mark-ready", duration_s=0.1, ok=True)), start_seq=2
+    )
+    assert fold_rank(events).healthy
+
+
+def test_an_open_collective_is_pending_until_finished() -> None:
+    """The newest started-but-unfinished collective is pending; group progress tracks seqs."""
+    finished = CollectiveFinished(group="ulysses0", group_seq=0, op="all_to_all", duration_s=0.1)
+    events = stream(
+        (1.0, "ready", started(0)), (1.1, "ready", finished), (1.2, "ready", started(1))
+    )
+    view = fold_rank(events)
+    assert view.pending is not None and view.pending.started.group_seq == 1
+    (group,) = view.groups
+    assert (group.group, group.started, group.finished, group.count) == ("ulysses0", 1, 0, 2)
+
+
+def test_buffers_live_bytes_follow_allocations_and_drops() -> None:
+    """Allocation sets the live bytes, a drop zeroes them; both are kept with their state."""
+    alloc = BuffersAllocated(
+        purpose="ulysses-qkv", key="k", shape=(2, 3), dtype="float32", bytes=24, live_bytes=24
+    )
+    drop = BuffersDropped(buffers=1, bytes_freed=24, keys=("k",), allocator_released_bytes=None)
+    view = fold_rank(stream((1.0, "probe", alloc), (2.0, "drop-buffers", drop)))
+    assert view.live_buffer_bytes == 0
+    assert view.buffer_drops[0][1] == "drop-buffers"
+    assert fold_rank(stream((1.0, "probe", alloc))).live_buffer_bytes == 24
+
+
+def test_fold_until_rebuilds_the_state_at_a_moment() -> None:
+    """Folding with `until` gives each rank's state as it was at that wall time."""
+    events = stream(
+        (1.0, "gate-check", hop("created", "gate-check")),
+        (2.0, "bounded-warm", hop("gate-check", "bounded-warm")),
+    ) + stream((1.5, "gate-check", hop("created", "gate-check")), rank=1)
+    assert {r: v.state for r, v in fold_run(events, until=1.2).items()} == {0: "gate-check"}
+    assert {r: v.state for r, v in fold_run(events, until=1.7).items()} == {
+        0: "gate-check", 1: "gate-check"
+    }  # fmt: skip
+    assert fold_run(events)[0].state == "bounded-warm"
+
+
+def test_gaps_and_unknown_events_are_reported_not_fatal() -> None:
+    """A missing seq and an undecodable row are noted in the view; folding goes on."""
+    unknown = UnknownEvent(row_kind="x", row_version=1, reason="unknown kind", raw="{}")
+    events = stream((1.0, "created", unknown)) + stream(
+        (2.0, "gate-check", hop("created", "gate-check")), start_seq=3
+    )
+    view = fold_rank(events)
+    assert view.unknown == (unknown,)
+    assert [(g.expected, g.found) for g in view.seq_gaps] == [(1, 3)]
+    assert view.state == "gate-check"
+
+
+def test_plan_sets_the_skip_reason() -> None:
+    """The plan's skip reason is the rank's final decision."""
+    plan = PlanBuilt(skip_reason="residency planner not available", requests=(), probe_fit=None)
+    assert fold_rank(stream((1.0, "gate-check", plan))).skip_reason == plan.skip_reason
