@@ -165,12 +165,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         return _fail_usage(str(exc))
     configure_logging(json=ns.json_logs, level=ns.log_level)
-    from lifecycle.launch import boot, serve
+    from lifecycle.worker import under_torchrun
 
+    if ns.command == "boot" and (args.num_ranks == 1 or under_torchrun(os.environ)):
+        # This process is a rank: block the shutdown signals before torch starts threads.
+        from lifecycle.signals import block_shutdown_signals
+
+        block_shutdown_signals()
+    from lifecycle.launch import boot, serve
+    from lifecycle.supervisor import LaunchOptions
+
+    options = LaunchOptions(pipeline=ns.pipeline, json_logs=ns.json_logs, log_level=ns.log_level)
     try:
         if ns.command == "serve":
-            return serve(args, created_at=created_at, host=ns.host, port=ns.port)
-        return boot(args, created_at=created_at)
+            return serve(args, created_at=created_at, options=options, host=ns.host, port=ns.port)
+        return boot(args, created_at=created_at, options=options)
     except LifecycleError as exc:
         return _fail_usage(str(exc))
 

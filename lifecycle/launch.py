@@ -8,38 +8,60 @@ import sys
 import threading
 
 from lifecycle.config import ServerArgs
+from lifecycle.errors import ConfigError
 from lifecycle.journal import Journal
 from lifecycle.progress import ProgressPrinter
-from lifecycle.rank import (
-    RankLaunch,
-    RankSession,
-    install_signal_watcher,
-    new_run_id,
-    run_row,
-)
 from lifecycle.recorder import Recorder
+from lifecycle.runs import new_run_id, run_row
+from lifecycle.signals import watch_shutdown_signals
 from lifecycle.states import State
+from lifecycle.supervisor import LaunchOptions
+from lifecycle.worker import under_torchrun
 
 EXIT_READY = 0
 EXIT_FAILED = 1
 
 
-def boot(args: ServerArgs, *, created_at: float) -> int:
-    """Run a startup to ready and stop; 0 when every rank got to ready, else 1."""
+def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
+    """Run a startup to ready and stop; 0 when every rank got to ready, else 1.
+
+    Under torchrun this process is one rank of the group; otherwise one rank runs here and
+    several run as spawned processes.
+    """
+    if under_torchrun(os.environ):
+        from lifecycle.worker import RankEnv, run_rank_process
+
+        ranks = RankEnv.from_env(os.environ)
+        if ranks.world_size != args.num_ranks:
+            raise ConfigError(
+                f"torchrun started {ranks.world_size} ranks but --num-ranks is {args.num_ranks}",
+                field="num_ranks",
+            )
+        return run_rank_process(args, mode="boot", env=os.environ, created_at=created_at)
     if args.num_ranks == 1:
         return _boot_in_process(args, created_at=created_at)
     from lifecycle.supervisor import boot_ranks
 
-    return boot_ranks(args, created_at=created_at)
+    return boot_ranks(args, created_at=created_at, options=options)
 
 
-def serve(args: ServerArgs, *, created_at: float, host: str, port: int) -> int:
+def serve(
+    args: ServerArgs, *, created_at: float, options: LaunchOptions, host: str, port: int
+) -> int:
+    """Boot the ranks as processes of their own and serve HTTP here until SIGTERM."""
+    if under_torchrun(os.environ):
+        raise ConfigError(
+            "lifecycle serve starts its own rank processes; under torchrun use lifecycle boot",
+            field="command",
+        )
     from lifecycle.server import serve_http
 
-    return serve_http(args, created_at=created_at, host=host, port=port)
+    return serve_http(args, created_at=created_at, options=options, host=host, port=port)
 
 
 def _boot_in_process(args: ServerArgs, *, created_at: float) -> int:
+    from lifecycle.rank import RankLaunch, RankSession
+
     journal = Journal.open_for_write(args.db)
     run_id = new_run_id(created_at)
     journal.create_run(run_row(args, run_id=run_id, created_at=created_at))
@@ -63,7 +85,7 @@ def _boot_in_process(args: ServerArgs, *, created_at: float) -> int:
         sys.stdout.flush()
         os._exit(128 + int(sig))
 
-    install_signal_watcher(on_signal)
+    watch_shutdown_signals(on_signal)
     state = session.boot()
     if state is State.READY:
         session.stop(reason="boot complete")

@@ -6,8 +6,6 @@ import contextlib
 import datetime
 import os
 import platform as pyplatform
-import secrets
-import signal
 import socket
 import threading
 import time
@@ -21,7 +19,7 @@ import torch.distributed as dist
 from lifecycle import __version__
 from lifecycle.actions import RankRuntime, StartupActions
 from lifecycle.comm import Comm
-from lifecycle.config import RankLayout, ServerArgs, args_to_json, fault_for
+from lifecycle.config import RankLayout, ServerArgs, fault_for
 from lifecycle.device import memory_meter, select_device
 from lifecycle.errors import InjectedFault, JournalError
 from lifecycle.events import (
@@ -35,7 +33,7 @@ from lifecycle.events import (
 )
 from lifecycle.faults import FaultKind, FaultSpec
 from lifecycle.heartbeat import HeartbeatThread
-from lifecycle.journal import Journal, RunRow
+from lifecycle.journal import Journal
 from lifecycle.machine import LifecycleMachine
 from lifecycle.recorder import Recorder
 from lifecycle.states import TERMINAL_STATES, State, Trigger
@@ -57,22 +55,6 @@ def next_trigger(state: State, *, calibration_open: bool) -> Trigger | None:
     if state is State.BOUNDED_WARM:
         return Trigger.CALIBRATE if calibration_open else Trigger.FINISH
     return _NEXT_TRIGGER.get(state)
-
-
-def new_run_id(now: float) -> str:
-    """Sortable and readable: UTC date and time, then six random hex digits."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(3)
-
-
-def run_row(args: ServerArgs, *, run_id: str, created_at: float) -> RunRow:
-    return RunRow(
-        run_id=run_id,
-        created_at=created_at,
-        host=socket.gethostname(),
-        world_size=args.num_ranks,
-        config=args_to_json(args),
-        lifecycle_version=__version__,
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,7 +118,11 @@ class RankSession:
 
     def start(self) -> None:
         """Journal the rank's start, start its heartbeat, join the process group."""
-        device = select_device(self.args.device, local_rank=self.launch.rank)
+        device = select_device(
+            self.args.device, local_rank=self.launch.rank % self.launch.local_ranks
+        )
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         self.recorder.record(
             RunStarted(
                 world_size=self.args.num_ranks,
@@ -173,6 +159,8 @@ class RankSession:
         )
 
     def _init_process_group(self, device: torch.device) -> None:
+        if dist.is_initialized():
+            return  # joined earlier to agree on the run id (torchrun without one)
         dist.init_process_group(
             backend=_backend(device),
             init_method="env://",
@@ -288,23 +276,6 @@ class RankSession:
 
 def _backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
-
-
-def install_signal_watcher(on_signal: Callable[[signal.Signals], None]) -> None:
-    """Handle SIGTERM and SIGINT in a thread of their own.
-
-    The main thread may be blocked inside a collective in C++, where a Python signal handler
-    would never run; blocking the signals and waiting for them in a thread always answers.
-    Call before any other thread starts so that every thread inherits the mask.
-    """
-    signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-
-    def watch() -> None:
-        received = signal.sigwait(signals)
-        on_signal(signal.Signals(received))
-
-    threading.Thread(target=watch, name="lifecycle-signals", daemon=True).start()
 
 
 def open_rank_recorder(args: ServerArgs, *, run_id: str, rank: int) -> Recorder:

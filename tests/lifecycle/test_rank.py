@@ -13,8 +13,9 @@ from lifecycle.events import ActionStarted, Error, Transition
 from lifecycle.fold import fold_run
 from lifecycle.journal import Journal
 from lifecycle.pipeline import register_pipeline
-from lifecycle.rank import RankLaunch, RankSession, new_run_id, next_trigger, run_row
+from lifecycle.rank import RankLaunch, RankSession, next_trigger
 from lifecycle.recorder import Recorder
+from lifecycle.runs import new_run_id, run_row
 from lifecycle.states import State, Trigger
 from tests import plugins
 

@@ -1,0 +1,27 @@
+"""Run ids and the `runs` row of a startup."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+
+from lifecycle import __version__
+from lifecycle.config import ServerArgs, args_to_json
+from lifecycle.journal import RunRow
+
+
+def new_run_id(now: float) -> str:
+    """Sortable and readable: UTC date and time, then six random hex digits."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(3)
+
+
+def run_row(args: ServerArgs, *, run_id: str, created_at: float) -> RunRow:
+    return RunRow(
+        run_id=run_id,
+        created_at=created_at,
+        host=socket.gethostname(),
+        world_size=args.num_ranks,
+        config=args_to_json(args),
+        lifecycle_version=__version__,
+    )

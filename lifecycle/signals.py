@@ -1,0 +1,35 @@
+"""SIGTERM and SIGINT handled by a thread of their own, so that a blocked rank still answers."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+
+SHUTDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def block_shutdown_signals() -> None:
+    """Block SIGTERM and SIGINT in this thread and every thread it starts from now on.
+
+    Call first thing in an entry point, before importing torch: its import starts native
+    threads, and a thread with the signals unblocked would take them with the default action
+    (death, with nothing journaled).
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, SHUTDOWN_SIGNALS)
+
+
+def watch_shutdown_signals(on_signal: Callable[[signal.Signals], None]) -> None:
+    """Wait for SIGTERM or SIGINT in a daemon thread and call `on_signal` there.
+
+    The main thread may be blocked inside a collective in C++, where a Python signal handler
+    would never run; a thread in sigwait always answers. Signals that arrived while blocked
+    and before this call are pending and are answered at once.
+    """
+    block_shutdown_signals()
+
+    def watch() -> None:
+        received = signal.sigwait(SHUTDOWN_SIGNALS)
+        on_signal(signal.Signals(received))
+
+    threading.Thread(target=watch, name="lifecycle-signals", daemon=True).start()

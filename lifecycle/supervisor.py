@@ -1,0 +1,238 @@
+"""The launcher's side of several ranks: spawn them, follow their journal, end what is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from lifecycle.config import ServerArgs, args_to_json
+from lifecycle.events import StoredEvent
+from lifecycle.fold import RankFold, RankView
+from lifecycle.journal import Journal
+from lifecycle.progress import ProgressPrinter
+from lifecycle.runs import new_run_id, run_row
+from lifecycle.states import State
+from lifecycle.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
+
+POLL_S = 0.2
+# After the first rank settles (fails, exits, stops), the others get the process-group timeout
+# plus this margin to settle too before the launcher ends them.
+SETTLE_MARGIN_S = 5.0
+TERM_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchOptions:
+    """How the launcher was asked to run, handed down to every rank process."""
+
+    pipeline: str | None = None
+    json_logs: bool = False
+    log_level: str = "info"
+
+    def worker_spec(self, args: ServerArgs, *, mode: str, **control: Any) -> WorkerSpec:
+        return WorkerSpec(
+            config=args_to_json(args),
+            mode=mode,
+            pipeline=self.pipeline,
+            json_logs=self.json_logs,
+            log_level=self.log_level,
+            **control,
+        )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RankGroup:
+    """N rank processes of one run, and what their journal says of them."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        *,
+        created_at: float,
+        spec: WorkerSpec,
+        run_id: str | None = None,
+    ) -> None:
+        self.args = args
+        self.created_at = created_at
+        self.run_id = run_id or new_run_id(created_at)
+        self.spec = spec
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._folds: dict[int, RankFold] = {
+            r: RankFold(run_id=self.run_id, rank=r) for r in range(args.num_ranks)
+        }
+        self.first_settled_at: float | None = None
+        journal = Journal.open_for_write(args.db)
+        journal.create_run(run_row(args, run_id=self.run_id, created_at=created_at))
+        journal.close()
+        self._reader = Journal.open_for_read(args.db)
+
+    def start(self) -> None:
+        port = free_port()
+        base = {
+            **os.environ,
+            WORKER_ENV: self.spec.to_env(),
+            RUN_ID_ENV: self.run_id,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(self.args.num_ranks),
+            "LOCAL_WORLD_SIZE": str(self.args.num_ranks),
+        }
+        for rank in range(self.args.num_ranks):
+            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "lifecycle.worker"], env=env))
+
+    # -- following the journal -----------------------------------------------------------------
+
+    def poll(self) -> list[StoredEvent]:
+        """Fold in what each rank journaled since the last poll; return the new events."""
+        new: list[StoredEvent] = []
+        for rank, fold in self._folds.items():
+            for stored in self._reader.read(
+                run_id=self.run_id, rank=rank, from_seq=fold.last_seq + 1
+            ):
+                fold.apply(stored)
+                new.append(stored)
+        new.sort(key=lambda s: s.wall_time)
+        return new
+
+    def views(self) -> dict[int, RankView]:
+        return {rank: fold.view() for rank, fold in self._folds.items()}
+
+    def exit_codes(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
+
+    def settled(self) -> list[bool]:
+        """A rank is settled once its journal says failed or stopped, or its process ended."""
+        codes = self.exit_codes()
+        return [
+            self._folds[r].state in (State.FAILED, State.STOPPED) or codes[r] is not None
+            for r in range(len(self.procs))
+        ]
+
+    def any_failed(self) -> bool:
+        codes = self.exit_codes()
+        return any(
+            self._folds[r].state == State.FAILED or codes[r] not in (None, 0)
+            for r in range(len(self.procs))
+        )
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+
+    def end(self) -> None:
+        """SIGTERM what is still running (each rank journals its shutdown), then SIGKILL."""
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=TERM_GRACE_S)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _progress_lines(printer: ProgressPrinter, events: list[StoredEvent]) -> list[str]:
+    """Rank 0's progress in full; of the other ranks, faults, errors and failures."""
+    lines = []
+    for stored in events:
+        for line in printer.feed(stored):
+            if stored.rank == 0 or any(w in line for w in ("fault", "error", "failed")):
+                lines.append(line)
+    return lines
+
+
+def supervise(
+    group: RankGroup,
+    *,
+    on_events: Callable[[list[StoredEvent]], None],
+    keep_going: Callable[[], bool],
+) -> None:
+    """Follow the ranks until every one settles, or until the others had the process-group
+    timeout (plus a margin) after the first settled; then end what is left."""
+    margin = group.args.dist_timeout_s + SETTLE_MARGIN_S
+    while keep_going():
+        on_events(group.poll())
+        settled = group.settled()
+        if all(settled):
+            break
+        if any(settled) and group.first_settled_at is None:
+            group.first_settled_at = time.monotonic()
+        if group.first_settled_at is not None and (
+            time.monotonic() - group.first_settled_at > margin
+        ):
+            break
+        time.sleep(POLL_S)
+    group.end()
+    on_events(group.poll())
+
+
+def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
+    """`lifecycle boot --num-ranks N`: 0 when every rank got to ready, else 1."""
+    spec = options.worker_spec(args, mode="boot")
+    group = RankGroup(args, created_at=created_at, spec=spec)
+    printer = ProgressPrinter(run_created_at=created_at)
+    print(
+        f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
+        f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})  journal {args.db}",
+        flush=True,
+    )
+    interrupted: list[signal.Signals] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        interrupted.append(signal.Signals(signum))
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        group.start()
+
+        def show(events: list[StoredEvent]) -> None:
+            for line in _progress_lines(printer, events):
+                print(line, flush=True)
+
+        supervise(group, on_events=show, keep_going=lambda: not interrupted)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    views = group.views()
+    codes = group.exit_codes()
+    group.close()
+    for line in summary_lines(views, codes, created_at=created_at):
+        print(line, flush=True)
+    if interrupted:
+        return 128 + int(interrupted[0])
+    reached = all(State.READY.value in v.path and v.state == State.STOPPED for v in views.values())
+    return 0 if reached and all(c == 0 for c in codes) else 1
+
+
+def summary_lines(
+    views: dict[int, RankView], codes: list[int | None], *, created_at: float
+) -> list[str]:
+    lines = []
+    for rank, view in views.items():
+        ready_at = view.entered_at(State.READY.value)
+        ready = f"ready after {ready_at - created_at:.2f} s" if ready_at else "never ready"
+        error = (
+            f"; {view.errors[0][2].error_type}: {view.errors[0][2].message}" if view.errors else ""
+        )
+        lines.append(f"rank {rank}: {view.state:<12} {ready}; exit {codes[rank]}{error}"[:300])
+    return lines

@@ -1,0 +1,265 @@
+"""A rank process, under the launcher or under torchrun: boot, then stop or serve requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from typing import TYPE_CHECKING, Any
+
+from lifecycle.config import ServerArgs, Shape, args_from_json, validate_shape
+from lifecycle.errors import LifecycleError
+from lifecycle.logs import configure_logging
+from lifecycle.signals import block_shutdown_signals, watch_shutdown_signals
+from lifecycle.states import State
+
+if TYPE_CHECKING:
+    from lifecycle.rank import RankSession
+
+# This module is the entry of rank processes and is imported by the launcher: it imports
+# torch (through lifecycle.rank) only inside functions, after the shutdown signals are blocked.
+
+WORKER_ENV = "LIFECYCLE_WORKER"
+RUN_ID_ENV = "LIFECYCLE_RUN_ID"
+# A failed rank stays this long past the process-group timeout at most, so that peers blocked
+# on it time out themselves (as under NCCL) and journal where they were.
+LINGER_MARGIN_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """What the launcher tells each rank process, through the environment."""
+
+    config: dict[str, Any]
+    mode: str  # "boot" or "serve"
+    pipeline: str | None = None
+    control_host: str | None = None
+    control_port: int | None = None
+    control_authkey: str | None = None
+    json_logs: bool = False
+    log_level: str = "info"
+
+    def to_env(self) -> str:
+        return json.dumps(
+            {
+                "config": self.config,
+                "mode": self.mode,
+                "pipeline": self.pipeline,
+                "control_host": self.control_host,
+                "control_port": self.control_port,
+                "control_authkey": self.control_authkey,
+                "json_logs": self.json_logs,
+                "log_level": self.log_level,
+            }
+        )
+
+    @classmethod
+    def from_env(cls, text: str) -> WorkerSpec:
+        doc = json.loads(text)
+        return cls(**doc)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankEnv:
+    """RANK, WORLD_SIZE and LOCAL_WORLD_SIZE, as torchrun and the launcher set them."""
+
+    rank: int
+    world_size: int
+    local_world_size: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RankEnv:
+        world = int(env.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            world_size=world,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+        )
+
+
+def under_torchrun(env: Mapping[str, str]) -> bool:
+    return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _agreed_run_id(
+    env: Mapping[str, str], created_at: float, ranks: RankEnv, args: ServerArgs
+) -> str:
+    """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast."""
+    from lifecycle.runs import new_run_id
+
+    if env.get(RUN_ID_ENV):
+        return env[RUN_ID_ENV]
+    elastic = env.get("TORCHELASTIC_RUN_ID", "none")
+    if elastic and elastic != "none":
+        return f"{time.strftime('%Y%m%d', time.gmtime(created_at))}-{elastic}"[:64]
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from lifecycle.device import select_device
+
+    # No shared id in the environment: join the group first and let rank 0 name the run.
+    device = select_device(args.device, local_rank=int(env.get("LOCAL_RANK", ranks.rank)))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init_method="env://",
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    named = [new_run_id(created_at) if ranks.rank == 0 else ""]
+    dist.broadcast_object_list(named, src=0)
+    return str(named[0])
+
+
+def run_rank_process(
+    args: ServerArgs,
+    *,
+    mode: str,
+    env: Mapping[str, str],
+    created_at: float,
+    control: Connection | None = None,
+) -> int:
+    """One rank from start to exit; returns the process exit status."""
+    from lifecycle.journal import Journal
+    from lifecycle.rank import RankLaunch, RankSession
+    from lifecycle.recorder import Recorder
+    from lifecycle.runs import run_row
+
+    ranks = RankEnv.from_env(env)
+    run_id = _agreed_run_id(env, created_at, ranks, args)
+    journal = Journal.open_for_write(args.db)
+    journal.create_run(run_row(args, run_id=run_id, created_at=created_at))
+    recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank))
+    launch = RankLaunch(
+        run_id=run_id,
+        rank=ranks.rank,
+        local_ranks=ranks.local_world_size,
+        distributed=ranks.world_size > 1,
+    )
+    session = RankSession(args, launch, recorder)
+    stop = threading.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        session.stop(reason="signal", signal_name=sig.name)
+        stop.set()
+        session.close()
+        os._exit(128 + int(sig))
+
+    watch_shutdown_signals(on_signal)
+    state = session.boot()
+    if state is State.READY:
+        if mode == "serve" and control is not None:
+            _serve(session, control)
+        else:
+            session.stop(reason="boot complete")
+        session.close()
+        _leave_process_group()
+        return 0 if session.machine.state is State.STOPPED else 1
+    if ranks.world_size > 1:
+        session.linger(args.dist_timeout_s + LINGER_MARGIN_S, until=stop)
+    session.close()
+    return 1
+
+
+def _serve(session: RankSession, control: Connection) -> None:
+    """Answer the launcher's requests until it says stop or the rank fails."""
+    from lifecycle.actions import StartupActions
+
+    assert session.runtime is not None
+    actions = StartupActions(session.runtime)
+    session.serve_collectives_from_ring()
+    control.send({"op": "ready", "rank": session.launch.rank})
+    while True:
+        try:
+            message = control.recv()
+        except (EOFError, OSError):
+            session.stop(reason="launcher went away")
+            return
+        if message.get("op") == "stop":
+            session.stop(
+                reason=str(message.get("reason") or "stop requested"),
+                signal_name=message.get("signal"),
+            )
+            return
+        if message.get("op") != "generate":
+            continue
+        reply: dict[str, Any] = {"op": "result", "id": message["id"], "rank": session.launch.rank}
+        try:
+            shape = Shape(
+                width=message["width"], height=message["height"], frames=message["frames"]
+            )
+            validate_shape(session.args.model, shape, message["steps"])
+            result = actions.generate(
+                prompt=message["prompt"], shape=shape, steps=message["steps"], source="http"
+            )
+            reply.update(
+                ok=True,
+                checksum=result.checksum,
+                total_s=result.total_s,
+                step_s=list(result.step_s),
+                stages=[
+                    {"name": s.name, "ran": s.ran, "seconds": s.seconds, "peak_bytes": s.peak_bytes}
+                    for s in result.stages
+                ],
+                peak_bytes=result.peak_bytes,
+                memory_source=result.memory_source,
+            )
+            control.send(reply)
+        except Exception as exc:  # the request failed on this rank: journal it, fail, report
+            session.fail(exc)
+            reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+            control.send(reply)
+            return
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    """Entry of a rank process spawned by the launcher (`python -m lifecycle.worker`)."""
+    created_at = time.time()
+    block_shutdown_signals()
+    spec = WorkerSpec.from_env(os.environ[WORKER_ENV])
+    configure_logging(json=spec.json_logs, level=spec.log_level)
+    try:
+        if spec.pipeline:
+            from lifecycle.pipeline import load_plugin
+
+            load_plugin(spec.pipeline)
+        args = args_from_json(spec.config)
+        control = None
+        if spec.mode == "serve" and spec.control_port is not None:
+            assert spec.control_host is not None and spec.control_authkey is not None
+            control = Client(
+                (spec.control_host, spec.control_port),
+                authkey=bytes.fromhex(spec.control_authkey),
+            )
+            control.send({"op": "hello", "rank": int(os.environ.get("RANK", "0"))})
+        status = run_rank_process(
+            args, mode=spec.mode, env=os.environ, created_at=created_at, control=control
+        )
+    except LifecycleError as exc:
+        print(f"lifecycle worker: error: {exc}", file=sys.stderr)
+        status = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a failed gloo group can abort in its destructor.
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()
