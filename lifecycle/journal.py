@@ -509,42 +509,56 @@ class RankWriter:
         return self._next_seq
 
     def append(self, event: Event, *, state: str, wall_time: float, mono_ns: int) -> StoredEvent:
-        payload = encode(event)
+        """Append one event; it is committed when this returns."""
+        return self.append_batch([(event, state, wall_time, mono_ns)])[0]
+
+    def append_batch(self, items: list[tuple[Event, str, float, int]]) -> list[StoredEvent]:
+        """Append (event, state, wall_time, mono_ns) items in one transaction: a reader sees
+        all of them or none."""
+        payloads = [encode(item[0]) for item in items]
         with self._lock:
             if self._closed:
                 raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
-            seq = self._next_seq
-            values: dict[str, Any] = {
-                "run_id": self.run_id,
-                "rank": self.rank,
-                "seq": seq,
-                "wall_time": wall_time,
-                "mono_ns": mono_ns,
-                "kind": event.kind,
-                "version": event.version,
-                "state": state,
-                "data": payload,
-            }
-            self._insert(values, seq)
-            self._next_seq = seq + 1
-        return StoredEvent(
-            run_id=self.run_id,
-            rank=self.rank,
-            seq=seq,
-            wall_time=wall_time,
-            mono_ns=mono_ns,
-            state=state,
-            event=event,
-        )
+            first = self._next_seq
+            rows = []
+            stored = []
+            for offset, ((event, state, wall_time, mono_ns), payload) in enumerate(
+                zip(items, payloads, strict=True)
+            ):
+                values: dict[str, Any] = {
+                    "run_id": self.run_id,
+                    "rank": self.rank,
+                    "seq": first + offset,
+                    "wall_time": wall_time,
+                    "mono_ns": mono_ns,
+                    "kind": event.kind,
+                    "version": event.version,
+                    "state": state,
+                    "data": payload,
+                }
+                rows.append(tuple(values[k] for k in self._order) if self._positional else values)
+                stored.append(
+                    StoredEvent(
+                        run_id=self.run_id,
+                        rank=self.rank,
+                        seq=first + offset,
+                        wall_time=wall_time,
+                        mono_ns=mono_ns,
+                        state=state,
+                        event=event,
+                    )
+                )
+            self._insert(rows, first)
+            self._next_seq = first + len(rows)
+        return stored
 
-    def _insert(self, values: dict[str, Any], seq: int) -> None:
-        params: Any = tuple(values[k] for k in self._order) if self._positional else values
+    def _insert(self, rows: list[Any], seq: int) -> None:
         for attempt in range(LOCKED_RETRIES + 1):
             try:
                 if self._sqlite is not None:
-                    self._insert_sqlite(params)
+                    self._insert_sqlite(rows)
                 else:
-                    self._conn.exec_driver_sql(self._sql, params)
+                    self._conn.exec_driver_sql(self._sql, rows if len(rows) > 1 else rows[0])
                     self._conn.commit()
                 return
             except IntegrityError as exc:
@@ -576,14 +590,17 @@ class RankWriter:
                 self._rollback_sqlite()
                 raise _translate(exc, self._location) from None
 
-    def _insert_sqlite(self, params: Any) -> None:
+    def _insert_sqlite(self, rows: list[Any]) -> None:
         # The hot path: one append is BEGIN IMMEDIATE, INSERT, COMMIT on the driver connection
         # that SQLAlchemy opened, without the per-statement cost of its execution layer.
         assert self._sqlite is not None
         cur = self._sqlite.cursor()
         try:
             cur.execute("BEGIN IMMEDIATE")
-            cur.execute(self._sql, params)
+            if len(rows) == 1:
+                cur.execute(self._sql, rows[0])
+            else:
+                cur.executemany(self._sql, rows)
             cur.execute("COMMIT")
         finally:
             cur.close()

@@ -108,15 +108,20 @@ class Recorder:
 
     def _flush_locked(self) -> None:
         if self._ring:
-            while self._ring:
-                self._append(*self._ring.popleft())
+            batch = list(self._ring)
+            self._ring.clear()
+            self._publish(self._writer.append_batch(batch))
 
     def _append(self, event: Event, state: str, wall: float, mono: int) -> StoredEvent:
         stored = self._writer.append(event, state=state, wall_time=wall, mono_ns=mono)
-        self._emit_log(stored)
-        for listener in self._listeners:
-            listener(stored)
+        self._publish([stored])
         return stored
+
+    def _publish(self, batch: list[StoredEvent]) -> None:
+        for stored in batch:
+            self._emit_log(stored)
+            for listener in self._listeners:
+                listener(stored)
 
     def _emit_log(self, stored: StoredEvent) -> None:
         kind = stored.kind

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -54,3 +56,32 @@ def lifecycle_cli(tmp_path: Path) -> Callable[..., Completed]:
 
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Pids of live processes whose working directory is `directory` (rank processes of a
+    test inherit its tmp_path)."""
+    found = []
+    target = str(directory.resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if os.readlink(entry / "cwd") == target:
+                state = (entry / "stat").read_text().split(") ")[-1][:1]
+                if state != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def no_leftover_processes(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Fail the test if a process it started outlives it; kill any such process."""
+    yield
+    leftovers = processes_in(tmp_path)
+    for pid in leftovers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], f"processes outlived the test: {leftovers}"

@@ -1,0 +1,179 @@
+"""`lifecycle serve`: a real HTTP server on a free loopback port in front of real ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lifecycle.events import (
+    BuffersAllocated,
+    CollectiveStarted,
+    RequestFinished,
+    RequestStarted,
+    Shutdown,
+)
+from lifecycle.journal import Journal
+from lifecycle.supervisor import free_port
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[str], url: str, db: Path) -> None:
+        self.proc, self.url, self.db = proc, url, db
+        self.client = httpx.Client(base_url=url, timeout=60.0)
+
+    def get(self, path: str) -> httpx.Response | None:
+        try:
+            return self.client.get(path)
+        except httpx.TransportError:
+            return None
+
+    def wait_for_health(self, want: int, *, within: float) -> list[int]:
+        """Poll /health until it answers `want`; return every status seen on the way."""
+        seen: list[int] = []
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            response = self.get("/health")
+            if response is not None:
+                seen.append(response.status_code)
+                if response.status_code == want:
+                    return seen
+            time.sleep(0.1)
+        raise AssertionError(f"/health never answered {want}; saw {seen[-5:]}")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            self.client.close()
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, *extra: str) -> Iterator[Served]:
+    port = free_port()
+    with (tmp_path / "serve.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lifecycle.cli", "serve", "--model", "micro-video",
+             "--db", "j.db", "--port", str(port), "--log-level", "warning", *extra],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )  # fmt: skip
+        served = Served(proc, f"http://127.0.0.1:{port}", tmp_path / "j.db")
+        try:
+            yield served
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def journal_events(db: Path) -> list:  # type: ignore[type-arg]
+    journal = Journal.open_for_read(str(db))
+    (run,) = journal.runs()
+    return list(journal.read(run_id=run.run_id))
+
+
+BODY = {"prompt": "a lighthouse in a storm", "width": 256, "height": 192, "frames": 9, "steps": 3}
+
+
+def test_health_turns_green_at_ready_and_generate_works_twice(tmp_path: Path) -> None:
+    """/health is 503 while the ranks boot and 200 once every rank is ready; /generate runs
+    twice with the same checksum, the second without creating staging buffers again;
+    /lifecycle folds every rank; SIGTERM stops the ranks and each journals its shutdown."""
+    with serve(tmp_path, "--num-ranks", "2", "--calibrate") as served:
+        seen = served.wait_for_health(200, within=120)
+        assert 503 in seen
+        assert served.client.get("/liveness").status_code == 200
+        first = served.client.post("/generate", json=BODY)
+        second = served.client.post("/generate", json=BODY)
+        assert first.status_code == 200, first.text
+        assert second.status_code == 200, second.text
+        assert first.json()["checksum"] == second.json()["checksum"]
+        assert [s["name"] for s in first.json()["stages"]] == ["text_encoder", "dit", "vae"]
+        state = served.client.get("/lifecycle").json()
+        assert state["healthy"] is True
+        assert [r["state"] for r in state["ranks"]] == ["ready", "ready"]
+        assert state["ranks"][0]["path"] == [
+            "created", "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready"
+        ]  # fmt: skip
+        assert state["ranks"][0]["pending_collective"] is None
+        assert served.stop() == 0
+    events = [e for e in journal_events(served.db) if e.rank == 0]
+    requests = [
+        e for e in events if isinstance(e.event, RequestStarted) and e.event.source == "http"
+    ]
+    assert len(requests) == 2
+    done = [e for e in events if isinstance(e.event, RequestFinished)]
+
+    def between(start: int, kind: type) -> list:  # type: ignore[type-arg]
+        end = next(e.seq for e in done if e.seq > start)
+        return [e for e in events if start < e.seq < end and isinstance(e.event, kind)]
+
+    assert between(requests[0].seq, BuffersAllocated), "a new shape creates its buffers"
+    assert between(requests[1].seq, BuffersAllocated) == []
+    # After ready the collective records wait in memory, then reach the journal in order.
+    assert between(requests[1].seq, CollectiveStarted)
+    assert isinstance(events[-2].event, Shutdown)
+    assert events[-2].event.signal == "SIGTERM"
+    assert events[-1].state == "stopped"
+
+
+def test_bad_requests_are_refused_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    """A 10 MB prompt, a shape off the grid, negative or huge sizes, unknown fields: each
+    is a 4xx, and a good request afterwards still works."""
+    with serve(tmp_path, "--num-ranks", "1") as served:
+        served.wait_for_health(200, within=120)
+        bad = [
+            {**BODY, "prompt": "x" * (10 * 2**20)},
+            {**BODY, "width": 250},
+            {**BODY, "frames": 8},
+            {**BODY, "height": -16},
+            {**BODY, "width": 1 << 20},
+            {**BODY, "steps": 0},
+            {**BODY, "seed": 3},
+            {"width": 256},
+        ]
+        for body in bad:
+            response = served.client.post("/generate", json=body)
+            assert 400 <= response.status_code < 500, (body.get("prompt", "")[:10], response.text)
+        assert served.client.post("/generate", json=BODY).status_code == 200
+        assert served.stop() == 0
+
+
+def test_a_failed_rank_turns_health_503_for_good(tmp_path: Path) -> None:
+    """With rank 1 raising in bounded-warm, /health never turns 200: it says failed and
+    stays 503, and /lifecycle names the failed rank and its error."""
+    with serve(
+        tmp_path, "--num-ranks", "2", "--fault", "1:bounded-warm:raise", "--dist-timeout", "3"
+    ) as served:
+        deadline = time.monotonic() + 90
+        status = None
+        while time.monotonic() < deadline:
+            response = served.get("/health")
+            assert response is None or response.status_code == 503
+            if response is not None and response.json()["status"] == "failed":
+                status = "failed"
+                break
+            time.sleep(0.1)
+        assert status == "failed"
+        for _ in range(5):
+            response = served.get("/health")
+            assert response is not None and response.status_code == 503
+            time.sleep(0.2)
+        state = served.client.get("/lifecycle").json()
+        rank1 = state["ranks"][1]
+        assert rank1["state"] == "failed"
+        assert rank1["first_error"]["state"] == "bounded-warm"
+        assert served.client.post("/generate", json=BODY).status_code == 503
+        served.stop()
