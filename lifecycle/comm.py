@@ -30,6 +30,16 @@ class EventSink(Protocol):
     def record(self, event: Event) -> object: ...
 
 
+# Joining the group (rendezvous through the store, creating subgroups) may take longer than one
+# collective may: rank processes start torch at different speeds on a loaded host. Every
+# recorded collective is still bounded by the process-group timeout, waited explicitly.
+RENDEZVOUS_TIMEOUT_S = 120.0
+
+
+def rendezvous_timeout(timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S))
+
+
 # Asked before each collective with (group, group_seq, op); True skips it (a `skip-collective`
 # fault), and the hook has journaled why.
 SkipHook = Callable[[str, int, str], bool]
@@ -337,7 +347,7 @@ class Comm:
 
 
 def _new_group(ranks: tuple[int, ...], timeout_s: float) -> Any:
-    return dist.new_group(list(ranks), timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.new_group(list(ranks), timeout=rendezvous_timeout(timeout_s))
 
 
 class UlyssesAttention:

@@ -120,3 +120,21 @@ class RankDisagreement(LifecycleError):
     def __init__(self, message: str, *, rank: int) -> None:
         super().__init__(message)
         self.rank = rank
+
+
+class ReplayError(LifecycleError):
+    """`replay` cannot answer: no usable journal, or a run reference that names no run."""
+
+
+class RunNotFound(ReplayError):
+    def __init__(self, *, ref: str, known: int) -> None:
+        super().__init__(f"no run matches {ref!r} among {known} run(s)")
+        self.ref = ref
+
+
+class AmbiguousRun(ReplayError):
+    def __init__(self, *, ref: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:5]) + (" ..." if len(candidates) > 5 else "")
+        super().__init__(f"run prefix {ref!r} matches {len(candidates)} runs: {shown}")
+        self.ref = ref
+        self.candidates = candidates

@@ -268,6 +268,8 @@ class Shutdown(Event):
     kind: ClassVar[str] = "shutdown"
     reason: str
     signal: str | None
+    events_written: int  # this rank's events before this one
+    journal_write_s: float  # time this rank spent committing them
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

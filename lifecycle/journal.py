@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -40,7 +39,7 @@ from lifecycle.errors import (
     SchemaMismatch,
 )
 from lifecycle.events import Event, StoredEvent, decode_or_unknown, encode
-from lifecycle.schema import events, runs
+from lifecycle.schema import KNOWN_REVISIONS, events, runs
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0
@@ -95,9 +94,13 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
-@cache
 def known_revisions() -> tuple[str, ...]:
     """Every revision this lifecycle knows, oldest first; the last is head."""
+    return KNOWN_REVISIONS
+
+
+def script_revisions() -> tuple[str, ...]:
+    """The revisions of the Alembic scripts, oldest first (imports Alembic)."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory(str(migrations_dir()))
@@ -423,6 +426,15 @@ class Journal:
         except SQLAlchemyError as exc:
             raise _translate(exc, self.location) from None
 
+    def ranks(self, run_id: str) -> list[int]:
+        """The ranks that have events of `run_id` in this journal."""
+        stmt = select(events.c.rank).where(events.c.run_id == run_id).distinct()
+        try:
+            with self.engine.connect() as conn:
+                return sorted(int(r) for r in conn.execute(stmt).scalars() if _is_int(r))
+        except SQLAlchemyError as exc:
+            raise _translate(exc, self.location) from None
+
     def _stored(self, row: Any) -> StoredEvent | None:
         run_id, rank, seq, wall_time, mono_ns, kind, version, state, data = row
         if not (
@@ -503,6 +515,7 @@ class RankWriter:
         self._sqlite = driver if isinstance(driver, sqlite3.Connection) else None
         self._next_seq = 0
         self._closed = False
+        self.write_s = 0.0  # time spent committing appends, for the shutdown record
 
     @property
     def next_seq(self) -> int:
@@ -548,7 +561,9 @@ class RankWriter:
                         event=event,
                     )
                 )
+            started = time.perf_counter()
             self._insert(rows, first)
+            self.write_s += time.perf_counter() - started
             self._next_seq = first + len(rows)
         return stored
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import platform as pyplatform
 import socket
@@ -18,7 +17,7 @@ import torch.distributed as dist
 
 from lifecycle import __version__
 from lifecycle.actions import RankRuntime, StartupActions
-from lifecycle.comm import Comm
+from lifecycle.comm import Comm, rendezvous_timeout
 from lifecycle.config import RankLayout, ServerArgs, fault_for
 from lifecycle.device import memory_meter, select_device
 from lifecycle.errors import InjectedFault, JournalError
@@ -166,7 +165,7 @@ class RankSession:
             init_method="env://",
             rank=self.launch.rank,
             world_size=self.args.num_ranks,
-            timeout=datetime.timedelta(seconds=self.args.dist_timeout_s),
+            timeout=rendezvous_timeout(self.args.dist_timeout_s),
         )
 
     def boot(self) -> State:
@@ -259,7 +258,16 @@ class RankSession:
     def stop(self, *, reason: str, signal_name: str | None = None) -> None:
         """Journal a shutdown; a ready rank moves to `stopped`."""
         with self._fire_lock:
-            self.recorder.record(Shutdown(reason=reason, signal=signal_name))
+            self.recorder.flush()
+            written, write_s = self.recorder.journal_cost()
+            self.recorder.record(
+                Shutdown(
+                    reason=reason,
+                    signal=signal_name,
+                    events_written=written,
+                    journal_write_s=write_s,
+                )
+            )
             if self.machine.state is State.READY:
                 self.fire(Trigger.STOP)
 

@@ -98,6 +98,11 @@ class Recorder:
         self.state = state
         self.state_entered_mono_ns = self._clock.mono_ns()
 
+    def journal_cost(self) -> tuple[int, float]:
+        """Events written so far and the seconds spent committing them."""
+        with self._lock:
+            return self._writer.next_seq, self._writer.write_s
+
     def buffer_collectives(self, capacity: int) -> None:
         with self._lock:
             self._ring = deque(maxlen=capacity)

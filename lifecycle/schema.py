@@ -16,6 +16,11 @@ from sqlalchemy import (
     Table,
 )
 
+# Every Alembic revision of the journal, oldest first; the last is head. Readers check a
+# journal's revision against this without importing Alembic; a test keeps it equal to the
+# scripts in migrations/versions.
+KNOWN_REVISIONS: tuple[str, ...] = ("0001",)
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",

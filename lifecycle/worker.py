@@ -98,11 +98,10 @@ def _agreed_run_id(
     elastic = env.get("TORCHELASTIC_RUN_ID", "none")
     if elastic and elastic != "none":
         return f"{time.strftime('%Y%m%d', time.gmtime(created_at))}-{elastic}"[:64]
-    import datetime
-
     import torch
     import torch.distributed as dist
 
+    from lifecycle.comm import rendezvous_timeout
     from lifecycle.device import select_device
 
     # No shared id in the environment: join the group first and let rank 0 name the run.
@@ -114,7 +113,7 @@ def _agreed_run_id(
         init_method="env://",
         rank=ranks.rank,
         world_size=ranks.world_size,
-        timeout=datetime.timedelta(seconds=120),
+        timeout=rendezvous_timeout(args.dist_timeout_s),
     )
     named = [new_run_id(created_at) if ranks.rank == 0 else ""]
     dist.broadcast_object_list(named, src=0)

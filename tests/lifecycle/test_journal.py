@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from lifecycle.errors import JournalConflict, JournalNotFound, NotAJournal, SchemaMismatch
 from lifecycle.events import ActionStarted, StoredEvent, Transition
 from lifecycle.fold import fold_run
-from lifecycle.journal import Journal, RunRow, head_revision, journal_revision
+from lifecycle.journal import (
+    Journal,
+    RunRow,
+    head_revision,
+    journal_revision,
+    known_revisions,
+    script_revisions,
+)
 from tests.conftest import REPO, file_digest
 from tests.strategies import rank_streams
 
@@ -182,6 +189,11 @@ def test_alembic_upgrade_downgrade_upgrade_from_the_repository_root(tmp_path: Pa
     assert "No new upgrade operations detected" in check.stdout + check.stderr
     assert journal_revision(str(db)) == head_revision()
     Journal.open_for_read(str(db)).close()
+
+
+def test_known_revisions_match_the_migration_scripts() -> None:
+    """The revisions readers accept are exactly the Alembic scripts, in order."""
+    assert known_revisions() == script_revisions()
 
 
 def test_one_migration_head() -> None:

@@ -1,0 +1,162 @@
+"""Calibration cost: real `lifecycle boot` runs, bounded path against calibrated path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.stats import median
+from bench.suite import Benchmark, BenchError, Settings, progress
+from bench.table import Row, format_ratio, format_seconds
+
+# The field's 2xH200 text-to-video server (DESIGN.md section 1), auto mode: (without
+# calibration, with it, how the field's figures read).
+FIELD_READY_S = (50.0, 62.1, "62.1 s / 50.0 s to healthy")
+FIELD_WARMUP_S = (2.7, 9.0, "about 9 s / 2.7 s of server warmup")
+BOOT_TIMEOUT_S = {True: 180.0, False: 600.0}  # quick, full
+FOUR_RANKS = ("--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Boot:
+    """What one boot's journal says: the figures of its slowest rank."""
+
+    ready_s: float  # runs.created_at (the launcher's start) to the last rank entering ready
+    warmup_s: float  # the slowest rank's warmup requests, summed (their recorded total_s)
+    requests: int
+    steps: int
+    calibrated: bool
+
+
+def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate: bool) -> Boot:
+    """Run `python -m lifecycle.cli boot` to completion and read its run back."""
+    from lifecycle.fold import fold_run
+    from lifecycle.journal import Journal
+
+    before = _run_ids(db)
+    command = [
+        sys.executable,
+        "-m",
+        "lifecycle.cli",
+        "boot",
+        "--db",
+        str(db),
+        "--model",
+        model,
+        "--log-level",
+        "warning",
+        *(FOUR_RANKS if ranks == 4 else ()),
+        *(("--calibrate",) if calibrate else ()),
+    ]
+    try:
+        proc = subprocess.run(
+            command,
+            cwd=settings.workdir,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            capture_output=True,
+            text=True,
+            timeout=BOOT_TIMEOUT_S[settings.quick],
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"`{' '.join(command[1:])}` did not finish in time") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise BenchError(f"`{' '.join(command[1:])}` exited {proc.returncode}: {tail[0]}")
+    with Journal.open_for_read(str(db)) as journal:
+        new = [run for run in journal.runs() if run.run_id not in before]
+        if len(new) != 1:
+            raise BenchError(f"expected one new run in {db}, found {len(new)}")
+        run = new[0]
+        views = fold_run(journal.read(run_id=run.run_id))
+    if len(views) != ranks:
+        raise BenchError(f"run {run.run_id} journaled {len(views)} ranks, expected {ranks}")
+    ready_at = [v.entered_at("ready") for v in views.values()]
+    if any(at is None for at in ready_at):
+        raise BenchError(f"run {run.run_id}: a rank never reached ready")
+    warmups = [v.warmup_records for v in views.values()]
+    slowest = max(warmups, key=lambda records: sum(w.total_s for w in records))
+    return Boot(
+        ready_s=max(at for at in ready_at if at is not None) - run.created_at,
+        warmup_s=sum(w.total_s for w in slowest),
+        requests=len(slowest),
+        steps=sum(w.steps for w in slowest),
+        calibrated=all(v.calibrated for v in views.values()),
+    )
+
+
+def _run_ids(db: Path) -> set[str]:
+    from lifecycle.journal import Journal
+
+    if not db.exists():
+        return set()
+    with Journal.open_for_read(str(db)) as journal:
+        return {run.run_id for run in journal.runs()}
+
+
+def _rows_for(settings: Settings, *, model: str, ranks: int, pairs: int) -> list[Row]:
+    db = settings.workdir / f"calibration-{ranks}.db"
+    bounded: list[Boot] = []
+    calibrated: list[Boot] = []
+    for index in range(pairs):
+        order = (False, True) if index % 2 == 0 else (True, False)
+        for calibrate in order:
+            progress(
+                f"calibration: {model}, {ranks} rank(s), pair {index + 1}/{pairs},"
+                f" {'calibrated' if calibrate else 'bounded'}"
+            )
+            boot = boot_once(settings, db=db, model=model, ranks=ranks, calibrate=calibrate)
+            if boot.calibrated != calibrate:
+                raise BenchError(
+                    f"a boot {'with' if calibrate else 'without'} --calibrate took the"
+                    f" {'calibrated' if boot.calibrated else 'bounded'} path"
+                )
+            (calibrated if calibrate else bounded).append(boot)
+    layout = "1 rank" if ranks == 1 else "4 ranks (cfg 2 x ulysses 2)"
+    work = (
+        f"calibrated ran {calibrated[0].requests} warmup request(s), {calibrated[0].steps} steps;"
+        f" bounded ran {bounded[0].requests}, {bounded[0].steps} steps"
+    )
+    how = (
+        f"`lifecycle boot --model {model}{' ' + ' '.join(FOUR_RANKS) if ranks == 4 else ''}"
+        f" [--calibrate] --log-level warning` subprocesses, {pairs} interleaved pair(s),"
+        f" medians; read back from the journal (fold_run), slowest rank; {work}"
+    )
+    rows = []
+    for figure, pick, field in (
+        ("startup to ready", lambda b: b.ready_s, FIELD_READY_S),
+        ("warmup", lambda b: b.warmup_s, FIELD_WARMUP_S),
+    ):
+        value = median([pick(b) for b in calibrated])
+        baseline = median([pick(b) for b in bounded])
+        measured = (
+            "runs.created_at to the last rank entering ready"
+            if figure == "startup to ready"
+            else "warmup_record total_s summed"
+        )
+        rows.append(
+            Row(
+                figure=f"calibration cost, {figure}, {layout}",
+                value=f"{format_seconds(value)} calibrated",
+                baseline=f"{format_seconds(baseline)} bounded",
+                ratio=format_ratio(value / baseline),
+                target=f"no target; field {field[1] / field[0]:.3f} ({field[2]})",
+                how=f"{measured}; {how}",
+            )
+        )
+    return rows
+
+
+def measure(settings: Settings) -> list[Row]:
+    model = "micro-video" if settings.quick else "tiny-video"
+    pairs = 1 if settings.quick else 3
+    return [
+        *_rows_for(settings, model=model, ranks=1, pairs=pairs),
+        *_rows_for(settings, model=model, ranks=4, pairs=pairs),
+    ]
+
+
+BENCHMARK = Benchmark(name="calibration", measure=measure)

@@ -1,0 +1,299 @@
+"""Journal append cost: one durable append against raw SQLite, and appends from N processes."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.procs import Pool, serve
+from bench.stats import interleave, median, percentile
+from bench.suite import Benchmark, BenchError, Settings, progress
+from bench.table import Row, format_ratio, format_seconds, verdict
+
+RATIO_TARGET = 2.0
+PROCESS_COUNTS = (1, 2, 4, 8)
+TIMEOUT_S = 300.0  # for starting the workers, and for each round
+RUN_ID = "bench-journal"
+STATE = "bounded-warm"
+INSERT = (
+    "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def new_journal(path: Path, *, run_id: str, world_size: int) -> None:
+    """A journal file made by the library's own migrations, with one run row."""
+    from lifecycle import __version__
+    from lifecycle.journal import Journal, RunRow
+
+    with Journal.open_for_write(str(path)) as journal:
+        journal.create_run(
+            RunRow(
+                run_id=run_id,
+                created_at=time.time(),
+                host=socket.gethostname(),
+                world_size=world_size,
+                config={"benchmark": "journal"},
+                lifecycle_version=__version__,
+            )
+        )
+
+
+def raw_connection(path: Path) -> sqlite3.Connection:
+    """The journal's connection settings, without the library: WAL, synchronous=NORMAL,
+    foreign keys, the same busy timeout, autocommit so that BEGIN is ours."""
+    from lifecycle.journal import BUSY_TIMEOUT_S
+
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+# ---------------------------------------------------------------------------------------------
+# One append
+
+
+def latency_rows(settings: Settings) -> list[Row]:
+    from lifecycle.events import ActionStarted, encode
+    from lifecycle.journal import Journal
+
+    pairs = 300 if settings.quick else 4000
+    discard = 30 if settings.quick else 200
+    progress(f"journal: append latency, {pairs} interleaved pairs")
+    lifecycle_db = settings.workdir / "append-lifecycle.db"
+    raw_db = settings.workdir / "append-raw.db"
+    new_journal(lifecycle_db, run_id=RUN_ID, world_size=1)
+    new_journal(raw_db, run_id=RUN_ID, world_size=1)
+    event = ActionStarted(action="bounded-warmup")
+    payload = encode(event)
+    journal = Journal.open_for_write(str(lifecycle_db))
+    writer = journal.writer(run_id=RUN_ID, rank=0)
+    raw = raw_connection(raw_db)
+    raw_seq = [0]
+
+    def through_lifecycle() -> float:
+        started = time.perf_counter()
+        writer.append(event, state=STATE, wall_time=time.time(), mono_ns=time.monotonic_ns())
+        return time.perf_counter() - started
+
+    def raw_sqlite() -> float:
+        started = time.perf_counter()
+        cur = raw.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        cur.execute(
+            INSERT,
+            (RUN_ID, 0, raw_seq[0], time.time(), time.monotonic_ns(), event.kind, 1, STATE, payload),
+        )
+        cur.execute("COMMIT")
+        cur.close()
+        raw_seq[0] += 1
+        return time.perf_counter() - started
+
+    try:
+        paired = interleave(through_lifecycle, raw_sqlite, pairs=pairs, discard=discard)
+    finally:
+        writer.close()
+        journal.close()
+        raw.close()
+    how = (
+        f"{pairs} appends each side, interleaved one by one ({discard} pairs discarded), on two"
+        " files in the same directory made by the same migrations; lifecycle:"
+        " RankWriter.append of an action_started event (JSON encoding included); raw: sqlite3"
+        " BEGIN IMMEDIATE / INSERT of the same row, pre-encoded / COMMIT with WAL,"
+        " synchronous=NORMAL, foreign_keys=ON"
+    )
+    rows = []
+    for name, pick in (("median", median), ("p99", lambda s: percentile(s, 99))):
+        value, floor = pick(paired.a), pick(paired.b)
+        ratio = value / floor
+        rows.append(
+            Row(
+                figure=f"journal append latency, {name}",
+                value=format_seconds(value),
+                baseline=format_seconds(floor),
+                ratio=format_ratio(ratio),
+                target=verdict(f"<= {RATIO_TARGET:g}x raw", met=ratio <= RATIO_TARGET),
+                how=how,
+            )
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# N processes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Throughput:
+    events_per_s: float
+    appended: int
+    read_back: int
+    lock_errors: int
+    other_errors: int
+
+
+def _append_in_processes(
+    settings: Settings,
+    pool: Pool,
+    template: Path,
+    *,
+    processes: int,
+    shared: bool,
+    events: int,
+    tag: str,
+) -> Throughput:
+    from lifecycle.journal import Journal
+
+    layout = "shared" if shared else "own"
+    files = (
+        [settings.workdir / f"procs-{tag}-{layout}.db"]
+        if shared
+        else [settings.workdir / f"procs-{tag}-{layout}-{i}.db" for i in range(processes)]
+    )
+    for path in files:
+        shutil.copyfile(template, path)
+    results = pool.round(
+        [
+            {"db": str(files[0] if shared else files[i]), "rank": i, "events": events}
+            for i in range(processes)
+        ]
+    )
+    read_back = 0
+    for path in files:
+        with Journal.open_for_read(str(path)) as journal:
+            read_back += sum(1 for _ in journal.read(run_id=RUN_ID))
+    appended = sum(int(r["appended"]) for r in results)
+    span = max(float(r["finished"]) for r in results) - min(float(r["started"]) for r in results)
+    return Throughput(
+        events_per_s=appended / span if span > 0 else 0.0,
+        appended=appended,
+        read_back=read_back,
+        lock_errors=sum(int(r["lock_errors"]) for r in results),
+        other_errors=sum(int(r["other_errors"]) for r in results),
+    )
+
+
+def throughput_rows(settings: Settings) -> list[Row]:
+    events = 400 if settings.quick else 2000
+    repeats = 1 if settings.quick else 3
+    rows = []
+    # Every journal of a round is a copy of one made by the migrations, with its run row.
+    template = settings.workdir / "procs-template.db"
+    new_journal(template, run_id=RUN_ID, world_size=max(PROCESS_COUNTS))
+    progress(f"journal: starting {max(PROCESS_COUNTS)} worker processes")
+    with Pool(
+        "bench.journal", size=max(PROCESS_COUNTS), workdir=settings.workdir, timeout_s=TIMEOUT_S
+    ) as pool:
+        for processes in PROCESS_COUNTS:
+            progress(f"journal: {processes} process(es) x {events} appends, {repeats} pair(s)")
+            shared: list[Throughput] = []
+            own: list[Throughput] = []
+            for repeat in range(repeats):
+                order = (True, False) if repeat % 2 == 0 else (False, True)
+                for is_shared in order:
+                    result = _append_in_processes(
+                        settings,
+                        pool,
+                        template,
+                        processes=processes,
+                        shared=is_shared,
+                        events=events,
+                        tag=f"{processes}-{repeat}",
+                    )
+                    (shared if is_shared else own).append(result)
+            rows.append(_throughput_row(processes, events, repeats, shared, own))
+    return rows
+
+
+def _throughput_row(
+    processes: int, events: int, repeats: int, shared: list[Throughput], own: list[Throughput]
+) -> Row:
+    every = (*shared, *own)
+    lost = sum(t.appended - t.read_back for t in every)
+    locks = sum(t.lock_errors for t in every)
+    others = sum(t.other_errors for t in every)
+    one_file = median([t.events_per_s for t in shared])
+    each_file = median([t.events_per_s for t in own])
+    return Row(
+        figure=f"journal append throughput, {processes} process(es)",
+        value=f"{one_file:,.0f} events/s (one file)",
+        baseline=f"{each_file:,.0f} events/s (a file each)",
+        ratio=format_ratio(one_file / each_file),
+        target=verdict(
+            f"0 lost, 0 lock errors (lost {lost}, lock errors {locks}, other errors {others})",
+            met=lost == 0 and locks == 0 and others == 0,
+        ),
+        how=(
+            f"{processes} worker process(es) x {events} durable appends (RankWriter.append, one"
+            " rank each), released together; events/s = all appended / (last finish - first"
+            f" start); median of {repeats} interleaved one-file / file-each pair(s);"
+            " lost = appended - read back"
+        ),
+    )
+
+
+def measure(settings: Settings) -> list[Row]:
+    return [*latency_rows(settings), *throughput_rows(settings)]
+
+
+BENCHMARK = Benchmark(name="journal", measure=measure)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process
+
+
+def append_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """Open the journal as rank `rank`; once released, append `events` events and count the
+    appends that failed, and why."""
+    from lifecycle.errors import JournalError
+    from lifecycle.events import ActionStarted
+    from lifecycle.journal import Journal
+
+    journal = Journal.open_for_write(str(payload["db"]))
+    writer = journal.writer(run_id=RUN_ID, rank=int(payload["rank"]))
+    event = ActionStarted(action="bounded-warmup")
+    total = int(payload["events"])
+
+    def work() -> dict[str, Any]:
+        appended = lock_errors = other_errors = 0
+        started = time.monotonic()
+        for _ in range(total):
+            try:
+                writer.append(
+                    event, state=STATE, wall_time=time.time(), mono_ns=time.monotonic_ns()
+                )
+                appended += 1
+            except JournalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    lock_errors += 1
+                else:
+                    other_errors += 1
+        finished = time.monotonic()
+        writer.close()
+        journal.close()
+        return {
+            "appended": appended,
+            "lock_errors": lock_errors,
+            "other_errors": other_errors,
+            "started": started,
+            "finished": finished,
+        }
+
+    return work
+
+
+if __name__ == "__main__":
+    from lifecycle.journal import known_revisions
+
+    known_revisions()  # import SQLAlchemy and Alembic before saying ready
+    serve(append_task)

@@ -1,0 +1,253 @@
+"""Lifecycle overhead: startup to `ready` through lifecycle against the same forward passes."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import structlog
+
+from bench.stats import Paired, interleave, median
+from bench.suite import Benchmark, BenchError, Settings, progress
+from bench.table import Row, format_ratio, format_seconds, verdict
+from lifecycle.config import MODEL_PRESETS, ServerArgs, SmokeRequest
+from lifecycle.events import Event
+from lifecycle.plan import WarmupPlan
+
+RATIO_TARGET = 1.01
+PER_STATE_TARGET_S = 5e-3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Work:
+    """The forward passes one side ran, to check that both sides did the same work."""
+
+    requests: tuple[tuple[str, str, int], ...]  # (role, shape, steps)
+    checksums: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sized:
+    model: str
+    pairs: int
+    discard: int
+
+
+class _Unrecorded:
+    """A sink that drops what the staging buffers would record: no lifecycle at all."""
+
+    def record(self, event: Event) -> None:
+        return None
+
+
+def _never_skip(group: str, group_seq: int, op: str) -> bool:
+    return False
+
+
+def plain_plan(args: ServerArgs) -> WarmupPlan:
+    """The plan the lifecycle side builds, computed once outside any timed region."""
+    import torch
+
+    from lifecycle.device import memory_meter, probe_platform
+    from lifecycle.gates import calibration_skip_reason
+    from lifecycle.plan import plan_for
+
+    device = torch.device("cpu")
+    platform = probe_platform(device, memory_meter(device), local_ranks=1)
+    return plan_for(
+        args,
+        skip_reason=calibration_skip_reason(args, platform),
+        free_bytes=platform.free_bytes,
+        total_bytes=platform.total_bytes,
+    )
+
+
+def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
+    """Side B: build the pipeline and run the plan's requests in a loop; seconds taken."""
+    import torch
+
+    from lifecycle.actions import WARMUP_PROMPT
+    from lifecycle.comm import Comm
+    from lifecycle.config import RankLayout
+    from lifecycle.device import memory_meter, release_cache, select_device
+    from lifecycle.pipeline import build_pipeline
+    from lifecycle.request import run_request
+
+    started = time.perf_counter()
+    device = select_device(args.device, local_rank=0)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    comm = Comm(
+        layout=RankLayout(rank=0, cfg_parallel=1, ulysses=1),
+        sink=_Unrecorded(),
+        device=device,
+        timeout_s=args.dist_timeout_s,
+        skip=_never_skip,
+        distributed=False,
+    )
+    pipeline = build_pipeline(args.model, comm)
+    meter = memory_meter(device)
+    results = [
+        run_request(
+            pipeline,
+            prompt=WARMUP_PROMPT,
+            shape=request.shape,
+            steps=request.steps,
+            seed=args.seed,
+            meter=meter,
+            device=device,
+            decode=True,
+        )
+        for request in plan.requests
+    ]
+    if plan.calibration_open:
+        comm.staging.drop(release_cache=lambda: release_cache(device))
+    elapsed = time.perf_counter() - started
+    seen.append(
+        Work(
+            requests=tuple((r.role.value, str(r.shape), r.steps) for r in plan.requests),
+            checksums=tuple(r.checksum for r in results),
+        )
+    )
+    return elapsed
+
+
+def lifecycle_boot(args: ServerArgs, seen: list[Work], states: list[int]) -> float:
+    """Side A: journal, run row, recorder, RankSession, boot() to ready; seconds taken."""
+    from lifecycle.fold import fold_run
+    from lifecycle.journal import Journal
+    from lifecycle.rank import RankLaunch, RankSession
+    from lifecycle.recorder import Recorder
+    from lifecycle.runs import new_run_id, run_row
+    from lifecycle.states import State
+
+    started = time.perf_counter()
+    created_at = time.time()
+    journal = Journal.open_for_write(args.db)
+    run_id = new_run_id(created_at)
+    journal.create_run(run_row(args, run_id=run_id, created_at=created_at))
+    recorder = Recorder(journal.writer(run_id=run_id, rank=0))
+    launch = RankLaunch(run_id=run_id, rank=0, local_ranks=1, distributed=False)
+    session = RankSession(args, launch, recorder)
+    state = session.boot()
+    elapsed = time.perf_counter() - started
+    session.stop(reason="benchmark")
+    session.close()
+    view = fold_run(journal.read(run_id=run_id))[0]
+    journal.close()
+    if state is not State.READY:
+        message = view.errors[0][2].message if view.errors else "no error recorded"
+        raise BenchError(f"the lifecycle boot ended {state.value}: {message}")
+    seen.append(
+        Work(
+            requests=tuple(
+                (w.role, f"{w.width}x{w.height}x{w.frames}", w.steps) for w in view.warmup_records
+            ),
+            checksums=tuple(w.checksum for w in view.warmup_records),
+        )
+    )
+    states.append(len(view.path) - 1 - view.path.count(State.STOPPED.value))
+    return elapsed
+
+
+def _log_stream(workdir: Path) -> TextIO:
+    return (workdir / "overhead-structlog.log").open("w", encoding="utf-8")
+
+
+def _sized(settings: Settings, *, calibrate: bool) -> Sized:
+    if settings.quick:
+        return Sized(model="micro-video", pairs=3 if calibrate else 5, discard=1)
+    return Sized(model="tiny-video", pairs=5 if calibrate else 9, discard=1)
+
+
+def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
+    sized = _sized(settings, calibrate=calibrate)
+    path = "calibrated" if calibrate else "bounded"
+    db = settings.workdir / f"overhead-{path}.db"
+    args = ServerArgs(
+        model=MODEL_PRESETS[sized.model],
+        db=str(db),
+        calibrate=calibrate,
+        smoke_request=SmokeRequest.OFF,  # the plain loop runs the warmup plan only
+    )
+    from lifecycle.journal import Journal
+
+    Journal.open_for_write(str(db)).close()  # migrations once, outside the timed region
+    plan = plain_plan(args)
+    progress(f"overhead: {path} path, {sized.model}, {sized.pairs} interleaved pairs")
+    lifecycle_work: list[Work] = []
+    plain_work: list[Work] = []
+    states: list[int] = []
+    paired: Paired = interleave(
+        lambda: lifecycle_boot(args, lifecycle_work, states),
+        lambda: plain_warmup(args, plan, plain_work),
+        pairs=sized.pairs,
+        discard=sized.discard,
+    )
+    if {w.requests for w in lifecycle_work} != {w.requests for w in plain_work}:
+        raise BenchError(
+            f"the two sides ran different warmups: {lifecycle_work[0].requests} against"
+            f" {plain_work[0].requests}"
+        )
+    same_output = {w.checksums for w in lifecycle_work} == {w.checksums for w in plain_work}
+    entered = max(states)
+    ratio = paired.ratio
+    overhead_s = paired.difference
+    per_state_s = overhead_s / entered
+    requests = plan.requests
+    work = (
+        f"{len(requests)} request(s), {sum(r.steps for r in requests)} steps"
+        f" ({', '.join(f'{r.role.value} {r.shape}x{r.steps}' for r in requests)})"
+    )
+    how = (
+        f"in process, {sized.model}, {work}; median of {sized.pairs} interleaved pairs"
+        f" (1 discarded). A: Journal.open_for_write on a SQLite file, run row, Recorder,"
+        f" RankSession.boot() with heartbeat thread, structlog console renderer at info to a"
+        f" file; B: Comm + build_pipeline + run_request per request"
+        f"{' + staging drop' if plan.calibration_open else ''}; no smoke request;"
+        f" outputs {'identical' if same_output else 'DIFFER'} (checksums)"
+    )
+    return [
+        Row(
+            figure=f"lifecycle overhead, {path} path: startup to ready",
+            value=format_seconds(median(paired.a)),
+            baseline=format_seconds(median(paired.b)),
+            ratio=format_ratio(ratio),
+            target=verdict(f"<= {RATIO_TARGET}", met=ratio <= RATIO_TARGET),
+            how=how,
+        ),
+        Row(
+            figure=f"lifecycle overhead, {path} path: per state",
+            value=f"{format_seconds(per_state_s)}/state",
+            baseline=f"{format_seconds(overhead_s)} in all",
+            target=verdict(f"< {PER_STATE_TARGET_S * 1e3:g} ms/state", met=per_state_s < 5e-3),
+            how=(
+                f"median of paired differences A-B over {sized.pairs} pairs, divided by the"
+                f" {entered} states entered after created"
+            ),
+        ),
+    ]
+
+
+def measure(settings: Settings) -> list[Row]:
+    from lifecycle.logs import configure_logging
+
+    import torch  # imported before any timed region: its import is not measured
+
+    torch.manual_seed(0)
+    with _log_stream(settings.workdir) as stream:
+        # As the CLI configures it (console renderer, info level), to a file so that the
+        # table stays readable; the rendering cost is measured with the rest.
+        configure_logging(json=False, level="info", stream=stream)
+        try:
+            return [
+                *_path_rows(settings, calibrate=False),
+                *_path_rows(settings, calibrate=True),
+            ]
+        finally:
+            structlog.reset_defaults()
+
+
+BENCHMARK = Benchmark(name="overhead", measure=measure)

@@ -1,0 +1,69 @@
+"""Interleaved A/B sampling and the order statistics quoted from it (medians, p99)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Paired:
+    """Samples of two sides taken alternately in one run: a[i] and b[i] ran back to back."""
+
+    a: tuple[float, ...]
+    b: tuple[float, ...]
+
+    @property
+    def ratio(self) -> float:
+        """median(a) / median(b)."""
+        return median(self.a) / median(self.b)
+
+    @property
+    def difference(self) -> float:
+        """The median of the paired differences a[i] - b[i]: less noisy than a difference of
+        medians when the machine's speed drifts during the run."""
+        return median([x - y for x, y in zip(self.a, self.b, strict=True)])
+
+
+def median(samples: Sequence[float]) -> float:
+    if not samples:
+        raise ValueError("no samples")
+    return float(statistics.median(samples))
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linearly interpolated between the closest ranks."""
+    if not samples:
+        raise ValueError("no samples")
+    ordered = sorted(samples)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def interleave(
+    side_a: Callable[[], float],
+    side_b: Callable[[], float],
+    *,
+    pairs: int,
+    discard: int = 0,
+) -> Paired:
+    """Run A and B alternately, `pairs` times each, each call returning its own measure.
+
+    The order flips every pair (A B, B A, A B, ...) so that neither side always runs first
+    after the other; the first `discard` pairs warm caches up and are dropped.
+    """
+    a: list[float] = []
+    b: list[float] = []
+    for index in range(discard + pairs):
+        if index % 2 == 0:
+            first, second = side_a(), side_b()
+        else:
+            second, first = side_b(), side_a()
+        if index >= discard:
+            a.append(first)
+            b.append(second)
+    return Paired(a=tuple(a), b=tuple(b))

@@ -1,0 +1,58 @@
+"""The registry of benchmarks that `python -m bench` runs, each a function returning rows."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.table import Row
+
+
+class BenchError(Exception):
+    """A benchmark could not measure: a boot failed, a worker timed out, results disagree."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """How large a run is and where its files go."""
+
+    quick: bool  # small sizes, the whole run in well under a minute
+    workdir: Path  # a fresh temporary directory, removed after the run
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Benchmark:
+    """One benchmark: `measure` runs it and returns its rows, in table order."""
+
+    name: str
+    measure: Callable[[Settings], Sequence[Row]]
+
+
+_REGISTERED: list[Benchmark] = []
+
+
+def register(benchmark: Benchmark) -> Benchmark:
+    """Add a benchmark after the built-in ones (a module of its own calls this at import)."""
+    if any(b.name == benchmark.name for b in (*_builtin(), *_REGISTERED)):
+        raise ValueError(f"a benchmark named {benchmark.name!r} is already registered")
+    _REGISTERED.append(benchmark)
+    return benchmark
+
+
+def _builtin() -> tuple[Benchmark, ...]:
+    # Imported here so that `python -m bench --help` and the registry itself stay light.
+    from bench import calibration, collectives, journal, overhead
+
+    return (overhead.BENCHMARK, journal.BENCHMARK, calibration.BENCHMARK, collectives.BENCHMARK)
+
+
+def benchmarks() -> tuple[Benchmark, ...]:
+    """Every benchmark, in the order the table lists them."""
+    return (*_builtin(), *_REGISTERED)
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr, so that stdout carries the table alone."""
+    print(f"bench: {message}", file=sys.stderr, flush=True)

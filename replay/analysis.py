@@ -1,0 +1,210 @@
+"""One pass over a run's events: each rank's fold, and the collective evidence across ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from lifecycle.events import CollectiveStarted, Heartbeat, StoredEvent
+from lifecycle.fold import RankFold, RankView
+from replay.load import RunInfo
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signature:
+    """What must match across the members of a collective at one sequence number."""
+
+    op: str
+    purpose: str
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    input_splits: tuple[int, ...] | None
+    output_splits: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
+        text = f"{self.op} {self.dtype} [{shapes}] ({self.purpose})"
+        if self.input_splits is not None:
+            text += f" splits in {list(self.input_splits)} out {list(self.output_splits or ())}"
+        return text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mismatch:
+    """Members of a group that ran different collectives at the same sequence number."""
+
+    group: str
+    group_seq: int
+    by_rank: tuple[tuple[int, Signature], ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupEvidence:
+    """Per group: each member's highest started and finished sequence numbers."""
+
+    group: str
+    members: tuple[int, ...]
+    started: tuple[tuple[int, int], ...]  # (rank, highest seq started; -1 for none)
+    finished: tuple[tuple[int, int], ...]
+
+    def started_by(self, rank: int) -> int:
+        return dict(self.started).get(rank, -1)
+
+    def finished_by(self, rank: int) -> int:
+        return dict(self.finished).get(rank, -1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunAnalysis:
+    run: RunInfo
+    views: dict[int, RankView]
+    groups: dict[str, GroupEvidence]
+    mismatches: tuple[Mismatch, ...]
+    last_progress: dict[int, float]  # each rank's last event that is not a heartbeat
+    end_wall: float  # the last event of any rank
+    missing_ranks: tuple[int, ...]  # ranks of the world that left no event at all
+    events: int
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        value = self.run.config.get("heartbeat_interval_s", 1.0)
+        return float(value) if isinstance(value, int | float) else 1.0
+
+    @property
+    def dist_timeout_s(self) -> float | None:
+        value = self.run.config.get("dist_timeout_s")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def state_deadline_s(self) -> float:
+        value = self.run.config.get("state_deadline_s", 300.0)
+        return float(value) if isinstance(value, int | float) else 300.0
+
+    def at(self, wall: float) -> float:
+        """Seconds since the run was created."""
+        return wall - self.run.created_at
+
+
+@dataclass
+class _Book:
+    """Collective signatures per (group, seq) until every member has reported one."""
+
+    members: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    open: dict[tuple[str, int], dict[int, Signature]] = field(default_factory=dict)
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    def add(self, rank: int, event: CollectiveStarted) -> None:
+        self.members.setdefault(event.group, event.group_ranks)
+        key = (event.group, event.group_seq)
+        signatures = self.open.setdefault(key, {})
+        signatures[rank] = Signature(
+            op=event.op,
+            purpose=event.purpose,
+            dtype=event.dtype,
+            shapes=event.shapes,
+            input_splits=event.input_splits,
+            output_splits=event.output_splits,
+        )
+        if len(signatures) == len(self.members[event.group]):
+            self._check(key, self.members[event.group])
+            del self.open[key]
+
+    def finish(self) -> None:
+        for key in list(self.open):
+            if len(self.open[key]) > 1:
+                self._check(key, self.members[key[0]])
+        self.open.clear()
+
+    def _check(self, key: tuple[str, int], members: tuple[int, ...]) -> None:
+        signatures = self.open[key]
+        distinct = {(s.op, s.purpose, s.dtype, s.shapes) for s in signatures.values()}
+        reason = ""
+        if len(distinct) > 1:
+            ops = {s.op for s in signatures.values()}
+            reason = "different ops" if len(ops) > 1 else "different types or shapes"
+        else:
+            reason = _split_mismatch(signatures, members)
+        if reason:
+            self.mismatches.append(
+                Mismatch(
+                    group=key[0],
+                    group_seq=key[1],
+                    by_rank=tuple(sorted(signatures.items())),
+                    reason=reason,
+                )
+            )
+
+
+def _split_mismatch(signatures: dict[int, Signature], members: tuple[int, ...]) -> str:
+    """For all-to-all: what rank r sends to peer j must be what j expects from r."""
+    index = {rank: i for i, rank in enumerate(members)}
+    for rank, sig in signatures.items():
+        if sig.input_splits is None:
+            continue
+        for peer, peer_sig in signatures.items():
+            if peer_sig.output_splits is None:
+                continue
+            j, r = index.get(peer), index.get(rank)
+            if j is None or r is None:
+                continue
+            if j >= len(sig.input_splits) or r >= len(peer_sig.output_splits):
+                return "split lists of different lengths"
+            if sig.input_splits[j] != peer_sig.output_splits[r]:
+                return (
+                    f"rank {rank} sends {sig.input_splits[j]} elements to rank {peer},"
+                    f" which expects {peer_sig.output_splits[r]}"
+                )
+    return ""
+
+
+def analyze(
+    run: RunInfo, events: Iterable[StoredEvent], *, until: float | None = None
+) -> RunAnalysis:
+    """Fold every rank and collect the collective evidence, in one pass over the events.
+
+    `until` keeps only events written at or before that wall time.
+    """
+    folds: dict[int, RankFold] = {}
+    book = _Book()
+    last_progress: dict[int, float] = {}
+    end_wall = run.created_at
+    count = 0
+    for stored in events:
+        if until is not None and stored.wall_time > until:
+            continue
+        count += 1
+        fold = folds.get(stored.rank)
+        if fold is None:
+            fold = folds[stored.rank] = RankFold(run_id=run.run_id, rank=stored.rank)
+        fold.apply(stored)
+        end_wall = max(end_wall, stored.wall_time)
+        event = stored.event
+        if not isinstance(event, Heartbeat):
+            last_progress[stored.rank] = stored.wall_time
+        if isinstance(event, CollectiveStarted):
+            book.add(stored.rank, event)
+    book.finish()
+    views = {rank: fold.view() for rank, fold in sorted(folds.items())}
+    groups: dict[str, GroupEvidence] = {}
+    for name, members in sorted(book.members.items()):
+        started, finished = [], []
+        for rank in members:
+            progress = {g.group: g for g in views[rank].groups} if rank in views else {}
+            mine = progress.get(name)
+            started.append((rank, mine.started if mine else -1))
+            finished.append((rank, mine.finished if mine else -1))
+        groups[name] = GroupEvidence(
+            group=name, members=members, started=tuple(started), finished=tuple(finished)
+        )
+    missing = tuple(r for r in range(run.world_size) if r not in views)
+    return RunAnalysis(
+        run=run,
+        views=views,
+        groups=groups,
+        mismatches=tuple(book.mismatches),
+        last_progress=last_progress,
+        end_wall=end_wall,
+        missing_ranks=missing,
+        events=count,
+    )

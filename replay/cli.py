@@ -1,0 +1,241 @@
+"""The `replay` command: read lifecycle journals after the fact and say what happened.
+
+This module imports neither torch nor the journal at import time, so `replay --help` is
+instant; each command imports what it reads with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, Any, NoReturn
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # a failure diagnosed, or a divergence found
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="replay",
+        description="Read lifecycle journals (paths or SQLAlchemy URLs, merged by run id) and"
+        " say what happened. RUN is a run id, a unique prefix, or 'latest'.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, text: str, *, run: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        if run:
+            p.add_argument("run", metavar="RUN")
+        p.add_argument("journals", metavar="JOURNAL", nargs="+")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    command("runs", "one row per run: start, host, ranks, mode, path, outcome", run=False)
+    show = command("show", "each rank's timeline: states, warmup records, buffers, errors")
+    show.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
+    show.add_argument(
+        "--at", type=float, metavar="SECONDS", help="every rank's state this long after the start"
+    )
+    command("diagnose", "the verdict: outcome, culprit rank and state, first error, evidence")
+    verify = sub.add_parser(
+        "verify",
+        help="replay a run against today's gates, plan and transition table",
+        description="replay a run against today's gates, plan and transition table"
+        " (verify RUN JOURNAL... or verify --all JOURNAL...)",
+    )
+    verify.add_argument("--all", action="store_true", help="check every run")
+    verify.add_argument("targets", metavar="RUN|JOURNAL", nargs="+")
+    verify.add_argument("--json", action="store_true", help="print JSON")
+    trace = command("trace", "Chrome Trace Event JSON for chrome://tracing and Perfetto")
+    trace.add_argument("-o", "--output", required=True, metavar="FILE")
+    diff = sub.add_parser("diff", help="two runs side by side, with a verdict")
+    diff.add_argument("run_a", metavar="RUN_A")
+    diff.add_argument("run_b", metavar="RUN_B")
+    diff.add_argument("journals", metavar="JOURNAL", nargs="+")
+    diff.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _style(out: IO[str]) -> Any:
+    from replay.render import Style
+
+    return Style(color=out.isatty() and "NO_COLOR" not in os.environ)
+
+
+def _warn(problems: list[str], err: IO[str]) -> None:
+    from replay.render import clean
+
+    for problem in dict.fromkeys(problems):
+        print(f"replay: warning: {clean(problem)}", file=err)
+
+
+def _dump(doc: object, out: IO[str]) -> None:
+    json.dump(doc, out, indent=2, default=str)
+    out.write("\n")
+
+
+def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.analysis import analyze
+    from replay.diagnose import diagnose
+    from replay.load import Journals
+    from replay.render import format_runs, runs_json, summarize_run
+
+    with Journals.open(ns.journals) as journals:
+        now = time.time()
+        summaries = [
+            summarize_run(run, diagnose(analyze(run, journals.events(run)), now=now))
+            for run in journals.runs()
+        ]
+        _warn(journals.problems, err)
+    if ns.json:
+        _dump(runs_json(summaries), out)
+    else:
+        print(format_runs(summaries, _style(out)) if summaries else "no runs", file=out)
+    return EXIT_OK
+
+
+def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.analysis import analyze
+    from replay.load import Journals
+    from replay.render import format_at, format_show, show_json
+
+    with Journals.open(ns.journals) as journals:
+        run = journals.resolve(ns.run)
+        until = None if ns.at is None else run.created_at + ns.at
+        analysis = analyze(run, journals.events(run), until=until)
+        _warn(journals.problems, err)
+    if ns.json:
+        _dump(show_json(analysis, ranks=ns.rank, at=ns.at), out)
+    elif ns.at is not None:
+        print(format_at(analysis, seconds=ns.at), file=out)
+    else:
+        print(format_show(analysis, ranks=ns.rank, style=_style(out)), file=out)
+    return EXIT_OK
+
+
+def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.analysis import analyze
+    from replay.diagnose import diagnose
+    from replay.load import Journals
+    from replay.render import diagnosis_json, format_diagnosis
+
+    with Journals.open(ns.journals) as journals:
+        run = journals.resolve(ns.run)
+        diagnosis = diagnose(analyze(run, journals.events(run)), now=time.time())
+        _warn(journals.problems, err)
+    if ns.json:
+        _dump(diagnosis_json(diagnosis), out)
+    else:
+        print(format_diagnosis(diagnosis, _style(out)), file=out)
+    return diagnosis.exit_status
+
+
+def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.load import Journals
+    from replay.verify import format_verify, verify_json, verify_run
+
+    targets = list(ns.targets)
+    if not ns.all and len(targets) < 2:
+        raise _Usage("verify needs RUN and at least one JOURNAL, or --all JOURNAL...")
+    journals_given = targets if ns.all else targets[1:]
+    with Journals.open(journals_given) as journals:
+        runs = journals.runs() if ns.all else [journals.resolve(targets[0])]
+        reports = [verify_run(run, journals.events(run)) for run in runs]
+        _warn(journals.problems, err)
+    if ns.json:
+        _dump(verify_json(reports), out)
+    else:
+        print(format_verify(reports) if reports else "no runs", file=out)
+    return EXIT_OK if all(r.consistent for r in reports) else EXIT_FAILURE
+
+
+def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.load import Journals
+    from replay.trace import build_trace
+
+    target = os.path.abspath(ns.output)
+    if any(os.path.abspath(j) == target for j in ns.journals):
+        raise _Usage(f"-o {ns.output} is one of the journals being read; choose another file")
+    with Journals.open(ns.journals) as journals:
+        run = journals.resolve(ns.run)
+        trace = build_trace(run, journals.events(run))
+        _warn(journals.problems, err)
+    partial = f"{target}.partial"
+    with open(partial, "w", encoding="utf-8") as fh:
+        json.dump(trace, fh)
+    os.replace(partial, target)
+    spans = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X")
+    if ns.json:
+        _dump({"run_id": run.run_id, "output": target, "events": len(trace["traceEvents"]),
+               "spans": spans}, out)  # fmt: skip
+    else:
+        print(f"wrote {ns.output}: {len(trace['traceEvents'])} trace events, {spans} spans,"
+              f" run {run.run_id}", file=out)  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.analysis import analyze
+    from replay.diagnose import diagnose
+    from replay.diff import diff_json, format_diff, profile
+    from replay.load import Journals
+
+    with Journals.open(ns.journals) as journals:
+        now = time.time()
+        profiles = []
+        for ref in (ns.run_a, ns.run_b):
+            run = journals.resolve(ref)
+            profiles.append(profile(diagnose(analyze(run, journals.events(run)), now=now)))
+        _warn(journals.problems, err)
+    a, b = profiles
+    if ns.json:
+        _dump(diff_json(a, b), out)
+    else:
+        print(format_diff(a, b), file=out)
+    return EXIT_OK
+
+
+class _Usage(Exception):
+    pass
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
+    "runs": cmd_runs,
+    "show": cmd_show,
+    "diagnose": cmd_diagnose,
+    "verify": cmd_verify,
+    "trace": cmd_trace,
+    "diff": cmd_diff,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    out, err = sys.stdout, sys.stderr
+    from lifecycle.errors import LifecycleError
+
+    try:
+        return COMMANDS[ns.command](ns, out, err)
+    except (LifecycleError, _Usage) as exc:
+        from replay.render import clean
+
+        print(f"replay: error: {clean(exc)}", file=err)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # `replay ... | head`: the reader left; nothing more to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""The verdict on a run: outcome, culprit ranks and state, first error, and the evidence (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from lifecycle.fold import RankView
+from lifecycle.states import State
+from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
+
+COLLECTIVE_ERRORS = frozenset({"CollectiveTimeout", "CollectiveError"})
+
+
+class Outcome(StrEnum):
+    READY = "ready"
+    FAILED = "failed"
+    HUNG = "hung"
+    CRASHED = "crashed"
+    INCOMPLETE = "incomplete"
+
+
+class Status(StrEnum):
+    READY = "ready"  # reached ready (and may have stopped cleanly since)
+    FAILED = "failed"
+    BLOCKED = "blocked"  # alive, waiting in a collective
+    HUNG = "hung"  # alive, no progress, not in a collective
+    CRASHED = "crashed"  # the journal ends: no heartbeat after its last event
+    STOPPED = "stopped"  # shut down before ready
+    RUNNING = "running"  # alive and progressing when the journal ends
+    ABSENT = "absent"  # no event at all in the journals given
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorInfo:
+    rank: int
+    error_type: str
+    message: str
+    state: str
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingInfo:
+    group: str
+    group_seq: int
+    op: str
+    purpose: str
+    since_s: float  # run time at which it started
+    waited_s: float  # until the rank's last event
+    waiting_for: tuple[int, ...]  # members that never started it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankVerdict:
+    rank: int
+    last_state: str
+    status: Status
+    pending: PendingInfo | None
+    last_heartbeat_age_s: float | None
+    first_error: ErrorInfo | None
+    faults: tuple[str, ...]
+    stalls: int
+    note: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis:
+    run_id: str
+    outcome: Outcome
+    culprit_ranks: tuple[int, ...]
+    culprit_state: str | None
+    first_error: ErrorInfo | None
+    summary: str
+    ranks: tuple[RankVerdict, ...]
+    groups: tuple[GroupEvidence, ...]
+    mismatches: tuple[Mismatch, ...]
+    missing_ranks: tuple[int, ...]
+    startup_to_ready_s: float | None
+    analysis: RunAnalysis
+
+    @property
+    def exit_status(self) -> int:
+        return 0 if self.outcome is Outcome.READY else 1
+
+
+def _first_fatal(view: RankView) -> tuple[float, str, str, str] | None:
+    for at, state, error in view.errors:
+        if error.fatal:
+            return at, state, error.error_type, error.message
+    return None
+
+
+def _reached_ready(view: RankView) -> bool:
+    return State.READY.value in view.path
+
+
+def _where(view: RankView) -> str:
+    """The state a rank was last working in (before a stop from outside moved it on)."""
+    if view.state == State.STOPPED and len(view.path) > 1:
+        return view.path[-2]
+    return view.state
+
+
+def _status(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Status:
+    interval = analysis.heartbeat_interval_s
+    quiet = max(3 * interval, 1.0)
+    last = view.last_wall or analysis.run.created_at
+    current_stalled = bool(view.spans) and any(
+        at >= view.spans[-1].entered_at for at, _, _ in view.stalls
+    )
+    if view.state == State.FAILED:
+        return Status.FAILED
+    if view.ready_action_done and view.state in (State.READY, State.STOPPED):
+        return Status.READY
+    if view.shutdown is not None or view.state == State.STOPPED:
+        # Stopped from outside before it was healthy: stuck first (a collective it never
+        # left, a stall in this state), or simply stopped.
+        if view.pending is not None:
+            return Status.BLOCKED
+        return Status.HUNG if current_stalled else Status.STOPPED
+    reference = analysis.end_wall if now is None else max(now, analysis.end_wall)
+    if reference - last > quiet:
+        return Status.CRASHED
+    if view.pending is not None:
+        return Status.BLOCKED
+    progress = analysis.last_progress.get(view.rank, last)
+    if current_stalled or last - progress > max(analysis.state_deadline_s, 10 * interval):
+        return Status.HUNG
+    return Status.RUNNING
+
+
+def _pending(view: RankView, analysis: RunAnalysis) -> PendingInfo | None:
+    pending = view.pending
+    if pending is None:
+        return None
+    started = pending.started
+    evidence = analysis.groups.get(started.group)
+    waiting_for: tuple[int, ...] = ()
+    if evidence is not None:
+        waiting_for = tuple(
+            m
+            for m in evidence.members
+            if m != view.rank and evidence.started_by(m) < started.group_seq
+        )
+    # Waited until the error that ended it, else until the rank's journal ends.
+    ended = next((at for at, _, e in view.errors if e.fatal and at >= pending.at), None)
+    return PendingInfo(
+        group=started.group,
+        group_seq=started.group_seq,
+        op=started.op,
+        purpose=started.purpose,
+        since_s=analysis.at(pending.at),
+        waited_s=(ended or view.last_wall or pending.at) - pending.at,
+        waiting_for=waiting_for,
+    )
+
+
+def _verdict(view: RankView, analysis: RunAnalysis, *, now: float | None) -> RankVerdict:
+    status = _status(view, analysis, now=now)
+    fatal = _first_fatal(view)
+    error = (
+        ErrorInfo(
+            rank=view.rank,
+            error_type=fatal[2],
+            message=fatal[3],
+            state=fatal[1],
+            at_s=analysis.at(fatal[0]),
+        )
+        if fatal
+        else None
+    )
+    pending = _pending(view, analysis)
+    heartbeat_age = (
+        None if view.last_heartbeat_wall is None else analysis.end_wall - view.last_heartbeat_wall
+    )
+    notes = []
+    if pending is not None:
+        who = ", ".join(f"rank {m}" for m in pending.waiting_for) or "no member missing"
+        notes.append(
+            f"in {pending.op} #{pending.group_seq} of {pending.group} ({pending.purpose}) since"
+            f" +{pending.since_s:.2f} s, waiting for {who}"
+        )
+    if error is not None:
+        notes.append(f"{error.error_type} in {error.state}: {error.message}")
+    if status is Status.CRASHED:
+        notes.append(
+            f"journal ends at +{analysis.at(view.last_wall or 0.0):.2f} s with no heartbeat after"
+        )
+    if status is Status.HUNG:
+        notes.append(f"no progress in {view.state}, heartbeats go on")
+    return RankVerdict(
+        rank=view.rank,
+        last_state=_where(view),
+        status=status,
+        pending=pending,
+        last_heartbeat_age_s=heartbeat_age,
+        first_error=error,
+        faults=tuple(f.fault for _, _, f in view.faults),
+        stalls=len(view.stalls),
+        note="; ".join(notes),
+    )
+
+
+_PEER_GONE = ("closed by peer", "reset by peer", "connection closed", "connection reset")
+
+
+def _peer_evidence(verdicts: dict[int, RankVerdict]) -> dict[int, RankVerdict]:
+    """What blocked ranks say of the peers they waited for.
+
+    A peer whose connection broke under a waiting rank, and that journaled no end of its own,
+    died (crashed). A peer that others waited for while it was alive and not in that
+    collective, and that was then stopped from outside, was hung.
+    """
+    from dataclasses import replace
+
+    updated = dict(verdicts)
+    for verdict in verdicts.values():
+        if verdict.pending is None or not _blocked(verdict):
+            continue
+        broken = verdict.first_error is not None and any(
+            marker in verdict.first_error.message.lower() for marker in _PEER_GONE
+        )
+        for peer in verdict.pending.waiting_for:
+            other = updated.get(peer)
+            if other is None or other.pending is not None:
+                continue
+            if broken and other.status in (Status.RUNNING, Status.BLOCKED):
+                updated[peer] = replace(
+                    other,
+                    status=Status.CRASHED,
+                    note=(other.note + "; " if other.note else "")
+                    + f"its connection broke under rank {verdict.rank}",
+                )
+            elif other.status in (Status.STOPPED, Status.RUNNING):
+                updated[peer] = replace(
+                    other,
+                    status=Status.HUNG,
+                    note=(other.note + "; " if other.note else "")
+                    + f"rank {verdict.rank} waited for it in {verdict.pending.group}"
+                    f" #{verdict.pending.group_seq}, which it never entered",
+                )
+    return updated
+
+
+def _blocked(verdict: RankVerdict) -> bool:
+    """Waiting in a collective at the end, or failed because one timed out or broke."""
+    if verdict.pending is None:
+        return False
+    if verdict.status is Status.BLOCKED:
+        return True
+    return verdict.first_error is not None and verdict.first_error.error_type in COLLECTIVE_ERRORS
+
+
+def _wait_roots(verdicts: dict[int, RankVerdict], missing: tuple[int, ...]) -> list[int]:
+    """Follow 'waits for' from every blocked rank to the ranks that are not blocked."""
+    roots: list[int] = []
+    seen: set[int] = set()
+    frontier = [r for r, v in verdicts.items() if _blocked(v)]
+    while frontier:
+        rank = frontier.pop()
+        if rank in seen:
+            continue
+        seen.add(rank)
+        verdict = verdicts.get(rank)
+        if verdict is None:
+            if rank in missing and rank not in roots:
+                roots.append(rank)
+            continue
+        if not _blocked(verdict):
+            if rank not in roots:
+                roots.append(rank)
+            continue
+        assert verdict.pending is not None
+        frontier.extend(verdict.pending.waiting_for)
+    return roots
+
+
+def _hang_culprits(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> list[int]:
+    roots = _wait_roots(verdicts, analysis.missing_ranks)
+    if roots:
+        return sorted(roots, key=lambda r: _when_wrong(verdicts.get(r), analysis))
+    # Everyone waits on someone who waits too: a cycle, or members stuck in different
+    # collectives at the same sequence number. A rank with a fault injected says so itself;
+    # else a minority signature at a mismatched sequence number; else the rank that went past
+    # the point where the others are stuck (its pending collective started last) skipped or
+    # reordered a collective.
+    faulted = [r for r, v in verdicts.items() if v.faults and _blocked(v)]
+    if faulted:
+        return sorted(faulted)
+    odd = _mismatch_minorities(analysis.mismatches)
+    if odd:
+        return sorted(odd)
+    blocked = [v for v in verdicts.values() if _blocked(v) and v.pending is not None]
+    if blocked:
+        latest = max(blocked, key=lambda v: v.pending.since_s if v.pending else 0.0)
+        return [latest.rank]
+    return [r for r, v in verdicts.items() if v.status is Status.HUNG]
+
+
+def _mismatch_minorities(mismatches: tuple[Mismatch, ...]) -> set[int]:
+    odd: set[int] = set()
+    for mismatch in mismatches:
+        counts: dict[object, list[int]] = {}
+        for rank, sig in mismatch.by_rank:
+            counts.setdefault((sig.op, sig.purpose, sig.dtype, sig.shapes), []).append(rank)
+        groups = sorted(counts.values(), key=len)
+        if len(groups) > 1 and len(groups[0]) < len(groups[-1]):
+            odd.update(groups[0])
+    return odd
+
+
+def _when_wrong(verdict: RankVerdict | None, analysis: RunAnalysis) -> float:
+    if verdict is None:
+        return float("inf")
+    if verdict.first_error is not None:
+        return verdict.first_error.at_s
+    return analysis.at(analysis.last_progress.get(verdict.rank, analysis.end_wall))
+
+
+def diagnose(analysis: RunAnalysis, *, now: float | None = None) -> Diagnosis:
+    """Decide the outcome and the culprits from the evidence alone.
+
+    `now` (the reader's clock) only matters for a journal whose ranks all stopped writing
+    together: without it, a journal that simply ends reads as crashed only relative to the
+    other ranks.
+    """
+    verdicts = {r: _verdict(v, analysis, now=now) for r, v in analysis.views.items()}
+    verdicts = _peer_evidence(verdicts)
+    errors = sorted(
+        (v.first_error for v in verdicts.values() if v.first_error is not None),
+        key=lambda e: (e.at_s, e.rank),
+    )
+    first_error = errors[0] if errors else None
+    crashed = [r for r, v in verdicts.items() if v.status is Status.CRASHED]
+    statuses = {v.status for v in verdicts.values()}
+    hung_evidence = any(_blocked(v) for v in verdicts.values()) or Status.HUNG in statuses
+    culprits: list[int] = []
+    if crashed:
+        outcome = Outcome.CRASHED
+        culprits = sorted(crashed, key=lambda r: analysis.views[r].last_wall or 0.0)
+    elif (
+        verdicts
+        and not analysis.missing_ranks
+        and all(v.status is Status.READY for v in verdicts.values())
+    ):
+        outcome = Outcome.READY
+    elif hung_evidence:
+        outcome = Outcome.HUNG
+        culprits = _hang_culprits(verdicts, analysis)
+    elif errors:
+        outcome = Outcome.FAILED
+        culprits = [errors[0].rank]
+    else:
+        outcome = Outcome.INCOMPLETE
+    culprit_state = None
+    if culprits:
+        lead = verdicts.get(culprits[0])
+        if lead is not None:
+            culprit_state = lead.first_error.state if lead.first_error else lead.last_state
+    ready_times = [
+        v.entered_at(State.READY.value) for v in analysis.views.values() if _reached_ready(v)
+    ]
+    startup = (
+        max(t for t in ready_times if t is not None) - analysis.run.created_at
+        if ready_times and len(ready_times) == analysis.run.world_size
+        else None
+    )
+    diagnosis = Diagnosis(
+        run_id=analysis.run.run_id,
+        outcome=outcome,
+        culprit_ranks=tuple(culprits),
+        culprit_state=culprit_state,
+        first_error=first_error,
+        summary="",
+        ranks=tuple(verdicts[r] for r in sorted(verdicts)),
+        groups=tuple(analysis.groups.values()),
+        mismatches=analysis.mismatches,
+        missing_ranks=analysis.missing_ranks,
+        startup_to_ready_s=startup,
+        analysis=analysis,
+    )
+    return _with_summary(diagnosis, verdicts)
+
+
+def _with_summary(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> Diagnosis:
+    from dataclasses import replace
+
+    return replace(d, summary=summarize(d, verdicts))
+
+
+def summarize(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> str:
+    """One paragraph a person reads first."""
+    parts: list[str] = []
+    if d.outcome is Outcome.READY:
+        parts.append(f"every rank reached ready in {d.startup_to_ready_s or 0.0:.2f} s")
+    elif d.outcome is Outcome.INCOMPLETE:
+        states = ", ".join(f"rank {v.rank} {v.last_state} ({v.status})" for v in d.ranks)
+        parts.append(f"the journal ends before a verdict: {states}")
+    for rank in d.culprit_ranks:
+        verdict = verdicts.get(rank)
+        if verdict is None:
+            parts.append(f"rank {rank} left no journal")
+            continue
+        if verdict.first_error is not None:
+            e = verdict.first_error
+            parts.append(
+                f"rank {rank} failed first, in {e.state} at +{e.at_s:.2f} s:"
+                f" {e.error_type}: {e.message}"
+            )
+        elif verdict.status is Status.CRASHED:
+            parts.append(f"rank {rank} crashed in {verdict.last_state} ({verdict.note})")
+        elif verdict.status is Status.HUNG:
+            parts.append(f"rank {rank} hung in {verdict.last_state}, heartbeats going on")
+        elif verdict.pending is not None:
+            p = verdict.pending
+            parts.append(
+                f"rank {rank} went on to {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
+                f" while its peers waited for it in an earlier collective"
+            )
+        else:
+            parts.append(f"rank {rank} in {verdict.last_state}")
+        if verdict.faults:
+            parts.append(f"(fault injected: {', '.join(verdict.faults)})")
+    blocked = [v for v in d.ranks if v.rank not in d.culprit_ranks and _blocked(v)]
+    if blocked:
+        lines = []
+        for v in blocked:
+            assert v.pending is not None
+            p = v.pending
+            waits = (
+                ", ".join(
+                    f"{m} (itself blocked)" if m in verdicts and _blocked(verdicts[m]) else str(m)
+                    for m in p.waiting_for
+                )
+                or "-"
+            )
+            ended = (
+                f"timed out after {p.waited_s:.1f} s"
+                if v.first_error is not None
+                else f"still waiting after {p.waited_s:.1f} s"
+            )
+            lines.append(
+                f"rank {v.rank} in {p.op} #{p.group_seq} of {p.group} ({p.purpose}),"
+                f" waiting for rank {waits}, {ended}"
+            )
+        parts.append("then blocked: " + "; ".join(lines))
+    if d.mismatches:
+        m = d.mismatches[0]
+        parts.append(f"mismatch at {m.group} #{m.group_seq}: {m.reason}")
+    if d.missing_ranks:
+        parts.append("no journal for rank " + ", ".join(map(str, d.missing_ranks)))
+    return f"{d.outcome.value}: " + "; ".join(parts)

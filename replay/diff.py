@@ -1,0 +1,151 @@
+"""Two runs side by side: times, warmup requests, peak memory, path, and a verdict (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lifecycle.states import State
+from replay.analysis import RunAnalysis
+from replay.diagnose import Diagnosis
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmupLine:
+    role: str
+    shape: str
+    steps: int
+    total_s: float
+    peak_bytes: int | None
+    grew_bytes: int | None  # peak over the baseline before the request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunProfile:
+    run_id: str
+    outcome: str
+    startup_to_ready_s: float | None
+    state_s: tuple[tuple[str, float], ...]  # the slowest rank's time in each state, in order
+    warmup: tuple[WarmupLine, ...]  # rank 0's requests
+    warmup_s: float
+    peak_by_state: tuple[tuple[str, int], ...]  # highest peak of any rank, per state
+    path: tuple[str, ...]
+    skip_reason: str | None
+    calibrated: bool
+
+
+def profile(diagnosis: Diagnosis) -> RunProfile:
+    analysis: RunAnalysis = diagnosis.analysis
+    state_s: dict[str, float] = {}
+    peaks: dict[str, int] = {}
+    for view in analysis.views.values():
+        for span in view.spans:
+            duration = span.duration_s()
+            if duration is not None and span.state not in (State.READY, State.STOPPED):
+                state_s[span.state] = max(state_s.get(span.state, 0.0), duration)
+        for record in view.warmup_records:
+            phase = {"bounded": "bounded-warm", "probe": "probe", "rewarm": "re-warm"}.get(
+                record.role, record.role
+            )
+            if record.peak_bytes is not None:
+                peaks[phase] = max(peaks.get(phase, 0), record.peak_bytes)
+    lead = analysis.views.get(0) or next(iter(analysis.views.values()), None)
+    warmup = tuple(
+        WarmupLine(
+            role=r.role,
+            shape=f"{r.width}x{r.height}x{r.frames}",
+            steps=r.steps,
+            total_s=r.total_s,
+            peak_bytes=r.peak_bytes,
+            grew_bytes=None
+            if r.peak_bytes is None or r.baseline_bytes is None
+            else r.peak_bytes - r.baseline_bytes,
+        )
+        for r in (lead.warmup_records if lead else ())
+    )
+    order = [s.value for s in State]
+    return RunProfile(
+        run_id=analysis.run.run_id,
+        outcome=diagnosis.outcome.value,
+        startup_to_ready_s=diagnosis.startup_to_ready_s,
+        state_s=tuple(sorted(state_s.items(), key=lambda kv: order.index(kv[0]))),
+        warmup=warmup,
+        warmup_s=sum(w.total_s for w in warmup),
+        peak_by_state=tuple(sorted(peaks.items(), key=lambda kv: order.index(kv[0]))),
+        path=lead.path if lead else (),
+        skip_reason=lead.skip_reason if lead else None,
+        calibrated=any(v.calibrated for v in analysis.views.values()),
+    )
+
+
+def _steps(lines: tuple[WarmupLine, ...]) -> str:
+    steps = sorted({w.steps for w in lines})
+    return "/".join(map(str, steps)) if steps else "-"
+
+
+def _requests(lines: tuple[WarmupLine, ...]) -> str:
+    count = len(lines)
+    return f"{count} warmup request{'s' if count != 1 else ''} at {_steps(lines)} steps"
+
+
+def verdict(a: RunProfile, b: RunProfile) -> str:
+    """One line on what changed from A to B."""
+    parts = []
+    if a.calibrated != b.calibrated:
+        verb = "skips" if a.calibrated else "adds"
+        parts.append(
+            f"B {verb} the probe: {_requests(a.warmup)} -> {_requests(b.warmup)};"
+            f" warmup {a.warmup_s:.1f} s -> {b.warmup_s:.1f} s"
+        )
+    else:
+        parts.append(
+            f"same path ({'calibrated' if a.calibrated else 'bounded'});"
+            f" warmup {a.warmup_s:.1f} s -> {b.warmup_s:.1f} s"
+        )
+    if a.startup_to_ready_s is not None and b.startup_to_ready_s is not None:
+        change = (b.startup_to_ready_s - a.startup_to_ready_s) / a.startup_to_ready_s * 100
+        parts.append(
+            f"startup to ready {a.startup_to_ready_s:.1f} s -> {b.startup_to_ready_s:.1f} s"
+            f" ({change:+.0f}%)"
+        )
+    if a.skip_reason != b.skip_reason:
+        parts.append(f"skip reason {a.skip_reason or 'none'!r} -> {b.skip_reason or 'none'!r}")
+    if a.outcome != b.outcome:
+        parts.append(f"outcome {a.outcome} -> {b.outcome}")
+    return "; ".join(parts)
+
+
+def format_diff(a: RunProfile, b: RunProfile) -> str:
+    from replay.render import clean, mib, table
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f} s"
+
+    rows: list[list[object]] = [
+        ["outcome", a.outcome, b.outcome],
+        ["path", " > ".join(a.path), " > ".join(b.path)],
+        ["skip reason", clean(a.skip_reason or "-"), clean(b.skip_reason or "-")],
+        ["startup to ready", seconds(a.startup_to_ready_s), seconds(b.startup_to_ready_s)],
+        ["warmup total", seconds(a.warmup_s), seconds(b.warmup_s)],
+    ]
+    states_a, states_b = dict(a.state_s), dict(b.state_s)
+    for state in dict.fromkeys([*states_a, *states_b]):
+        rows.append([f"in {state}", seconds(states_a.get(state)), seconds(states_b.get(state))])
+    for index in range(max(len(a.warmup), len(b.warmup))):
+        cells: list[object] = [f"warmup {index + 1}"]
+        for lines in (a.warmup, b.warmup):
+            if index < len(lines):
+                w = lines[index]
+                cells.append(f"{w.role} {w.shape} x{w.steps} {w.total_s:.2f} s")
+            else:
+                cells.append("-")
+        rows.append(cells)
+    peaks_a, peaks_b = dict(a.peak_by_state), dict(b.peak_by_state)
+    for state in dict.fromkeys([*peaks_a, *peaks_b]):
+        rows.append([f"peak in {state}", mib(peaks_a.get(state)), mib(peaks_b.get(state))])
+    return table(["", f"A {a.run_id}", f"B {b.run_id}"], rows) + "\n" + verdict(a, b)
+
+
+def diff_json(a: RunProfile, b: RunProfile) -> dict[str, object]:
+    import dataclasses
+
+    return {"a": dataclasses.asdict(a), "b": dataclasses.asdict(b), "verdict": verdict(a, b)}

@@ -1,0 +1,199 @@
+"""Deterministic replay against today's code: gates, plan and transitions recomputed (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from lifecycle.config import ServerArgs, Shape, WarmupMode, args_from_json
+from lifecycle.errors import ConfigError
+from lifecycle.events import GateDecided, PlanBuilt, StoredEvent, Transition
+from lifecycle.gates import GATES, calibration_skip_reason, evaluate_gates
+from lifecycle.plan import WarmupPlan, build_plan, fit_probe
+from lifecycle.records import platform_from_record
+from lifecycle.states import State, Trigger, next_state
+from replay.load import RunInfo
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyReport:
+    run_id: str
+    divergences: tuple[str, ...]
+    checked: tuple[str, ...]
+
+    @property
+    def consistent(self) -> bool:
+        return not self.divergences
+
+
+@dataclass
+class _RankRecord:
+    gate: GateDecided | None = None
+    plan: PlanBuilt | None = None
+    transitions: list[Transition] = field(default_factory=list)
+
+
+def _collect(events: Iterable[StoredEvent]) -> dict[int, _RankRecord]:
+    ranks: dict[int, _RankRecord] = {}
+    for stored in events:
+        record = ranks.setdefault(stored.rank, _RankRecord())
+        event = stored.event
+        if isinstance(event, GateDecided):
+            record.gate = event
+        elif isinstance(event, PlanBuilt):
+            record.plan = event
+        elif isinstance(event, Transition):
+            record.transitions.append(event)
+    return ranks
+
+
+def _plan_tuples(plan: PlanBuilt) -> list[tuple[str, str, int]]:
+    return [(r.role, f"{r.width}x{r.height}x{r.frames}", r.steps) for r in plan.requests]
+
+
+def _today_tuples(plan: WarmupPlan) -> list[tuple[str, str, int]]:
+    return [(r.role.value, str(r.shape), r.steps) for r in plan.requests]
+
+
+def _recorded_path(record: _RankRecord) -> str:
+    dests = {t.dest for t in record.transitions}
+    return "probed" if State.PROBE.value in dests else "skipped the probe"
+
+
+def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
+    """Recompute each rank's gate decision and plan from its recorded config and platform, and
+    walk its recorded transitions through today's table; report every divergence."""
+    divergences: list[str] = []
+    checked: list[str] = []
+    try:
+        args = args_from_json(run.config)
+    except ConfigError as exc:
+        return VerifyReport(
+            run_id=run.run_id,
+            divergences=(f"today's lifecycle cannot read the recorded config: {exc}",),
+            checked=(),
+        )
+    ranks = _collect(events)
+    decided = {r: rec for r, rec in ranks.items() if rec.gate is not None}
+    # Today's agreed decision: the earliest failing gate over every rank.
+    first_failed: list[int] = []
+    for rank, record in sorted(decided.items()):
+        assert record.gate is not None
+        platform = platform_from_record(record.gate.platform)
+        outcomes = evaluate_gates(args, platform)
+        first_failed.append(next((i for i, o in enumerate(outcomes) if not o.passed), len(GATES)))
+        local = calibration_skip_reason(args, platform)
+        checked.append(f"rank {rank} gates")
+        if local != record.gate.local_skip_reason:
+            divergences.append(
+                f"rank {rank}: recorded gate decision {_reason(record.gate.local_skip_reason)};"
+                f" today's gates: {_reason(local)}"
+            )
+    agreed = None
+    if first_failed and min(first_failed) < len(GATES):
+        agreed = GATES[min(first_failed)].reason
+    today_plans = _today_plans(args, decided, agreed)
+    for rank, record in sorted(ranks.items()):
+        plan = today_plans.get(rank)
+        if plan is None:
+            continue
+        if record.plan is not None:
+            checked.append(f"rank {rank} plan")
+            if record.plan.skip_reason != plan.skip_reason:
+                divergences.append(
+                    f"rank {rank}: recorded path {_recorded_path(record)}"
+                    f" ({_reason(record.plan.skip_reason)}); today's gates"
+                    f" {('skip: ' + plan.skip_reason) if plan.skip_reason else 'calibrate'}"
+                )
+            elif _plan_tuples(record.plan) != _today_tuples(plan):
+                divergences.append(
+                    f"rank {rank}: recorded plan {_plan_tuples(record.plan)};"
+                    f" today's plan {_today_tuples(plan)}"
+                )
+        divergences.extend(_walk(rank, record.transitions, plan.calibration_open))
+        checked.append(f"rank {rank} transitions")
+    return VerifyReport(run_id=run.run_id, divergences=tuple(divergences), checked=tuple(checked))
+
+
+def _today_plans(
+    args: ServerArgs, decided: dict[int, _RankRecord], agreed: str | None
+) -> dict[int, WarmupPlan]:
+    """Each rank's plan today, with the probe every rank would agree on (the smallest fit)."""
+    fits = {}
+    for rank, record in decided.items():
+        assert record.gate is not None
+        platform = record.gate.platform
+        if agreed is None and args.warmup_mode is WarmupMode.SERVER:
+            fits[rank] = fit_probe(
+                args, free_bytes=platform.free_bytes, total_bytes=platform.total_bytes
+            )
+    shapes: list[Shape | None] = [f.fitted for f in fits.values()]
+    probe = None
+    if shapes and all(s is not None for s in shapes):
+        probe = min(
+            (s for s in shapes if s is not None),
+            key=lambda s: (s.pixels, s.frames, s.width, s.height),
+        )
+    plans = {}
+    for rank in decided:
+        fit = fits.get(rank)
+        plans[rank] = build_plan(args, skip_reason=agreed, fit=fit, probe_shape=probe)
+    return plans
+
+
+def _walk(rank: int, transitions: list[Transition], calibration_open: bool) -> list[str]:
+    out = []
+    state = State.CREATED
+    for transition in transitions:
+        try:
+            trigger = Trigger(transition.trigger)
+            source = State(transition.source)
+            dest = State(transition.dest)
+        except ValueError:
+            out.append(
+                f"rank {rank}: recorded transition {transition.trigger} {transition.source} ->"
+                f" {transition.dest} names a state or trigger today's table does not have"
+            )
+            return out
+        if source is not state:
+            out.append(
+                f"rank {rank}: recorded {trigger} from {source}, but the rank was in {state}"
+            )
+        today = next_state(source, trigger, calibration_open=calibration_open)
+        if today is not dest:
+            out.append(
+                f"rank {rank}: recorded {trigger} {source} -> {dest}; today's table"
+                + (f" goes to {today}" if today else " refuses it")
+                + f" (calibration {'open' if calibration_open else 'closed'})"
+            )
+        state = dest
+    return out
+
+
+def _reason(reason: str | None) -> str:
+    return "calibrate" if reason is None else f"skip: {reason}"
+
+
+def format_verify(reports: list[VerifyReport]) -> str:
+    from replay.render import clean
+
+    lines = []
+    for report in reports:
+        if report.consistent:
+            lines.append(f"run {report.run_id}: consistent ({len(report.checked)} checks)")
+        else:
+            lines.append(f"run {report.run_id}: {len(report.divergences)} divergence(s)")
+            lines.extend(f"  {clean(d)}" for d in report.divergences)
+    return "\n".join(lines)
+
+
+def verify_json(reports: list[VerifyReport]) -> list[dict[str, object]]:
+    return [
+        {
+            "run_id": r.run_id,
+            "consistent": r.consistent,
+            "divergences": list(r.divergences),
+            "checked": list(r.checked),
+        }
+        for r in reports
+    ]
