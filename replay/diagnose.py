@@ -442,7 +442,7 @@ def summarize(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> str:
             )
             lines.append(
                 f"rank {v.rank} in {p.op} #{p.group_seq} of {p.group} ({p.purpose}),"
-                f" waiting for rank {waits}, {ended}"
+                f" {waits}, {ended}"
             )
         parts.append("then blocked: " + "; ".join(lines))
     if d.mismatches:
