@@ -176,10 +176,14 @@ def _verdict(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Ran
     )
     notes = []
     if pending is not None:
-        who = ", ".join(f"rank {m}" for m in pending.waiting_for) or "no member missing"
+        who = (
+            "waiting for " + ", ".join(f"rank {m}" for m in pending.waiting_for)
+            if pending.waiting_for
+            else "every member entered it"
+        )
         notes.append(
             f"in {pending.op} #{pending.group_seq} of {pending.group} ({pending.purpose}) since"
-            f" +{pending.since_s:.2f} s, waiting for {who}"
+            f" +{pending.since_s:.2f} s, {who}"
         )
     if error is not None:
         notes.append(f"{error.error_type} in {error.state}: {error.message}")
@@ -429,11 +433,13 @@ def summarize(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> str:
             assert v.pending is not None
             p = v.pending
             waits = (
-                ", ".join(
+                "waiting for rank "
+                + ", ".join(
                     f"{m} (itself blocked)" if m in verdicts and _blocked(verdicts[m]) else str(m)
                     for m in p.waiting_for
                 )
-                or "-"
+                if p.waiting_for
+                else "every member had entered it"
             )
             ended = (
                 f"timed out after {p.waited_s:.1f} s"
