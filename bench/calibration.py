@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.stats import median
-from bench.suite import Benchmark, BenchError, Settings, progress
+from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds
 
-# The field's 2xH200 text-to-video server (DESIGN.md section 1), auto mode: (without
-# calibration, with it, how the field's figures read).
-FIELD_READY_S = (50.0, 62.1, "62.1 s / 50.0 s to healthy")
-FIELD_WARMUP_S = (2.7, 9.0, "about 9 s / 2.7 s of server warmup")
 BOOT_TIMEOUT_S = {True: 180.0, False: 600.0}  # quick, full
 FOUR_RANKS = ("--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2")
 
@@ -29,6 +28,43 @@ class Boot:
     requests: int
     steps: int
     calibrated: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figure:
+    """One figure of a boot, and the field's value of it without and with calibration."""
+
+    name: str
+    of: Callable[[Boot], float]
+    measured: str
+    field_without_s: float
+    field_with_s: float
+    field_quoted: str
+
+    @property
+    def field_ratio(self) -> float:
+        return self.field_with_s / self.field_without_s
+
+
+# The field's 2xH200 text-to-video server in auto mode (DESIGN.md section 1).
+FIGURES = (
+    Figure(
+        name="startup to ready",
+        of=lambda boot: boot.ready_s,
+        measured="runs.created_at to the last rank entering ready",
+        field_without_s=50.0,
+        field_with_s=62.1,
+        field_quoted="62.1 s / 50.0 s to healthy",
+    ),
+    Figure(
+        name="warmup",
+        of=lambda boot: boot.warmup_s,
+        measured="warmup_record total_s summed",
+        field_without_s=2.7,
+        field_with_s=9.0,
+        field_quoted="about 9 s / 2.7 s of server warmup",
+    ),
+)
 
 
 def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate: bool) -> Boot:
@@ -51,20 +87,25 @@ def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate
         *(FOUR_RANKS if ranks == 4 else ()),
         *(("--calibrate",) if calibrate else ()),
     ]
+    # A session of its own, so that a boot that overruns is ended with its rank processes.
+    proc = subprocess.Popen(
+        command,
+        cwd=settings.workdir,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            command,
-            cwd=settings.workdir,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-            capture_output=True,
-            text=True,
-            timeout=BOOT_TIMEOUT_S[settings.quick],
-            check=False,
-        )
+        stdout, stderr = proc.communicate(timeout=BOOT_TIMEOUT_S[settings.quick])
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10.0)
         raise BenchError(f"`{' '.join(command[1:])}` did not finish in time") from None
     if proc.returncode != 0:
-        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+        tail = (stderr.strip() or stdout.strip()).splitlines()[-1:] or ["no output"]
         raise BenchError(f"`{' '.join(command[1:])}` exited {proc.returncode}: {tail[0]}")
     with Journal.open_for_read(str(db)) as journal:
         new = [run for run in journal.runs() if run.run_id not in before]
@@ -126,25 +167,17 @@ def _rows_for(settings: Settings, *, model: str, ranks: int, pairs: int) -> list
         f" medians; read back from the journal (fold_run), slowest rank; {work}"
     )
     rows = []
-    for figure, pick, field in (
-        ("startup to ready", lambda b: b.ready_s, FIELD_READY_S),
-        ("warmup", lambda b: b.warmup_s, FIELD_WARMUP_S),
-    ):
-        value = median([pick(b) for b in calibrated])
-        baseline = median([pick(b) for b in bounded])
-        measured = (
-            "runs.created_at to the last rank entering ready"
-            if figure == "startup to ready"
-            else "warmup_record total_s summed"
-        )
+    for figure in FIGURES:
+        value = median([figure.of(b) for b in calibrated])
+        baseline = median([figure.of(b) for b in bounded])
         rows.append(
             Row(
-                figure=f"calibration cost, {figure}, {layout}",
+                figure=f"calibration cost, {figure.name}, {layout}",
                 value=f"{format_seconds(value)} calibrated",
                 baseline=f"{format_seconds(baseline)} bounded",
                 ratio=format_ratio(value / baseline),
-                target=f"no target; field {field[1] / field[0]:.3f} ({field[2]})",
-                how=f"{measured}; {how}",
+                target=f"no target; field {figure.field_ratio:.3f} ({figure.field_quoted})",
+                how=f"{figure.measured}; {how}",
             )
         )
     return rows

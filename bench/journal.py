@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.procs import Pool, serve
 from bench.stats import interleave, median, percentile
-from bench.suite import Benchmark, BenchError, Settings, progress
+from bench.suite import Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
 
 RATIO_TARGET = 2.0
@@ -91,7 +91,17 @@ def latency_rows(settings: Settings) -> list[Row]:
         cur.execute("BEGIN IMMEDIATE")
         cur.execute(
             INSERT,
-            (RUN_ID, 0, raw_seq[0], time.time(), time.monotonic_ns(), event.kind, 1, STATE, payload),
+            (
+                RUN_ID,
+                0,
+                raw_seq[0],
+                time.time(),
+                time.monotonic_ns(),
+                event.kind,
+                1,
+                STATE,
+                payload,
+            ),
         )
         cur.execute("COMMIT")
         cur.close()
@@ -183,7 +193,7 @@ def _append_in_processes(
 
 
 def throughput_rows(settings: Settings) -> list[Row]:
-    events = 400 if settings.quick else 2000
+    events = 300 if settings.quick else 2000
     repeats = 1 if settings.quick else 3
     rows = []
     # Every journal of a round is a copy of one made by the migrations, with its run row.

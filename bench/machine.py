@@ -32,8 +32,7 @@ class Machine:
         return [
             f"CPU: {self.cpu}, {self.cores} of {self.cpu_count} logical cores available",
             f"memory: {self.memory_gib:.1f} GiB",
-            f"Python {self.python}, torch {self.torch}, SQLite {self.sqlite},"
-            f" Linux {self.kernel}",
+            f"Python {self.python}, torch {self.torch}, SQLite {self.sqlite}, Linux {self.kernel}",
             f"temporary files (journals): {self.temp_dir} ({self.temp_fs})",
             f"commit: {self.commit}",
         ]

@@ -106,9 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as exc:  # one broken benchmark must not hide the others' rows
                 failed = True
                 traceback.print_exc(file=sys.stderr)
-                rows.append(
-                    Row(figure=f"{benchmark.name}: FAILED", value="-", how=str(exc)[:300])
-                )
+                rows.append(Row(figure=f"{benchmark.name}: FAILED", value="-", how=str(exc)[:300]))
             progress(f"{benchmark.name}: done in {time.perf_counter() - began:.1f} s")
         machine = describe(repo=REPO, temp_dir=tempfile.gettempdir())
     print(render_text(rows), flush=True)

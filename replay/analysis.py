@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lifecycle.events import CollectiveStarted, Heartbeat, StoredEvent
 from lifecycle.fold import RankFold, RankView
 from replay.load import RunInfo
+
+# How many of each member's latest collectives per group keep their start time: enough to
+# tell, at the end of a run, which member came late to the collective another gave up on.
+RECENT_STARTS = 8
+# Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
+RECENT_HEARTBEATS = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,9 +54,14 @@ class GroupEvidence:
     members: tuple[int, ...]
     started: tuple[tuple[int, int], ...]  # (rank, highest seq started; -1 for none)
     finished: tuple[tuple[int, int], ...]
+    # (rank, seq, wall time started) of each member's last few collectives in this group
+    recent_starts: tuple[tuple[int, int, float], ...] = ()
 
     def started_by(self, rank: int) -> int:
         return dict(self.started).get(rank, -1)
+
+    def started_at(self, rank: int, seq: int) -> float | None:
+        return next((w for r, s, w in self.recent_starts if r == rank and s == seq), None)
 
     def finished_by(self, rank: int) -> int:
         return dict(self.finished).get(rank, -1)
@@ -65,6 +77,17 @@ class RunAnalysis:
     end_wall: float  # the last event of any rank
     missing_ranks: tuple[int, ...]  # ranks of the world that left no event at all
     events: int
+    recent_heartbeats: dict[int, tuple[float, ...]] = field(default_factory=dict)
+
+    def heartbeats_after(self, wall: float, *, besides: int) -> int:
+        """How many of the other ranks' last heartbeats came after `wall`."""
+        return sum(
+            1
+            for rank, beats in self.recent_heartbeats.items()
+            if rank != besides
+            for at in beats
+            if at > wall
+        )
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -93,9 +116,14 @@ class _Book:
     members: dict[str, tuple[int, ...]] = field(default_factory=dict)
     open: dict[tuple[str, int], dict[int, Signature]] = field(default_factory=dict)
     mismatches: list[Mismatch] = field(default_factory=list)
+    recent: dict[tuple[str, int], deque[tuple[int, float]]] = field(default_factory=dict)
 
-    def add(self, rank: int, event: CollectiveStarted) -> None:
+    def add(self, rank: int, event: CollectiveStarted, wall: float) -> None:
         self.members.setdefault(event.group, event.group_ranks)
+        starts = self.recent.get((event.group, rank))
+        if starts is None:
+            starts = self.recent[(event.group, rank)] = deque(maxlen=RECENT_STARTS)
+        starts.append((event.group_seq, wall))
         key = (event.group, event.group_seq)
         signatures = self.open.setdefault(key, {})
         signatures[rank] = Signature(
@@ -168,6 +196,7 @@ def analyze(
     folds: dict[int, RankFold] = {}
     book = _Book()
     last_progress: dict[int, float] = {}
+    heartbeats: dict[int, deque[float]] = {}
     end_wall = run.created_at
     count = 0
     for stored in events:
@@ -180,10 +209,15 @@ def analyze(
         fold.apply(stored)
         end_wall = max(end_wall, stored.wall_time)
         event = stored.event
-        if not isinstance(event, Heartbeat):
+        if isinstance(event, Heartbeat):
+            beats = heartbeats.get(stored.rank)
+            if beats is None:
+                beats = heartbeats[stored.rank] = deque(maxlen=RECENT_HEARTBEATS)
+            beats.append(stored.wall_time)
+        else:
             last_progress[stored.rank] = stored.wall_time
         if isinstance(event, CollectiveStarted):
-            book.add(stored.rank, event)
+            book.add(stored.rank, event, stored.wall_time)
     book.finish()
     views = {rank: fold.view() for rank, fold in sorted(folds.items())}
     groups: dict[str, GroupEvidence] = {}
@@ -194,8 +228,15 @@ def analyze(
             mine = progress.get(name)
             started.append((rank, mine.started if mine else -1))
             finished.append((rank, mine.finished if mine else -1))
+        recent = tuple(
+            (rank, seq, wall) for rank in members for seq, wall in book.recent.get((name, rank), ())
+        )
         groups[name] = GroupEvidence(
-            group=name, members=members, started=tuple(started), finished=tuple(finished)
+            group=name,
+            members=members,
+            started=tuple(started),
+            finished=tuple(finished),
+            recent_starts=recent,
         )
     missing = tuple(r for r in range(run.world_size) if r not in views)
     return RunAnalysis(
@@ -207,4 +248,5 @@ def analyze(
         end_wall=end_wall,
         missing_ranks=missing,
         events=count,
+        recent_heartbeats={rank: tuple(beats) for rank, beats in heartbeats.items()},
     )

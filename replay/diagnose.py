@@ -120,7 +120,9 @@ def _status(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Stat
             return Status.BLOCKED
         return Status.HUNG if current_stalled else Status.STOPPED
     reference = analysis.end_wall if now is None else max(now, analysis.end_wall)
-    if reference - last > quiet:
+    # Dead: silent for several heartbeat intervals, or silent while peers heartbeat on (a
+    # live rank writes one every interval from its own thread, blocked or not).
+    if reference - last > quiet or analysis.heartbeats_after(last, besides=view.rank) >= 2:
         return Status.CRASHED
     if view.pending is not None:
         return Status.BLOCKED
@@ -280,10 +282,52 @@ def _wait_roots(verdicts: dict[int, RankVerdict], missing: tuple[int, ...]) -> l
     return roots
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Late:
+    """A rank that entered a collective only after a peer had given up waiting there."""
+
+    rank: int
+    group: str
+    group_seq: int
+    entered_s: float
+    peer: int
+    peer_gave_up_s: float
+
+
+def _late_arrivals(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> dict[int, Late]:
+    late: dict[int, Late] = {}
+    for verdict in verdicts.values():
+        p, e = verdict.pending, verdict.first_error
+        if p is None or e is None or e.error_type != "CollectiveTimeout":
+            continue
+        evidence = analysis.groups.get(p.group)
+        if evidence is None:
+            continue
+        for member in evidence.members:
+            entered = evidence.started_at(member, p.group_seq)
+            if member == verdict.rank or entered is None:
+                continue
+            if analysis.at(entered) > e.at_s and member not in late:
+                late[member] = Late(
+                    rank=member,
+                    group=p.group,
+                    group_seq=p.group_seq,
+                    entered_s=analysis.at(entered),
+                    peer=verdict.rank,
+                    peer_gave_up_s=e.at_s,
+                )
+    return late
+
+
 def _hang_culprits(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> list[int]:
     roots = _wait_roots(verdicts, analysis.missing_ranks)
     if roots:
         return sorted(roots, key=lambda r: _when_wrong(verdicts.get(r), analysis))
+    # Nobody missing, yet a member timed out: a peer came to that collective too late (after
+    # the timeout), and is the one that went wrong first.
+    late = _late_arrivals(verdicts, analysis)
+    if late:
+        return sorted(late, key=lambda r: late[r].entered_s)
     # Everyone waits on someone who waits too: a cycle, or members stuck in different
     # collectives at the same sequence number. A rank with a fault injected says so itself;
     # else a minority signature at a mismatched sequence number; else the rank that went past
@@ -401,16 +445,25 @@ def summarize(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> str:
     elif d.outcome is Outcome.INCOMPLETE:
         states = ", ".join(f"rank {v.rank} {v.last_state} ({v.status})" for v in d.ranks)
         parts.append(f"the journal ends before a verdict: {states}")
+    late = _late_arrivals(verdicts, d.analysis) if d.outcome is Outcome.HUNG else {}
     for rank in d.culprit_ranks:
         verdict = verdicts.get(rank)
         if verdict is None:
             parts.append(f"rank {rank} left no journal")
             continue
-        if verdict.first_error is not None:
-            e = verdict.first_error
+        if rank in late:
+            lag = late[rank]
             parts.append(
-                f"rank {rank} failed first, in {e.state} at +{e.at_s:.2f} s:"
-                f" {e.error_type}: {e.message}"
+                f"rank {rank} came late to {lag.group} #{lag.group_seq}: it entered at"
+                f" +{lag.entered_s:.2f} s, after rank {lag.peer} had given up waiting there at"
+                f" +{lag.peer_gave_up_s:.2f} s"
+            )
+        elif verdict.first_error is not None:
+            e = verdict.first_error
+            first = d.first_error is not None and d.first_error.rank == rank
+            parts.append(
+                f"rank {rank} failed {'first, ' if first else ''}in {e.state} at"
+                f" +{e.at_s:.2f} s: {e.error_type}: {e.message}"
             )
         elif verdict.status is Status.CRASHED:
             parts.append(f"rank {rank} crashed in {verdict.last_state} ({verdict.note})")
@@ -441,11 +494,12 @@ def summarize(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> str:
                 if p.waiting_for
                 else "every member had entered it"
             )
-            ended = (
-                f"timed out after {p.waited_s:.1f} s"
-                if v.first_error is not None
-                else f"still waiting after {p.waited_s:.1f} s"
-            )
+            if v.first_error is None:
+                ended = f"still waiting after {p.waited_s:.1f} s"
+            elif v.first_error.error_type == "CollectiveTimeout":
+                ended = f"timed out after {p.waited_s:.1f} s"
+            else:
+                ended = f"broke after {p.waited_s:.1f} s ({v.first_error.error_type})"
             lines.append(
                 f"rank {v.rank} in {p.op} #{p.group_seq} of {p.group} ({p.purpose}),"
                 f" {waits}, {ended}"

@@ -1,0 +1,35 @@
+"""The benchmark runner: `python -m bench --quick` runs every benchmark and reports them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import REPO, run_cli
+
+# One row name per benchmark of issue 5, parts 1-4.
+ROW_NAMES = (
+    "lifecycle overhead, bounded path: startup to ready",
+    "lifecycle overhead, bounded path: per state",
+    "lifecycle overhead, calibrated path: startup to ready",
+    "lifecycle overhead, calibrated path: per state",
+    "journal append latency, median",
+    "journal append latency, p99",
+    "journal append throughput, 1 process(es)",
+    "journal append throughput, 8 process(es)",
+    "calibration cost, startup to ready, 1 rank",
+    "calibration cost, warmup, 4 ranks",
+    "collective recording, durable (startup)",
+    "collective recording, ring (after ready)",
+)
+
+
+def test_quick_run_prints_every_row_and_writes_the_markdown(tmp_path: Path) -> None:
+    """A quick run exits 0, prints a row for every benchmark and writes them to --output."""
+    output = tmp_path / "bench.md"
+    done = run_cli("bench", ["--quick", "--output", str(output)], cwd=REPO, timeout=240.0)
+    assert done.returncode == 0, done.stderr[-2000:]
+    missing = [name for name in ROW_NAMES if name not in done.stdout]
+    assert missing == [], done.stdout
+    markdown = output.read_text(encoding="utf-8")
+    assert [name for name in ROW_NAMES if name not in markdown] == []
+    assert "--quick --output" in markdown

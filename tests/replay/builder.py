@@ -1,0 +1,120 @@
+"""Hand-built journals, written through the real journal API, for cases no fault produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lifecycle.config import ServerArgs, args_to_json
+from lifecycle.events import (
+    CollectiveFinished,
+    CollectiveStarted,
+    Error,
+    Event,
+    Heartbeat,
+    PendingCollective,
+    Transition,
+)
+from lifecycle.journal import Journal, RankWriter, RunRow
+
+T0 = 1_800_000_000.0
+
+
+@dataclass
+class RankStream:
+    writer: RankWriter
+    state: str = "created"
+
+    def add(self, at: float, event: Event, *, state: str | None = None) -> None:
+        if isinstance(event, Transition):
+            self.state = event.dest
+        self.writer.append(
+            event, state=state or self.state, wall_time=T0 + at, mono_ns=int(at * 1e9)
+        )
+
+    def walk(self, at: float, *states: str) -> None:
+        source = self.state
+        for i, dest in enumerate(states):
+            self.add(at + i * 0.1, Transition(trigger="t", source=source, dest=dest))
+            source = dest
+
+
+@dataclass
+class JournalBuilder:
+    path: Path
+    run_id: str = "run-hand-built"
+    world_size: int = 2
+    config: dict[str, Any] = field(default_factory=lambda: args_to_json(ServerArgs()))
+    ranks: dict[int, RankStream] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.journal = Journal.open_for_write(str(self.path))
+        self.journal.create_run(
+            RunRow(
+                run_id=self.run_id,
+                created_at=T0,
+                host="builder",
+                world_size=self.world_size,
+                config=self.config,
+                lifecycle_version="0.1.0",
+            )
+        )
+
+    def rank(self, rank: int) -> RankStream:
+        if rank not in self.ranks:
+            self.ranks[rank] = RankStream(self.journal.writer(run_id=self.run_id, rank=rank))
+        return self.ranks[rank]
+
+    def close(self) -> None:
+        for stream in self.ranks.values():
+            stream.writer.close()
+        self.journal.close()
+
+
+def a2a(
+    group: str,
+    seq: int,
+    *,
+    ranks: tuple[int, ...] = (0, 1),
+    shape: tuple[int, ...] = (2, 8),
+    splits: tuple[int, ...] = (8, 8),
+    out_splits: tuple[int, ...] | None = None,
+    op: str = "all_to_all",
+    purpose: str = "ulysses-qkv",
+) -> CollectiveStarted:
+    return CollectiveStarted(
+        group=group, group_ranks=ranks, group_seq=seq, op=op, purpose=purpose,
+        dtype="float32", shapes=(shape, shape), input_splits=splits,
+        output_splits=out_splits if out_splits is not None else splits, timeout_s=600.0,
+    )  # fmt: skip
+
+
+def done(group: str, seq: int, op: str = "all_to_all") -> CollectiveFinished:
+    return CollectiveFinished(group=group, group_seq=seq, op=op, duration_s=0.01)
+
+
+def beat(pending: CollectiveStarted | None = None) -> Heartbeat:
+    return Heartbeat(
+        uptime_s=1.0,
+        in_state_s=1.0,
+        pending=None
+        if pending is None
+        else PendingCollective(
+            group=pending.group,
+            group_seq=pending.group_seq,
+            op=pending.op,
+            purpose=pending.purpose,
+            waiting_s=1.0,
+        ),
+    )
+
+
+def timeout_error(group: str, seq: int) -> Error:
+    return Error(
+        error_type="CollectiveTimeout",
+        message=f"all_to_all #{seq} in group {group} did not finish within 600 s",
+        traceback="",
+        trigger=None,
+        fatal=True,
+    )

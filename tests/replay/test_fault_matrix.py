@@ -1,0 +1,67 @@
+"""`replay diagnose` on real 2-rank journals with every fault kind in every state it applies to."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lifecycle.faults import FaultKind
+from replay.cli import main
+from tests.replay.fault_matrix import CASES, Produced
+
+pytestmark = [pytest.mark.ranks]
+
+# Exit statuses the launcher gives a rank it ended itself (SIGTERM journaled, or SIGKILL), and
+# the status of a rank that failed and stopped on its own.
+ENDED_BY_LAUNCHER = {143, -15, -9, 1}
+
+
+def rank_exit(produced: Produced, rank: int) -> int | None:
+    match = re.search(rf"^rank {rank}: .*; exit (-?\d+)", produced.log, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def expected_outcome(produced: Produced) -> str:
+    kind = produced.case.kind
+    if kind is FaultKind.EXIT:
+        return "crashed"
+    if kind is FaultKind.SKIP_COLLECTIVE:
+        # Out of step, the two ranks may meet in collectives of different sizes; gloo then
+        # aborts the process on one side (a crash) or both wait until the timeout (a hang).
+        code = rank_exit(produced, 1)
+        return "crashed" if code is not None and code not in ENDED_BY_LAUNCHER else "hung"
+    return "hung"
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_diagnosis_names_the_faulty_rank_state_and_outcome(
+    fault_matrix: dict[str, Produced], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 is the culprit, in the state the fault was injected in, with the outcome the
+    fault produces; the peer is shown failed or blocked, and the exit status is 1."""
+    produced = fault_matrix[name]
+    assert produced.returncode == 1, produced.log[-2000:]
+    status = main(["diagnose", "latest", str(produced.db), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert status == 1
+    assert doc["culprit_ranks"] == [1], doc["summary"]
+    assert doc["culprit_state"] == produced.case.state.value, doc["summary"]
+    assert doc["outcome"] == expected_outcome(produced), doc["summary"]
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert ranks[0]["status"] in ("failed", "blocked")
+    if produced.case.kind in (FaultKind.RAISE, FaultKind.HANG):
+        assert ranks[0]["pending_collective"]["waiting_for"] == [1]
+    if produced.case.kind is FaultKind.RAISE:
+        assert doc["first_error"]["rank"] == 1
+        assert doc["first_error"]["type"] == "InjectedFault"
+        assert ranks[1]["status"] == "failed"
+    if produced.case.kind is FaultKind.HANG:
+        assert ranks[1]["status"] == "hung"
+    if produced.case.kind is FaultKind.EXIT:
+        assert ranks[1]["status"] == "crashed"
+    for key in ("run_id", "summary", "first_error"):
+        assert key in doc
+    for rank in doc["ranks"]:
+        assert {"last_state", "status", "pending_collective", "last_heartbeat_age_s"} <= set(rank)

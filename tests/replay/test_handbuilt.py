@@ -1,0 +1,197 @@
+"""Diagnoses of hand-built journals: mismatches, missing members, crashes, cut-off journals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lifecycle.events import ActionFinished, ActionStarted, Error, Shutdown
+from replay.cli import main
+from tests.replay.builder import JournalBuilder, a2a, beat, done, timeout_error
+
+
+def diagnose(db: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:  # type: ignore[type-arg]
+    status = main(["diagnose", "latest", str(db), "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def started_ranks(b: JournalBuilder) -> None:
+    for rank in (0, 1):
+        b.rank(rank).walk(0.1, "gate-check", "bounded-warm")
+
+
+def test_a_size_mismatch_at_the_same_sequence_number_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks in all-to-all #3 with different shapes: the mismatch names the group, the
+    sequence number and both signatures."""
+    b = JournalBuilder(tmp_path / "j.db")
+    started_ranks(b)
+    for seq in range(3):
+        for rank in (0, 1):
+            b.rank(rank).add(1 + seq, a2a("ulysses0", seq))
+            b.rank(rank).add(1.01 + seq, done("ulysses0", seq))
+    b.rank(0).add(5, a2a("ulysses0", 3, shape=(2, 8)))
+    b.rank(1).add(5, a2a("ulysses0", 3, shape=(2, 16)))
+    for rank in (0, 1):
+        for t in range(6, 10):
+            b.rank(rank).add(t, beat())
+    b.close()
+    status, doc = diagnose(tmp_path / "j.db", capsys)
+    assert status == 1
+    assert doc["outcome"] == "hung"
+    (mismatch,) = doc["mismatches"]
+    assert (mismatch["group"], mismatch["group_seq"]) == ("ulysses0", 3)
+    assert mismatch["reason"] == "different types or shapes"
+    assert "2x16" in mismatch["by_rank"]["1"] and "2x8" in mismatch["by_rank"]["0"]
+
+
+def test_all_to_all_split_sizes_that_do_not_pair_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0 sends 8 elements to rank 1, which expects 6 from it: a split mismatch."""
+    b = JournalBuilder(tmp_path / "j.db")
+    started_ranks(b)
+    b.rank(0).add(1, a2a("ulysses0", 0, splits=(8, 8), out_splits=(8, 8)))
+    b.rank(1).add(1, a2a("ulysses0", 0, splits=(8, 8), out_splits=(6, 8)))
+    for rank in (0, 1):
+        for t in range(2, 6):
+            b.rank(rank).add(t, beat())
+    b.close()
+    _, doc = diagnose(tmp_path / "j.db", capsys)
+    (mismatch,) = doc["mismatches"]
+    assert mismatch["reason"] == "rank 0 sends 8 elements to rank 1, which expects 6"
+
+
+def test_the_rank_missing_from_a_collective_the_others_entered_is_the_culprit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ranks 0, 2, 3 wait in world #1 that rank 1 never entered; rank 1 is alive (heartbeats)
+    and stuck in bounded-warm: it is the culprit, the others wait for it."""
+    b = JournalBuilder(tmp_path / "j.db", world_size=4)
+    members = (0, 1, 2, 3)
+    for rank in members:
+        b.rank(rank).walk(0.1, "gate-check", "bounded-warm")
+        b.rank(rank).add(1, a2a("world", 0, ranks=members, splits=(2, 2, 2, 2)))
+        b.rank(rank).add(1.1, done("world", 0))
+    for rank in (0, 2, 3):
+        b.rank(rank).add(2, a2a("world", 1, ranks=members, splits=(2, 2, 2, 2)))
+    for rank in members:
+        for t in range(3, 12):
+            b.rank(rank).add(t, beat())
+    b.close()
+    status, doc = diagnose(tmp_path / "j.db", capsys)
+    assert status == 1
+    assert doc["outcome"] == "hung"
+    assert doc["culprit_ranks"] == [1]
+    assert doc["culprit_state"] == "bounded-warm"
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert ranks[1]["status"] == "hung"
+    for rank in (0, 2, 3):
+        assert ranks[rank]["status"] == "blocked"
+        assert ranks[rank]["pending_collective"]["waiting_for"] == [1]
+    world = next(g for g in doc["groups"] if g["group"] == "world")
+    assert world["started"] == {"0": 1, "1": 0, "2": 1, "3": 1}
+    assert world["finished"] == {"0": 0, "1": 0, "2": 0, "3": 0}
+
+
+def test_a_rank_whose_journal_stops_while_the_others_go_on_crashed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No heartbeat after rank 1's last event while rank 0 heartbeats on: a crash, told
+    apart from a hang by the heartbeats."""
+    b = JournalBuilder(tmp_path / "j.db")
+    started_ranks(b)
+    b.rank(1).add(1.0, ActionStarted(action="bounded-warmup"))
+    b.rank(0).add(1.0, a2a("ulysses0", 0))
+    for t in range(2, 12):
+        b.rank(0).add(t, beat(a2a("ulysses0", 0)))
+    b.close()
+    status, doc = diagnose(tmp_path / "j.db", capsys)
+    assert status == 1
+    assert doc["outcome"] == "crashed"
+    assert doc["culprit_ranks"] == [1]
+    assert doc["culprit_state"] == "bounded-warm"
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert ranks[1]["status"] == "crashed"
+    assert ranks[1]["last_heartbeat_age_s"] is None
+    assert ranks[0]["last_heartbeat_age_s"] == pytest.approx(0.0)
+
+
+def test_a_late_rank_is_named_when_nobody_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 gave up on ulysses0 #4 at its timeout; rank 0 entered #4 only afterwards and then
+    waited in #5: rank 0 came late and is the culprit."""
+    b = JournalBuilder(tmp_path / "j.db")
+    started_ranks(b)
+    b.rank(1).add(1.0, a2a("ulysses0", 4))
+    b.rank(1).add(3.0, timeout_error("ulysses0", 4))
+    b.rank(0).add(3.5, a2a("ulysses0", 4))
+    b.rank(0).add(3.6, done("ulysses0", 4))
+    b.rank(0).add(3.7, a2a("ulysses0", 5))
+    b.rank(0).add(5.7, timeout_error("ulysses0", 5))
+    b.close()
+    _, doc = diagnose(tmp_path / "j.db", capsys)
+    assert doc["outcome"] == "hung"
+    assert doc["culprit_ranks"] == [0]
+    assert "rank 0 came late to ulysses0 #4" in doc["summary"]
+    assert doc["first_error"]["rank"] == 1
+
+
+def test_a_clean_run_is_ready_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank through ready with its ready action done and stopped: outcome ready."""
+    b = JournalBuilder(tmp_path / "j.db")
+    for rank in (0, 1):
+        s = b.rank(rank)
+        s.walk(0.1, "gate-check", "bounded-warm", "ready")
+        s.add(1.0, ActionStarted(action="mark-ready"))
+        s.add(1.1, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
+        s.add(
+            1.2,
+            Shutdown(reason="boot complete", signal=None, events_written=7, journal_write_s=0.001),
+        )
+        s.walk(1.3, "stopped")
+    b.close()
+    status, doc = diagnose(tmp_path / "j.db", capsys)
+    assert (status, doc["outcome"], doc["culprit_ranks"]) == (0, "ready", [])
+
+
+def test_a_plain_error_is_failed_with_its_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One rank raising (no collective involved) is outcome failed, culprit that rank."""
+    b = JournalBuilder(tmp_path / "j.db", world_size=1)
+    s = b.rank(0)
+    s.walk(0.1, "gate-check")
+    s.add(0.5, Error(error_type="OutOfMemoryError", message="CUDA out of memory", traceback="",
+                     trigger=None, fatal=True))  # fmt: skip
+    s.walk(0.6, "failed")
+    b.close()
+    status, doc = diagnose(tmp_path / "j.db", capsys)
+    assert (status, doc["outcome"], doc["culprit_ranks"], doc["culprit_state"]) == (
+        1, "failed", [0], "gate-check"
+    )  # fmt: skip
+    assert doc["first_error"]["type"] == "OutOfMemoryError"
+
+
+def test_control_sequences_in_journal_text_are_not_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An error message carrying terminal escape sequences is shown without them."""
+    b = JournalBuilder(tmp_path / "j.db", world_size=1)
+    s = b.rank(0)
+    s.walk(0.1, "gate-check")
+    s.add(0.5, Error(error_type="Boom\x1b]0;pwned\x07", message="\x1b[31mred\x1b[0m\x1b[2J text",
+                     traceback="", trigger=None, fatal=True))  # fmt: skip
+    s.walk(0.6, "failed")
+    b.close()
+    for command in (["diagnose", "latest"], ["show", "latest"]):
+        main([*command, str(tmp_path / "j.db")])
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out
+        assert "red text" in out

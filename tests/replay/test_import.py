@@ -1,0 +1,45 @@
+"""replay never imports torch, and starts at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.replay.conftest import Journaled
+
+
+def test_importing_the_cli_leaves_torch_unimported() -> None:
+    """`import replay.cli` and every command module it loads keep torch out of sys.modules."""
+    code = (
+        "import sys, replay.cli, replay.load, replay.analysis, replay.diagnose, replay.verify,"
+        " replay.trace, replay.diff, replay.render; sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60, check=False).returncode == 0
+
+
+def test_running_every_command_leaves_torch_unimported(
+    bounded_and_calibrated: Journaled, tmp_path: object
+) -> None:
+    """Diagnosing, verifying and tracing a real journal never imports torch."""
+    db = str(bounded_and_calibrated.db)
+    code = (
+        "import sys, contextlib, io\n"
+        "from replay.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    for argv in (['runs', {db!r}], ['show', 'latest', {db!r}],"
+        f" ['diagnose', 'latest', {db!r}], ['verify', '--all', {db!r}]):\n"
+        "        main(argv)\n"
+        "sys.exit(1 if 'torch' in sys.modules else 0)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60, check=False).returncode == 0
+
+
+def test_help_works_without_any_journal() -> None:
+    """`replay --help` lists the commands and exits 0."""
+    result = subprocess.run(
+        [sys.executable, "-m", "replay", "--help"], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0
+    for command in ("runs", "show", "diagnose", "verify", "trace", "diff"):
+        assert command in result.stdout
