@@ -401,6 +401,8 @@ def _build_converter(tp: Any) -> Converter:
         inner_conv = _converter_for(inner[0])
         return lambda v: None if v is None else inner_conv(v)
     if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis and args[0] in _PRIMITIVE_ITEMS:
+            return _primitive_tuple(args[0])
         if len(args) == 2 and args[1] is Ellipsis:
             item = _converter_for(args[0])
 
@@ -427,27 +429,65 @@ def _build_converter(tp: Any) -> Converter:
 
 def _dataclass_converter(cls: type) -> Converter:
     hints = typing.get_type_hints(cls)
+    # Scalar fields are checked inline (the hot path of a large journal); the rest go through
+    # their converters.
     fields = [
-        (f.name, _converter_for(hints[f.name]), f.default is dataclasses.MISSING)
+        (
+            f.name,
+            hints[f.name] if hints[f.name] in (str, int, float, bool) else None,
+            _converter_for(hints[f.name]),
+            f.default is dataclasses.MISSING,
+        )
         for f in dataclasses.fields(cls)
     ]
+    name_of = cls.__name__
 
     def to_instance(v: Any) -> Any:
-        if not isinstance(v, dict):
-            raise _Invalid(f"{cls.__name__}: expected an object, got {type(v).__name__}")
+        if type(v) is not dict:
+            raise _Invalid(f"{name_of}: expected an object, got {type(v).__name__}")
         values: dict[str, Any] = {}
-        for name, conv, required in fields:
+        for name, scalar, conv, required in fields:
             if name not in v:
                 if required:
-                    raise _Invalid(f"{cls.__name__}: missing field {name!r}")
+                    raise _Invalid(f"{name_of}: missing field {name!r}")
+                continue
+            x = v[name]
+            if scalar is not None and type(x) is scalar:
+                values[name] = x
                 continue
             try:
-                values[name] = conv(v[name])
+                values[name] = conv(x)
             except _Invalid as exc:
-                raise _Invalid(f"{cls.__name__}.{name}: {exc}") from None
+                raise _Invalid(f"{name_of}.{name}: {exc}") from None
         return cls(**values)
 
     return to_instance
+
+
+_PRIMITIVE_ITEMS = (int, float, str, bool)
+_NUMBERS = frozenset({int, float})
+
+
+def _primitive_tuple(item: type) -> Converter:
+    """tuple[int, ...] and the like, checked in one pass: the bulk of collective records."""
+    if item is float:
+
+        def floats(v: Any) -> tuple[float, ...]:
+            if not isinstance(v, list | tuple) or not set(map(type, v)) <= _NUMBERS:
+                raise _Invalid("expected a list of numbers")
+            return tuple(map(float, v))
+
+        return floats
+
+    allowed = frozenset({item})
+
+    def items(v: Any) -> tuple[Any, ...]:
+        # map(type, ...) in C: a bool is not an int here, as in the scalar check.
+        if not isinstance(v, list | tuple) or not set(map(type, v)) <= allowed:
+            raise _Invalid(f"expected a list of {item.__name__}")
+        return tuple(v)
+
+    return items
 
 
 def _check(ok: Callable[[Any], bool], what: str) -> Converter:

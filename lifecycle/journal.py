@@ -44,6 +44,8 @@ from lifecycle.schema import KNOWN_REVISIONS, events, runs
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0
 LOCKED_RETRIES = 5
+READ_CACHE_KIB = 512
+READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
 REQUIRED_TABLES = frozenset({"runs", "events"})
 
 
@@ -196,6 +198,10 @@ def _sqlite_engine(path: Path, *, write: bool) -> Engine:
     def _pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if not write:
+            # A reader may hold one connection per rank at once (replay merges the streams);
+            # a small page cache each keeps its memory flat whatever the journal's size.
+            cur.execute(f"PRAGMA cache_size=-{READ_CACHE_KIB}")
         if write:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -419,10 +425,12 @@ class Journal:
             stmt = stmt.where(events.c.seq >= from_seq)
         try:
             with self.engine.connect() as conn:
-                for row in conn.execute(stmt):
-                    stored = self._stored(row)
-                    if stored is not None:
-                        yield stored
+                result = conn.execution_options(yield_per=READ_CHUNK).execute(stmt)
+                for chunk in result.partitions():
+                    for row in chunk:
+                        stored = self._stored(row)
+                        if stored is not None:
+                            yield stored
         except SQLAlchemyError as exc:
             raise _translate(exc, self.location) from None
 

@@ -117,6 +117,7 @@ class _Book:
     open: dict[tuple[str, int], dict[int, Signature]] = field(default_factory=dict)
     mismatches: list[Mismatch] = field(default_factory=list)
     recent: dict[tuple[str, int], deque[tuple[int, float]]] = field(default_factory=dict)
+    interned: dict[Signature, Signature] = field(default_factory=dict)
 
     def add(self, rank: int, event: CollectiveStarted, wall: float) -> None:
         self.members.setdefault(event.group, event.group_ranks)
@@ -126,7 +127,7 @@ class _Book:
         starts.append((event.group_seq, wall))
         key = (event.group, event.group_seq)
         signatures = self.open.setdefault(key, {})
-        signatures[rank] = Signature(
+        signature = Signature(
             op=event.op,
             purpose=event.purpose,
             dtype=event.dtype,
@@ -134,6 +135,8 @@ class _Book:
             input_splits=event.input_splits,
             output_splits=event.output_splits,
         )
+        # Members of a healthy collective share one signature object.
+        signatures[rank] = self.interned.setdefault(signature, signature)
         if len(signatures) == len(self.members[event.group]):
             self._check(key, self.members[event.group])
             del self.open[key]
@@ -166,6 +169,11 @@ class _Book:
 
 def _split_mismatch(signatures: dict[int, Signature], members: tuple[int, ...]) -> str:
     """For all-to-all: what rank r sends to peer j must be what j expects from r."""
+    splits = {(s.input_splits, s.output_splits) for s in signatures.values()}
+    if len(splits) == 1:
+        inputs, outputs = next(iter(splits))
+        if inputs is None or (inputs == outputs and len(set(inputs)) <= 1):
+            return ""  # equal splits everywhere (the common case) pair by construction
     index = {rank: i for i, rank in enumerate(members)}
     for rank, sig in signatures.items():
         if sig.input_splits is None:

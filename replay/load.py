@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,8 +113,13 @@ class Journals:
         raise AmbiguousRun(ref=ref, candidates=[r.run_id for r in matches])
 
     def events(self, run: RunInfo, *, rank: int | None = None) -> Iterator[StoredEvent]:
-        """The run's events, rank by rank in seq order; each rank is read from the first
-        journal that has it (the same file given twice is read once)."""
+        """The run's events, every rank's stream merged in wall-time order (each in seq order).
+
+        Each rank is read from the first journal that has it (the same file given twice is
+        read once). Merging keeps the readers' memory bounded: a collective is complete, and
+        forgotten, soon after its last member started it.
+        """
+        streams: list[Iterator[StoredEvent]] = []
         claimed: set[int] = set()
         for journal in self.sources:
             if journal.location not in run.sources:
@@ -127,8 +133,13 @@ class Journals:
                 if (rank is not None and r != rank) or r in claimed:
                     continue
                 claimed.add(r)
-                try:
-                    yield from journal.read(run_id=run.run_id, rank=r)
-                except JournalError as exc:
-                    self.problems.append(f"rank {r}: {exc}")
+                streams.append(self._guarded(journal, run.run_id, r))
+        yield from heapq.merge(*streams, key=lambda e: (e.wall_time, e.rank, e.seq))
+        for journal in self.sources:
             self.problems.extend(m for m in journal.malformed_rows if m not in self.problems)
+
+    def _guarded(self, journal: Journal, run_id: str, rank: int) -> Iterator[StoredEvent]:
+        try:
+            yield from journal.read(run_id=run_id, rank=rank)
+        except JournalError as exc:
+            self.problems.append(f"rank {rank}: {exc}")

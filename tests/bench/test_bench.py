@@ -12,6 +12,7 @@ ROW_NAMES = (
     "lifecycle overhead, bounded path: per state",
     "lifecycle overhead, calibrated path: startup to ready",
     "lifecycle overhead, calibrated path: per state",
+    "lifecycle overhead, calibrated path: direct cost per state",
     "journal append latency, median",
     "journal append latency, p99",
     "journal append throughput, 1 process(es)",
