@@ -173,9 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         block_shutdown_signals()
     from lifecycle.launch import boot, serve
+    from lifecycle.runs import launch_command
     from lifecycle.supervisor import LaunchOptions
 
-    options = LaunchOptions(pipeline=ns.pipeline, json_logs=ns.json_logs, log_level=ns.log_level)
+    options = LaunchOptions(
+        pipeline=ns.pipeline,
+        json_logs=ns.json_logs,
+        log_level=ns.log_level,
+        command=launch_command(["lifecycle", *(sys.argv[1:] if argv is None else argv)]),
+    )
     try:
         if ns.command == "serve":
             return serve(args, created_at=created_at, options=options, host=ns.host, port=ns.port)

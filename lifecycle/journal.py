@@ -23,6 +23,7 @@ from sqlalchemy import (
     create_engine,
     event,
     inspect,
+    null,
     select,
     text,
     type_coerce,
@@ -57,6 +58,7 @@ class RunRow:
     world_size: int
     config: dict[str, Any]
     lifecycle_version: str
+    command: str | None = None  # None in journals older than revision 0002
 
 
 def to_url(location: str) -> str:
@@ -231,11 +233,14 @@ def _translate(exc: Exception, location: str) -> JournalError:
 class Journal:
     """One journal, opened for reading or for writing."""
 
-    def __init__(self, *, engine: Engine, location: str, url: str, writable: bool) -> None:
+    def __init__(
+        self, *, engine: Engine, location: str, url: str, writable: bool, revision: str
+    ) -> None:
         self.engine = engine
         self.location = location
         self.url = url
         self.writable = writable
+        self.revision = revision
         self.malformed_rows: list[str] = []
 
     # -- opening -------------------------------------------------------------------------------
@@ -265,12 +270,8 @@ class Journal:
         if revision == EMPTY:
             engine.dispose()
             raise NotAJournal(location=location, reason="an empty database")
-        try:
-            _check_head(revision, location)
-        except SchemaMismatch:
-            engine.dispose()
-            raise
-        return cls(engine=engine, location=location, url=url, writable=False)
+        # Reading never writes, so an older revision of our own is read as it is.
+        return cls(engine=engine, location=location, url=url, writable=False, revision=revision)
 
     @classmethod
     def open_for_write(cls, location: str, *, upgrade: bool = False) -> Journal:
@@ -284,7 +285,9 @@ class Journal:
         if path is None:
             engine = create_engine(url, poolclass=NullPool)
             cls._migrate(engine, location, url, upgrade=upgrade)
-            return cls(engine=engine, location=location, url=url, writable=True)
+            return cls(
+                engine=engine, location=location, url=url, writable=True, revision=head_revision()
+            )
         if not path.parent.is_dir():
             raise JournalError(f"{location}: directory {path.parent} does not exist")
         if not _check_sqlite_file(path, location):
@@ -307,7 +310,9 @@ class Journal:
             except BaseException:
                 engine.dispose()
                 raise
-        return cls(engine=engine, location=location, url=url, writable=True)
+        return cls(
+            engine=engine, location=location, url=url, writable=True, revision=head_revision()
+        )
 
     @staticmethod
     def _migrate(engine: Engine, location: str, url: str, *, upgrade: bool) -> None:
@@ -348,6 +353,7 @@ class Journal:
             "world_size": row.world_size,
             "config": row.config,
             "lifecycle_version": row.lifecycle_version,
+            "command": row.command,
         }
         try:
             with self.engine.begin() as conn:
@@ -362,6 +368,12 @@ class Journal:
             raise _translate(exc, self.location) from None
 
     def runs(self) -> list[RunRow]:
+        # `command` exists from revision 0002 on; older journals read as NULL.
+        command = (
+            runs.c.command
+            if KNOWN_REVISIONS.index(self.revision) >= KNOWN_REVISIONS.index("0002")
+            else null().label("command")
+        )
         stmt = select(
             runs.c.run_id,
             runs.c.created_at,
@@ -369,11 +381,13 @@ class Journal:
             runs.c.world_size,
             type_coerce(runs.c.config, Text),
             runs.c.lifecycle_version,
+            command,
         ).order_by(runs.c.created_at, runs.c.run_id)
         out: list[RunRow] = []
         try:
             with self.engine.connect() as conn:
-                for run_id, created_at, host, world_size, config, version in conn.execute(stmt):
+                for row in conn.execute(stmt):
+                    run_id, created_at, host, world_size, config, version, launched = row
                     try:
                         parsed = json.loads(config) if isinstance(config, str) else config
                     except ValueError:
@@ -389,6 +403,7 @@ class Journal:
                             world_size=int(world_size or 0),
                             config=parsed,
                             lifecycle_version=str(version),
+                            command=launched if isinstance(launched, str) else None,
                         )
                     )
         except SQLAlchemyError as exc:

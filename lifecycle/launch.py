@@ -39,7 +39,7 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
             )
         return run_rank_process(args, mode="boot", env=os.environ, created_at=created_at)
     if args.num_ranks == 1:
-        return _boot_in_process(args, created_at=created_at)
+        return _boot_in_process(args, created_at=created_at, options=options)
     from lifecycle.supervisor import boot_ranks
 
     return boot_ranks(args, created_at=created_at, options=options)
@@ -59,12 +59,12 @@ def serve(
     return serve_http(args, created_at=created_at, options=options, host=host, port=port)
 
 
-def _boot_in_process(args: ServerArgs, *, created_at: float) -> int:
+def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     from lifecycle.rank import RankLaunch, RankSession
 
     journal = Journal.open_for_write(args.db)
     run_id = new_run_id(created_at)
-    journal.create_run(run_row(args, run_id=run_id, created_at=created_at))
+    journal.create_run(run_row(args, run_id=run_id, created_at=created_at, command=options.command))
     recorder = Recorder(journal.writer(run_id=run_id, rank=0))
     printer = ProgressPrinter(run_created_at=created_at)
     print(f"run {run_id}  model {args.model.name}  ranks 1  journal {args.db}", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import shlex
 import socket
 import time
 
@@ -11,12 +12,19 @@ from lifecycle.config import ServerArgs, args_to_json
 from lifecycle.journal import RunRow
 
 
+def launch_command(argv: list[str]) -> str:
+    """The command line as a shell would take it back."""
+    return shlex.join(argv)
+
+
 def new_run_id(now: float) -> str:
     """Sortable and readable: UTC date and time, then six random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(3)
 
 
-def run_row(args: ServerArgs, *, run_id: str, created_at: float) -> RunRow:
+def run_row(
+    args: ServerArgs, *, run_id: str, created_at: float, command: str | None = None
+) -> RunRow:
     return RunRow(
         run_id=run_id,
         created_at=created_at,
@@ -24,4 +32,5 @@ def run_row(args: ServerArgs, *, run_id: str, created_at: float) -> RunRow:
         world_size=args.num_ranks,
         config=args_to_json(args),
         lifecycle_version=__version__,
+        command=command,
     )

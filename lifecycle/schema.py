@@ -14,12 +14,13 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
+    Text,
 )
 
 # Every Alembic revision of the journal, oldest first; the last is head. Readers check a
 # journal's revision against this without importing Alembic; a test keeps it equal to the
 # scripts in migrations/versions.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001",)
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -40,6 +41,7 @@ runs = Table(
     Column("world_size", Integer, nullable=False),
     Column("config", JSON, nullable=False),
     Column("lifecycle_version", String(32), nullable=False),
+    Column("command", Text, nullable=True),  # the launch command line, to reproduce the run
 )
 
 events = Table(

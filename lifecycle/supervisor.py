@@ -36,6 +36,7 @@ class LaunchOptions:
     pipeline: str | None = None
     json_logs: bool = False
     log_level: str = "info"
+    command: str | None = None  # the launch command line, recorded with the run
 
     def worker_spec(self, args: ServerArgs, *, mode: str, **control: Any) -> WorkerSpec:
         return WorkerSpec(
@@ -44,6 +45,7 @@ class LaunchOptions:
             pipeline=self.pipeline,
             json_logs=self.json_logs,
             log_level=self.log_level,
+            command=self.command,
             **control,
         )
 
@@ -75,7 +77,9 @@ class RankGroup:
         }
         self.first_settled_at: float | None = None
         journal = Journal.open_for_write(args.db)
-        journal.create_run(run_row(args, run_id=self.run_id, created_at=created_at))
+        journal.create_run(
+            run_row(args, run_id=self.run_id, created_at=created_at, command=spec.command)
+        )
         journal.close()
         self._reader = Journal.open_for_read(args.db)
 

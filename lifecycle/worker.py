@@ -44,6 +44,7 @@ class WorkerSpec:
     control_authkey: str | None = None
     json_logs: bool = False
     log_level: str = "info"
+    command: str | None = None
 
     def to_env(self) -> str:
         return json.dumps(
@@ -56,6 +57,7 @@ class WorkerSpec:
                 "control_authkey": self.control_authkey,
                 "json_logs": self.json_logs,
                 "log_level": self.log_level,
+                "command": self.command,
             }
         )
 
@@ -132,12 +134,14 @@ def run_rank_process(
     from lifecycle.journal import Journal
     from lifecycle.rank import RankLaunch, RankSession
     from lifecycle.recorder import Recorder
-    from lifecycle.runs import run_row
+    from lifecycle.runs import launch_command, run_row
 
     ranks = RankEnv.from_env(env)
     run_id = _agreed_run_id(env, created_at, ranks, args)
     journal = Journal.open_for_write(args.db)
-    journal.create_run(run_row(args, run_id=run_id, created_at=created_at))
+    journal.create_run(
+        run_row(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
+    )
     recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank))
     launch = RankLaunch(
         run_id=run_id,

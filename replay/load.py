@@ -22,6 +22,7 @@ class RunInfo:
     world_size: int
     config: dict[str, Any]
     lifecycle_version: str
+    command: str | None
     sources: tuple[str, ...]
 
 
@@ -89,6 +90,7 @@ class Journals:
                 world_size=row.world_size,
                 config=row.config,
                 lifecycle_version=row.lifecycle_version,
+                command=row.command,
                 sources=tuple(where),
             )
             for row, where in merged.values()

@@ -74,6 +74,7 @@ class RunSummary:
     skip_reason: str | None
     outcome: str
     startup_to_ready_s: float | None
+    command: str | None
 
 
 def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
@@ -100,6 +101,7 @@ def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
         skip_reason=next(iter(reasons)) if len(reasons) == 1 else None,
         outcome=diagnosis.outcome.value,
         startup_to_ready_s=diagnosis.startup_to_ready_s,
+        command=run.command,
     )
 
 
@@ -144,6 +146,7 @@ def runs_json(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "skip_reason": s.skip_reason,
             "outcome": s.outcome,
             "startup_to_ready_s": s.startup_to_ready_s,
+            "command": s.command,
         }
         for s in summaries
     ]
@@ -159,6 +162,8 @@ def format_show(analysis: RunAnalysis, *, ranks: Sequence[int] | None, style: St
         + f"  {when(run.created_at)}  host {clean(run.host)}  ranks {run.world_size}"
         + f"  model {clean(run.config.get('model', {}).get('name', '?'))}"
     ]
+    if run.command:
+        out.append(f"command: {clean(run.command)}")
     for rank, view in analysis.views.items():
         if ranks is not None and rank not in ranks:
             continue
