@@ -104,7 +104,9 @@ def _where(view: RankView) -> str:
 
 def _status(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Status:
     interval = analysis.heartbeat_interval_s
-    quiet = max(3 * interval, 1.0)
+    # Silent for three heartbeat intervals (never less than half a second, for a thread that
+    # waited on the GIL) means the process is gone.
+    quiet = max(3 * interval, 0.5)
     last = view.last_wall or analysis.run.created_at
     current_stalled = bool(view.spans) and any(
         at >= view.spans[-1].entered_at for at, _, _ in view.stalls

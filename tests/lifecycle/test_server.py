@@ -109,6 +109,8 @@ def test_health_turns_green_at_ready_and_generate_works_twice(tmp_path: Path) ->
         ]  # fmt: skip
         assert state["ranks"][0]["pending_collective"] is None
         assert served.stop() == 0
+    log = (tmp_path / "serve.log").read_text()
+    assert f"serving on {served.url} (loopback only)" in log
     events = [e for e in journal_events(served.db) if e.rank == 0]
     requests = [
         e for e in events if isinstance(e.event, RequestStarted) and e.event.source == "http"

@@ -1,0 +1,189 @@
+"""Kill a rank of a real `lifecycle boot` with SIGKILL at a random moment, then check what its
+journal still says. Shared by the test suite (a few dozen kills) and `python -m bench.soak`."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lifecycle.journal import Journal
+
+BOOT_TIMEOUT_S = 120.0
+KILL_WINDOW_S = 3.0  # kills land this long after the rank's first journal event, at most
+HEARTBEAT_S = 0.05
+
+
+@dataclass(frozen=True)
+class KillResult:
+    index: int
+    ranks: int
+    killed: bool  # False when the startup finished before the kill landed
+    delay_s: float
+    integrity: str
+    gapless: bool
+    events: int
+    last_state: str | None
+    diagnosed_state: str | None
+    outcome: str | None
+    culprits: tuple[int, ...]
+    problem: str | None  # what did not hold, if anything
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def _rank_pid(launcher: subprocess.Popen[bytes], rank: int) -> int | None:
+    """The pid of the launcher's child that runs `rank`."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+    try:
+        pids = [int(p) for p in children.read_text().split()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    return None
+
+
+def _first_event_seen(db: Path, rank: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if db.exists():
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM events WHERE rank = ?", (rank,)
+                    ).fetchone()
+                if row and row[0] > 0:
+                    return True
+            except sqlite3.Error:
+                pass  # tables not created yet
+        time.sleep(0.02)
+    return False
+
+
+def kill_once(root: Path, index: int, *, ranks: int, seed: int) -> KillResult:
+    """One startup, one SIGKILL of its last rank, then the checks."""
+    rng = random.Random(seed * 100_003 + index)
+    where = root / f"kill-{ranks}r-{index}"
+    where.mkdir(parents=True, exist_ok=True)
+    db = where / "j.db"
+    victim = ranks - 1
+    args = [
+        sys.executable, "-m", "lifecycle.cli", "boot", "--model", "micro-video", "--calibrate",
+        "--db", str(db), "--num-ranks", str(ranks), "--heartbeat-interval", str(HEARTBEAT_S),
+        "--dist-timeout", "10", "--log-level", "error",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(args, cwd=where, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    delay = rng.uniform(0.0, KILL_WINDOW_S)
+    killed = False
+    try:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        if _first_event_seen(db, victim, deadline):
+            time.sleep(delay)  # the random moment is the point of the test
+            pid = proc.pid if ranks == 1 else _rank_pid(proc, victim)
+            if pid is not None and proc.poll() is None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+                except ProcessLookupError:
+                    killed = False
+        proc.wait(timeout=BOOT_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return check(db, index=index, ranks=ranks, victim=victim, killed=killed, delay=delay)
+
+
+def check(
+    db: Path, *, index: int, ranks: int, victim: int, killed: bool, delay: float
+) -> KillResult:
+    problems = []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        integrity = str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+    if integrity != "ok":
+        problems.append(f"integrity_check: {integrity}")
+    journal = Journal.open_for_read(str(db))
+    (run,) = journal.runs()
+    events = list(journal.read(run_id=run.run_id))
+    journal.close()
+    by_rank: dict[int, list[int]] = {}
+    for stored in events:
+        by_rank.setdefault(stored.rank, []).append(stored.seq)
+    gapless = all(seqs == list(range(len(seqs))) for seqs in by_rank.values())
+    if not gapless:
+        problems.append("sequence gap")
+    mine = [e for e in events if e.rank == victim]
+    last_state = mine[-1].state if mine else None
+    finished = bool(mine) and mine[-1].state == "stopped"
+    if finished:
+        killed = False
+    outcome = diagnosed = None
+    culprits: tuple[int, ...] = ()
+    if killed:
+        # A crash is told from a live rank by silence: let the heartbeat interval pass.
+        quiet_until = (mine[-1].wall_time if mine else 0.0) + 1.0
+        while time.time() < quiet_until:
+            time.sleep(0.05)
+        doc = _diagnose_json(db, run.run_id)
+        outcome = doc["outcome"]
+        culprits = tuple(doc["culprit_ranks"])
+        verdict = next((r for r in doc["ranks"] if r["rank"] == victim), None)
+        diagnosed = verdict["last_state"] if verdict else None
+        if outcome != "crashed" or culprits[:1] != (victim,):
+            problems.append(f"diagnosed {outcome} {list(culprits)}: {doc['summary'][:300]}")
+        if diagnosed != last_state:
+            problems.append(f"diagnosed state {diagnosed}, journal says {last_state}")
+    return KillResult(
+        index=index, ranks=ranks, killed=killed, delay_s=delay, integrity=integrity,
+        gapless=gapless, events=len(events), last_state=last_state, diagnosed_state=diagnosed,
+        outcome=outcome, culprits=culprits, problem="; ".join(problems) or None,
+    )  # fmt: skip
+
+
+def _diagnose_json(db: Path, run_id: str) -> dict[str, Any]:
+    """`replay diagnose --json`, called in process (what the command prints, as a dict)."""
+    from replay.analysis import analyze
+    from replay.diagnose import diagnose
+    from replay.load import Journals
+    from replay.render import diagnosis_json
+
+    with Journals.open([str(db)]) as journals:
+        run = journals.resolve(run_id)
+        return diagnosis_json(diagnose(analyze(run, journals.events(run)), now=time.time()))
+
+
+def kill_loop(
+    root: Path, *, kills: int, seed: int, two_rank_share: float = 0.2, parallel: int = 4
+) -> Iterator[KillResult]:
+    """Kill until `kills` kills landed (a startup that finished first does not count)."""
+    landed = 0
+    index = 0
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        while landed < kills:
+            batch = []
+            for _ in range(parallel):
+                ranks = 2 if random.Random(seed + index).random() < two_rank_share else 1
+                batch.append(pool.submit(kill_once, root, index, ranks=ranks, seed=seed))
+                index += 1
+            for future in batch:
+                result = future.result()
+                landed += result.killed
+                yield result

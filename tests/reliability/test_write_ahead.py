@@ -1,0 +1,108 @@
+"""Write-ahead: every action and every collective is on disk before it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lifecycle import rank as rank_module
+from lifecycle.actions import Action, StartupActions
+from lifecycle.config import MODEL_PRESETS, ServerArgs
+from lifecycle.events import ActionStarted
+from lifecycle.journal import Journal
+from lifecycle.rank import RankLaunch, RankSession
+from lifecycle.recorder import Recorder
+from lifecycle.runs import new_run_id, run_row
+from lifecycle.states import State
+from lifecycle.supervisor import free_port
+
+
+def test_every_action_is_announced_on_disk_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the first line of every action of a calibrated startup (smoke request included), a
+    separate read-only connection already finds that action's action_started, in its state."""
+    db = str(tmp_path / "j.db")
+    seen: list[tuple[str, str, str, str]] = []
+
+    class Checked(StartupActions):
+        def for_state(self, state: State) -> tuple[Action, ...]:
+            def checked(name: str, action: Callable[[], None]) -> Callable[[], None]:
+                def run() -> None:
+                    reader = Journal.open_for_read(db)
+                    last = list(reader.read())[-1]
+                    reader.close()
+                    assert isinstance(last.event, ActionStarted)
+                    seen.append((name, last.event.action, last.state, state.value))
+                    action()
+
+                return run
+
+            return tuple((name, checked(name, fn)) for name, fn in super().for_state(state))
+
+    monkeypatch.setattr(rank_module, "StartupActions", Checked)
+    args = ServerArgs(model=MODEL_PRESETS["micro-video"], db=db, calibrate=True)
+    journal = Journal.open_for_write(db)
+    run_id = new_run_id(time.time())
+    journal.create_run(run_row(args, run_id=run_id, created_at=time.time()))
+    session = RankSession(
+        args,
+        RankLaunch(run_id=run_id, rank=0, local_ranks=1, distributed=False),
+        Recorder(journal.writer(run_id=run_id, rank=0)),
+    )
+    assert session.boot() is State.READY
+    session.close()
+    assert [name for name, *_ in seen] == [
+        "load-pipeline", "decide-path", "bounded-warmup", "probe", "re-warmup", "drop-buffers",
+        "mark-ready",
+    ]  # fmt: skip
+    for name, announced, journaled_state, state in seen:
+        assert (announced, journaled_state) == (name, state)
+
+
+@pytest.mark.ranks
+def test_every_collective_is_announced_on_disk_before_it_starts(tmp_path: Path) -> None:
+    """In two real rank processes, each call into torch.distributed finds its
+    collective_started already committed (read through a separate connection)."""
+    db = tmp_path / "j.db"
+    Journal.open_for_write(str(db)).close()
+    env = {
+        **os.environ, "PYTHONWARNINGS": "ignore", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        "LIFECYCLE_RUN_ID": new_run_id(time.time()),
+    }  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.reliability.write_ahead_rank",
+                str(db),
+                str(tmp_path / f"rank{r}.json"),
+            ],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            cwd=Path(__file__).parents[2],
+        )
+        for r in range(2)
+    ]
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    assert codes == [0, 0]
+    for r in range(2):
+        report = json.loads((tmp_path / f"rank{r}.json").read_text())
+        checks = report["checks"]
+        assert len(checks) > 50
+        assert {c["call"] for c in checks} == {"all_to_all_single", "all_gather", "all_reduce"}
+        assert [c for c in checks if not c["announced"]] == []
