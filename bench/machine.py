@@ -27,6 +27,7 @@ class Machine:
     temp_dir: str
     temp_fs: str
     commit: str
+    load: str  # the 1-minute load average when the run started and ended
 
     def lines(self) -> list[str]:
         return [
@@ -35,6 +36,7 @@ class Machine:
             f"Python {self.python}, torch {self.torch}, SQLite {self.sqlite}, Linux {self.kernel}",
             f"temporary files (journals): {self.temp_dir} ({self.temp_fs})",
             f"commit: {self.commit}",
+            f"1-minute load average: {self.load} (other work on the machine shows here)",
         ]
 
 
@@ -101,7 +103,11 @@ def _version(distribution: str) -> str:
         return "not installed"
 
 
-def describe(*, repo: Path, temp_dir: str) -> Machine:
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def describe(*, repo: Path, temp_dir: str, load_at_start: float) -> Machine:
     return Machine(
         cpu=cpu_model(),
         cores=len(os.sched_getaffinity(0)),
@@ -114,4 +120,5 @@ def describe(*, repo: Path, temp_dir: str) -> Machine:
         temp_dir=temp_dir,
         temp_fs=filesystem_of(temp_dir),
         commit=git_commit(repo),
+        load=f"{load_at_start:.2f} at the start, {load_average():.2f} at the end",
     )

@@ -63,8 +63,8 @@ def invocation(argv: Sequence[str]) -> str:
     with_cwd = os.path.relpath(python, os.getcwd())
     if not with_cwd.startswith(".."):
         python = with_cwd
-    entry = "bench/run.py" if Path(sys.argv[0]).name == "run.py" else "-m bench"
-    return " ".join([shlex.quote(python), entry, *(shlex.quote(a) for a in argv)])
+    entry = sys.argv[0] if Path(sys.argv[0]).name == "run.py" else "-m bench"
+    return " ".join([shlex.quote(python), *(shlex.quote(a) for a in (*entry.split(" "), *argv))])
 
 
 def markdown(rows: Sequence[Row], *, machine: Machine, command: str, started: str) -> str:
@@ -81,7 +81,7 @@ def markdown(rows: Sequence[Row], *, machine: Machine, command: str, started: st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.machine import describe
+    from bench.machine import describe, load_average
     from bench.suite import Settings, benchmarks, progress
     from bench.table import Row, render_text
 
@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = ", ".join(b.name for b in benchmarks())
         print(f"bench: error: unknown benchmark {sorted(unknown)[0]!r} ({names})", file=sys.stderr)
         return 2
+    load_at_start = load_average()
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     rows: list[Row] = []
     failed = False
@@ -108,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 traceback.print_exc(file=sys.stderr)
                 rows.append(Row(figure=f"{benchmark.name}: FAILED", value="-", how=str(exc)[:300]))
             progress(f"{benchmark.name}: done in {time.perf_counter() - began:.1f} s")
-        machine = describe(repo=REPO, temp_dir=tempfile.gettempdir())
+        machine = describe(repo=REPO, temp_dir=tempfile.gettempdir(), load_at_start=load_at_start)
     print(render_text(rows), flush=True)
     output = ns.output
     if output is None and not ns.quick and not ns.only:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,22 +31,35 @@ class Benchmark:
     measure: Callable[[Settings], Sequence[Row]]
 
 
+# The modules whose `BENCHMARK` the runner runs, in table order. A new benchmark is a module
+# with a `BENCHMARK = Benchmark(...)` and one line here.
+MODULES = (
+    "bench.overhead",
+    "bench.journal",
+    "bench.calibration",
+    "bench.collectives",
+)
+
 _REGISTERED: list[Benchmark] = []
 
 
 def register(benchmark: Benchmark) -> Benchmark:
-    """Add a benchmark after the built-in ones (a module of its own calls this at import)."""
-    if any(b.name == benchmark.name for b in (*_builtin(), *_REGISTERED)):
+    """Add a benchmark after those of MODULES, for code that drives the runner in process."""
+    if any(b.name == benchmark.name for b in benchmarks()):
         raise ValueError(f"a benchmark named {benchmark.name!r} is already registered")
     _REGISTERED.append(benchmark)
     return benchmark
 
 
 def _builtin() -> tuple[Benchmark, ...]:
-    # Imported here so that `python -m bench --help` and the registry itself stay light.
-    from bench import calibration, collectives, journal, overhead
-
-    return (overhead.BENCHMARK, journal.BENCHMARK, calibration.BENCHMARK, collectives.BENCHMARK)
+    # Imported on demand so that `python -m bench --help` stays light.
+    found = []
+    for name in MODULES:
+        benchmark = importlib.import_module(name).BENCHMARK
+        if not isinstance(benchmark, Benchmark):
+            raise TypeError(f"{name}.BENCHMARK is not a Benchmark")
+        found.append(benchmark)
+    return tuple(found)
 
 
 def benchmarks() -> tuple[Benchmark, ...]:
