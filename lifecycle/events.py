@@ -319,9 +319,42 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 def encode(event: Event) -> str:
     """The event's payload as compact JSON text (a JSON object)."""
     try:
-        return json.dumps(dataclasses.asdict(event), separators=(",", ":"), allow_nan=False)
+        return _DUMPS(_plain_for(type(event))(event))
     except ValueError as exc:
         raise CorruptEvent(kind=event.kind, reason=f"cannot encode: {exc}") from exc
+
+
+_DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+Plain = Callable[[Any], Any]
+_PLAIN: dict[type, Plain] = {}
+
+
+def _plain_for(cls: type) -> Plain:
+    """A dataclass to a dict of JSON values, copying only what nests (unlike asdict, which
+    deep-copies every tuple of every record)."""
+    plain = _PLAIN.get(cls)
+    if plain is not None:
+        return plain
+    hints = typing.get_type_hints(cls)
+    nested = []
+    for f in dataclasses.fields(cls):
+        inner = [t for t in (hints[f.name], *typing.get_args(hints[f.name])) if t is not type(None)]
+        if any(dataclasses.is_dataclass(t) for t in inner):
+            nested.append(f.name)
+    names = [f.name for f in dataclasses.fields(cls)]
+
+    def to_plain(value: Any) -> Any:
+        out = {name: getattr(value, name) for name in names}
+        for name in nested:
+            item = out[name]
+            if isinstance(item, tuple):
+                out[name] = [_plain_for(type(x))(x) for x in item]
+            elif item is not None:
+                out[name] = _plain_for(type(item))(item)
+        return out
+
+    _PLAIN[cls] = to_plain
+    return to_plain
 
 
 def decode(kind: str, version: int, text: str) -> Event:

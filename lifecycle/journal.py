@@ -45,6 +45,9 @@ from lifecycle.schema import KNOWN_REVISIONS, events, runs
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0
 LOCKED_RETRIES = 5
+_COLUMN_ORDER = (
+    "run_id", "rank", "seq", "wall_time", "mono_ns", "kind", "version", "state", "data"
+)  # fmt: skip
 READ_CACHE_KIB = 512
 READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
 REQUIRED_TABLES = frozenset({"runs", "events"})
@@ -536,6 +539,7 @@ class RankWriter:
             raise JournalConflict(run_id=run_id, rank=rank, seq=0)
         driver = self._conn.connection.driver_connection
         self._sqlite = driver if isinstance(driver, sqlite3.Connection) else None
+        self._cursor = self._sqlite.cursor() if self._sqlite is not None else None
         self._next_seq = 0
         self._closed = False
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
@@ -556,23 +560,20 @@ class RankWriter:
             if self._closed:
                 raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
             first = self._next_seq
-            rows = []
+            rows: list[Any] = []
             stored = []
             for offset, ((event, state, wall_time, mono_ns), payload) in enumerate(
                 zip(items, payloads, strict=True)
             ):
-                values: dict[str, Any] = {
-                    "run_id": self.run_id,
-                    "rank": self.rank,
-                    "seq": first + offset,
-                    "wall_time": wall_time,
-                    "mono_ns": mono_ns,
-                    "kind": event.kind,
-                    "version": event.version,
-                    "state": state,
-                    "data": payload,
-                }
-                rows.append(tuple(values[k] for k in self._order) if self._positional else values)
+                row = (self.run_id, self.rank, first + offset, wall_time, mono_ns, event.kind,
+                       event.version, state, payload)  # fmt: skip
+                if self._positional and self._order == _COLUMN_ORDER:
+                    rows.append(row)
+                else:
+                    values = dict(zip(_COLUMN_ORDER, row, strict=True))
+                    rows.append(
+                        tuple(values[k] for k in self._order) if self._positional else values
+                    )
                 stored.append(
                     StoredEvent(
                         run_id=self.run_id,
@@ -631,17 +632,14 @@ class RankWriter:
     def _insert_sqlite(self, rows: list[Any]) -> None:
         # The hot path: one append is BEGIN IMMEDIATE, INSERT, COMMIT on the driver connection
         # that SQLAlchemy opened, without the per-statement cost of its execution layer.
-        assert self._sqlite is not None
-        cur = self._sqlite.cursor()
-        try:
-            cur.execute("BEGIN IMMEDIATE")
-            if len(rows) == 1:
-                cur.execute(self._sql, rows[0])
-            else:
-                cur.executemany(self._sql, rows)
-            cur.execute("COMMIT")
-        finally:
-            cur.close()
+        assert self._cursor is not None
+        cur = self._cursor
+        cur.execute("BEGIN IMMEDIATE")
+        if len(rows) == 1:
+            cur.execute(self._sql, rows[0])
+        else:
+            cur.executemany(self._sql, rows)
+        cur.execute("COMMIT")
 
     def _rollback_sqlite(self) -> None:
         if self._sqlite is not None and self._sqlite.in_transaction:
@@ -651,6 +649,8 @@ class RankWriter:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._cursor is not None:
+                    self._cursor.close()
                 self._conn.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import deque
@@ -11,7 +12,14 @@ from typing import Any, Protocol
 
 import structlog
 
-from lifecycle.events import Event, StoredEvent
+from lifecycle.events import (
+    Event,
+    GateDecided,
+    PlanBuilt,
+    Stalled,
+    StoredEvent,
+    WarmupRecord,
+)
 from lifecycle.journal import RankWriter
 from lifecycle.states import State
 
@@ -130,26 +138,70 @@ class Recorder:
 
     def _emit_log(self, stored: StoredEvent) -> None:
         kind = stored.kind
-        method = (
-            self._log.debug
+        level = (
+            logging.DEBUG
             if kind in DEBUG_KINDS
-            else self._log.error
+            else logging.ERROR
             if kind in ERROR_KINDS
-            else self._log.warning
+            else logging.WARNING
             if kind in WARNING_KINDS
-            else self._log.info
+            else logging.INFO
         )
-        fields = {
-            f.name: _loggable(getattr(stored.event, f.name))
-            for f in dataclasses.fields(stored.event)
-            if f.name != "traceback"
-        }
-        method(kind, state=stored.state, seq=stored.seq, **fields)
+        enabled = getattr(self._log, "is_enabled_for", None)
+        if enabled is not None and not enabled(level):
+            return  # filtered out: do not build what nobody reads
+        self._log.log(level, kind, state=stored.state, seq=stored.seq, **log_fields(stored.event))
 
     def close(self) -> None:
         with self._lock:
             self._flush_locked()
             self._writer.close()
+
+
+def log_fields(event: Event) -> dict[str, Any]:
+    """What a log line shows of an event: its fields, with the bulky ones summarized (the
+    journal keeps every field)."""
+    match event:
+        case GateDecided():
+            return {
+                "skip_reason": event.skip_reason,
+                "local_skip_reason": event.local_skip_reason,
+                "failed_gates": [g.name for g in event.gates if not g.passed],
+                "device": event.platform.device,
+                "free_bytes": event.platform.free_bytes,
+                "peak_source": event.platform.peak_source,
+            }
+        case PlanBuilt():
+            return {
+                "skip_reason": event.skip_reason,
+                "requests": [
+                    f"{r.role} {r.width}x{r.height}x{r.frames} x{r.steps}" for r in event.requests
+                ],
+            }
+        case WarmupRecord():
+            return {
+                "role": event.role,
+                "shape": f"{event.width}x{event.height}x{event.frames}",
+                "steps": event.steps,
+                "total_s": round(event.total_s, 4),
+                "stages": {s.name: round(s.seconds, 4) for s in event.stages if s.ran},
+                "peak_bytes": event.peak_bytes,
+                "baseline_bytes": event.baseline_bytes,
+                "memory_source": event.memory_source,
+            }
+        case Stalled():
+            return {
+                "in_state_s": event.in_state_s,
+                "deadline_s": event.deadline_s,
+                "pending": _loggable(event.pending),
+                "threads": len(event.threads),
+            }
+        case _:
+            return {
+                f.name: _loggable(getattr(event, f.name))
+                for f in dataclasses.fields(event)
+                if f.name != "traceback"
+            }
 
 
 def _loggable(value: Any) -> Any:
