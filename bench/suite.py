@@ -38,6 +38,7 @@ MODULES = (
     "bench.journal",
     "bench.calibration",
     "bench.collectives",
+    "bench.replay",
 )
 
 _REGISTERED: list[Benchmark] = []

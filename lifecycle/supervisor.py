@@ -76,6 +76,7 @@ class RankGroup:
             r: RankFold(run_id=self.run_id, rank=r) for r in range(args.num_ranks)
         }
         self.first_settled_at: float | None = None
+        self.last_progress: dict[int, float] = {}  # monotonic time of each rank's last event
         journal = Journal.open_for_write(args.db)
         journal.create_run(
             run_row(args, run_id=self.run_id, created_at=created_at, command=spec.command)
@@ -109,6 +110,8 @@ class RankGroup:
             ):
                 fold.apply(stored)
                 new.append(stored)
+                if stored.kind != "heartbeat":
+                    self.last_progress[rank] = time.monotonic()
         new.sort(key=lambda s: s.wall_time)
         return new
 
@@ -171,20 +174,24 @@ def supervise(
     on_events: Callable[[list[StoredEvent]], None],
     keep_going: Callable[[], bool],
 ) -> None:
-    """Follow the ranks until every one settles, or until the others had the process-group
-    timeout (plus a margin) after the first settled; then end what is left."""
+    """Follow the ranks until every one settles; once one has, give the others the
+    process-group timeout (plus a margin) to settle too, and stop waiting early for a rank
+    that has journaled nothing but heartbeats for that long (hung: any collective it waited
+    in would have timed out). Then end what is left."""
     margin = group.args.dist_timeout_s + SETTLE_MARGIN_S
     while keep_going():
         on_events(group.poll())
         settled = group.settled()
         if all(settled):
             break
+        now = time.monotonic()
         if any(settled) and group.first_settled_at is None:
-            group.first_settled_at = time.monotonic()
-        if group.first_settled_at is not None and (
-            time.monotonic() - group.first_settled_at > margin
-        ):
-            break
+            group.first_settled_at = now
+        if group.first_settled_at is not None:
+            waiting = [r for r, done in enumerate(settled) if not done]
+            stuck = all(now - group.last_progress.get(r, 0.0) > margin for r in waiting)
+            if now - group.first_settled_at > margin or stuck:
+                break
         time.sleep(POLL_S)
     group.end()
     on_events(group.poll())

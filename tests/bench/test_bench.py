@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.conftest import REPO, run_cli
 
-# One row name per benchmark of issue 5, parts 1-4.
+# Row names of every benchmark of issue 5.
 ROW_NAMES = (
     "lifecycle overhead, bounded path: startup to ready",
     "lifecycle overhead, bounded path: per state",
@@ -21,6 +21,9 @@ ROW_NAMES = (
     "calibration cost, warmup, 4 ranks",
     "collective recording, durable (startup)",
     "collective recording, ring (after ready)",
+    "replay diagnose, 1,000 events (64 ranks)",
+    "replay show, 10,000 events (64 ranks)",
+    "replay --help cold start",
 )
 
 

@@ -207,8 +207,13 @@ def test_one_migration_head() -> None:
 
 def make_newer(path: Path) -> None:
     Journal.open_for_write(str(path)).close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '9999_future'")
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE alembic_version SET version_num = '9999_future'")
+    conn.commit()
+    # Fold the WAL into the file and close: a connection left to the garbage collector would
+    # checkpoint later, changing the bytes in the middle of the test.
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
 
 
 BAD_FILES = {

@@ -19,7 +19,7 @@ from typing import Any
 from lifecycle.journal import Journal
 
 BOOT_TIMEOUT_S = 120.0
-KILL_WINDOW_S = 3.0  # kills land this long after the rank's first journal event, at most
+KILL_WINDOW_S = 2.5  # kills land this long after the rank's first journal event, at most
 HEARTBEAT_S = 0.05
 
 
@@ -139,7 +139,7 @@ def check(
     culprits: tuple[int, ...] = ()
     if killed:
         # A crash is told from a live rank by silence: let the heartbeat interval pass.
-        quiet_until = (mine[-1].wall_time if mine else 0.0) + 1.0
+        quiet_until = (mine[-1].wall_time if mine else 0.0) + 0.6
         while time.time() < quiet_until:
             time.sleep(0.05)
         doc = _diagnose_json(db, run.run_id)

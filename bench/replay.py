@@ -1,0 +1,209 @@
+"""Replay: diagnose and show on synthetic 64-rank journals of growing size, and cold start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.stats import median
+from bench.suite import BenchError, Benchmark, Settings, progress
+from bench.table import Row, format_ratio, format_seconds, verdict
+
+RANKS = 64
+CFG = 2
+ULYSSES = RANKS // CFG
+RUN_ID = "bench-replay"
+COLD_START_TARGET_S = 0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timed:
+    seconds: float
+    peak_rss_bytes: int
+
+
+def build_journal(path: Path, events: int) -> None:
+    """A 64-rank run (CFG 2 x Ulysses 32) of `events` events: the states of a calibrated
+    startup, then collectives in each rank's Ulysses, CFG and world groups interleaved with
+    heartbeats, as a long-serving server's journal looks."""
+    from lifecycle.config import ServerArgs, args_to_json
+    from lifecycle.events import (
+        CollectiveFinished,
+        CollectiveStarted,
+        Event,
+        Heartbeat,
+        PendingCollective,
+        Transition,
+    )
+    from lifecycle.journal import Journal, RunRow
+
+    args = ServerArgs(num_ranks=RANKS, cfg_parallel=CFG, ulysses=ULYSSES, calibrate=True)
+    journal = Journal.open_for_write(str(path))
+    journal.create_run(
+        RunRow(
+            run_id=RUN_ID,
+            created_at=1.8e9,
+            host="bench",
+            world_size=RANKS,
+            config=args_to_json(args),
+            lifecycle_version="bench",
+        )
+    )
+    states = ("gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready")
+    per_rank = events // RANKS
+    for rank in range(RANKS):
+        cfg_rank, u = divmod(rank, ULYSSES)
+        groups = (
+            (f"ulysses{cfg_rank}", tuple(range(cfg_rank * ULYSSES, (cfg_rank + 1) * ULYSSES))),
+            (f"cfg{u}", tuple(c * ULYSSES + u for c in range(CFG))),
+            ("world", tuple(range(RANKS))),
+        )
+        seqs = {name: 0 for name, _ in groups}
+        writer = journal.writer(run_id=RUN_ID, rank=rank)
+        batch: list[tuple[Event, str, float, int]] = []
+        state, wall = "created", 1.8e9
+        step = per_rank // (len(states) + 1) or 1
+        i = 0
+        while i < per_rank:
+            wall += 0.01
+            name, members = groups[(i // 3) % len(groups)]
+            event: Event
+            if i % step == 0 and i // step < len(states):
+                dest = states[i // step]
+                event = Transition(trigger="t", source=state, dest=dest)
+                state = dest
+            elif i % 3 == 0:
+                event = Heartbeat(
+                    uptime_s=wall - 1.8e9, in_state_s=1.0,
+                    pending=PendingCollective(group=name, group_seq=seqs[name], op="all_to_all",
+                                              purpose="ulysses-qkv", waiting_s=0.0),
+                )  # fmt: skip
+            elif i % 3 == 1:
+                size = len(members)
+                event = CollectiveStarted(
+                    group=name, group_ranks=members, group_seq=seqs[name], op="all_to_all",
+                    purpose="ulysses-qkv", dtype="bfloat16", shapes=((size, 1, 128, 3, 4, 64),) * 2,
+                    input_splits=(1536,) * size, output_splits=(1536,) * size, timeout_s=600.0,
+                )  # fmt: skip
+            else:
+                event = CollectiveFinished(
+                    group=name, group_seq=seqs[name], op="all_to_all", duration_s=0.002
+                )
+                seqs[name] += 1
+            batch.append((event, state, wall, i))
+            i += 1
+            if len(batch) >= 4000:
+                writer.append_batch(batch)
+                batch = []
+        if batch:
+            writer.append_batch(batch)
+        writer.close()
+    journal.close()
+
+
+def timed(argv: list[str], *, cwd: Path) -> Timed:
+    """Wall time and the peak resident memory of one child process."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if proc.returncode not in (0, 1):
+        raise BenchError(f"{' '.join(argv[2:5])} exited {proc.returncode}: {stderr[-500:]}")
+    return Timed(seconds=seconds, peak_rss_bytes=usage.ru_maxrss * 1024)
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.0f} MiB"
+
+
+def measure(settings: Settings) -> list[Row]:
+    sizes = (1_000, 10_000) if settings.quick else (10_000, 100_000, 1_000_000)
+    repeats = 2 if settings.quick else 3
+    journals = {}
+    for size in sizes:
+        path = settings.workdir / f"replay-{size}.db"
+        progress(f"replay: writing a {RANKS}-rank journal of {size:,} events")
+        started = time.perf_counter()
+        build_journal(path, size)
+        progress(f"replay: wrote it in {time.perf_counter() - started:.1f} s")
+        journals[size] = path
+    rows: list[Row] = []
+    for command in ("diagnose", "show"):
+        results: dict[int, list[Timed]] = {size: [] for size in sizes}
+        for _ in range(repeats):  # sizes interleaved, repeated
+            for size in sizes:
+                argv = [sys.executable, "-m", "replay", command, RUN_ID, str(journals[size])]
+                results[size].append(timed(argv, cwd=settings.workdir))
+        smallest = sizes[0]
+        base_per_event = median([t.seconds for t in results[smallest]]) / smallest
+        base_rss = median([t.peak_rss_bytes for t in results[smallest]])
+        for size in sizes:
+            seconds = median([t.seconds for t in results[size]])
+            rss = median([t.peak_rss_bytes for t in results[size]])
+            per_event = seconds / size
+            rows.append(
+                Row(
+                    figure=f"replay {command}, {size:,} events ({RANKS} ranks)",
+                    value=f"{format_seconds(seconds)}, peak {_mib(rss)}",
+                    baseline="-"
+                    if size == smallest
+                    else f"{format_seconds(base_per_event)}/event at {smallest:,}",
+                    ratio="-"
+                    if size == smallest
+                    else f"{format_ratio(per_event / base_per_event)}"
+                    f" time/event, {format_ratio(rss / base_rss)} memory",
+                    target="linear time, flat memory"
+                    if size == smallest
+                    else verdict(
+                        "time/event <= 1.25x, memory <= 1.25x",
+                        met=per_event <= 1.25 * base_per_event and rss <= 1.25 * base_rss,
+                    ),
+                    how=f"`python -m replay {command}` as a child process on a synthetic journal"
+                    f" (CFG {CFG} x Ulysses {ULYSSES}: heartbeats and all-to-alls in each rank's"
+                    f" groups); median of {repeats}, sizes interleaved; peak RSS from wait4;"
+                    f" {format_seconds(per_event)}/event",
+                )
+            )
+    rows.append(_cold_start(settings))
+    return rows
+
+
+def _cold_start(settings: Settings) -> Row:
+    pairs = 5 if settings.quick else 15
+    help_s, bare_s = [], []
+    for _ in range(pairs):
+        bare_s.append(timed([sys.executable, "-c", "pass"], cwd=settings.workdir).seconds)
+        help_s.append(
+            timed([sys.executable, "-m", "replay", "--help"], cwd=settings.workdir).seconds
+        )
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, replay.cli, replay.load, replay.diagnose; print('torch' in sys.modules)"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    torch_imported = probe.stdout.strip() == "True"
+    value = median(help_s)
+    baseline = median(bare_s)
+    return Row(
+        figure="replay --help cold start",
+        value=format_seconds(value),
+        baseline=f"{format_seconds(baseline)} (python -c pass)",
+        ratio=format_ratio(value / baseline),
+        target=verdict(
+            f"< {COLD_START_TARGET_S} s, no torch import",
+            met=value < COLD_START_TARGET_S and not torch_imported,
+        ),
+        how=f"median of {pairs} interleaved pairs of child processes;"
+        f" torch imported by replay's modules: {'yes' if torch_imported else 'no'}",
+    )
+
+
+BENCHMARK = Benchmark(name="replay", measure=measure)
