@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ def build_journal(path: Path, events: int) -> None:
     """A 64-rank run (CFG 2 x Ulysses 32) of `events` events: the states of a calibrated
     startup, then collectives in each rank's Ulysses, CFG and world groups interleaved with
     heartbeats, as a long-serving server's journal looks."""
-    from lifecycle.config import ServerArgs, args_to_json
+    from lifecycle.config import MODEL_PRESETS, ServerArgs, args_to_json
     from lifecycle.events import (
         CollectiveFinished,
         CollectiveStarted,
@@ -41,7 +42,11 @@ def build_journal(path: Path, events: int) -> None:
     )
     from lifecycle.journal import Journal, RunRow
 
-    args = ServerArgs(num_ranks=RANKS, cfg_parallel=CFG, ulysses=ULYSSES, calibrate=True)
+    # A model with enough heads for Ulysses 32, as the field's large video models have.
+    model = dataclasses.replace(MODEL_PRESETS["tiny-video"], attention_heads=ULYSSES)
+    args = ServerArgs(
+        model=model, num_ranks=RANKS, cfg_parallel=CFG, ulysses=ULYSSES, calibrate=True
+    )
     journal = Journal.open_for_write(str(path))
     journal.create_run(
         RunRow(

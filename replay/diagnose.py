@@ -123,8 +123,13 @@ def _status(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Stat
         return Status.HUNG if current_stalled else Status.STOPPED
     reference = analysis.end_wall if now is None else max(now, analysis.end_wall)
     # Dead: silent for several heartbeat intervals, or silent while peers heartbeat on (a
-    # live rank writes one every interval from its own thread, blocked or not).
-    if reference - last > quiet or analysis.heartbeats_after(last, besides=view.rank) >= 2:
+    # live rank writes one every interval from its own thread, blocked or not), or its peers
+    # finished collectives with it that it never journaled (its journal was cut off).
+    if (
+        reference - last > quiet
+        or analysis.heartbeats_after(last, besides=view.rank) >= 2
+        or _cut_off(view, analysis)
+    ):
         return Status.CRASHED
     if view.pending is not None:
         return Status.BLOCKED
@@ -132,6 +137,18 @@ def _status(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Stat
     if current_stalled or last - progress > max(analysis.state_deadline_s, 10 * interval):
         return Status.HUNG
     return Status.RUNNING
+
+
+def _cut_off(view: RankView, analysis: RunAnalysis) -> bool:
+    """Peers finished a collective with this rank that it never journaled starting: with
+    write-ahead that only happens when the rank's journal lost its end."""
+    for group in analysis.groups.values():
+        if view.rank not in group.members:
+            continue
+        mine = group.started_by(view.rank)
+        if any(group.finished_by(m) > mine for m in group.members if m != view.rank):
+            return True
+    return False
 
 
 def _pending(view: RankView, analysis: RunAnalysis) -> PendingInfo | None:
@@ -195,6 +212,8 @@ def _verdict(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Ran
         notes.append(
             f"journal ends at +{analysis.at(view.last_wall or 0.0):.2f} s with no heartbeat after"
         )
+        if _cut_off(view, analysis):
+            notes.append("its peers finished collectives with it that it never journaled")
     if status is Status.HUNG:
         notes.append(f"no progress in {view.state}, heartbeats go on")
     return RankVerdict(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.crash import kill_loop
+from bench.crash import kill_loop
 
 pytestmark = [pytest.mark.ranks]
 
