@@ -202,12 +202,19 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
             ]
         )
     lines.extend("  " + line for line in table(["at", "state", "for", ""], rows).splitlines())
+    fit = view.plan.probe_fit if view.plan is not None else None
     for record in view.warmup_records:
         stages = ", ".join(f"{s.name} {s.seconds:.2f}" for s in record.stages if s.ran)
         grew = (
             ""
             if record.peak_bytes is None or record.baseline_bytes is None
-            else f" (+{mib(record.peak_bytes - record.baseline_bytes)})"
+            else f" (+{mib(record.peak_bytes - record.baseline_bytes)}"
+            + (
+                f", estimated +{mib(fit.estimated_peak_bytes)}"
+                if record.role == "probe" and fit is not None
+                else ""
+            )
+            + ")"
         )
         lines.append(
             f"  warmup {record.role:<7} {record.width}x{record.height}x{record.frames} at"

@@ -77,9 +77,7 @@ def test_warmup_mode_none_plans_nothing() -> None:
 
 
 def sized(resident: int, per_token: int, per_pixel: int) -> ServerArgs:
-    memory = MemoryModel(
-        resident_bytes=resident, bytes_per_token=per_token, bytes_per_pixel=per_pixel
-    )
+    memory = MemoryModel(fixed_bytes=resident, bytes_per_token=per_token, bytes_per_pixel=per_pixel)
     return ServerArgs(model=dataclasses.replace(TINY, memory=memory), calibrate=True)
 
 
