@@ -7,15 +7,14 @@ import os
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.zygote import Zygote
 from lifecycle.journal import Journal
 
 BOOT_TIMEOUT_S = 120.0
@@ -43,20 +42,17 @@ class KillResult:
         return self.problem is None
 
 
-def _rank_pid(launcher: subprocess.Popen[bytes], rank: int) -> int | None:
-    """The pid of the launcher's child that runs `rank`."""
-    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+def _rank_pid(db: Path, rank: int) -> int | None:
+    """The pid `rank` journaled in its run_started event."""
+    from lifecycle.events import RunStarted
+
+    journal = Journal.open_for_read(str(db))
     try:
-        pids = [int(p) for p in children.read_text().split()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ:
-            return pid
+        for stored in journal.read(rank=rank):
+            if isinstance(stored.event, RunStarted):
+                return stored.event.pid
+    finally:
+        journal.close()
     return None
 
 
@@ -76,28 +72,26 @@ def _first_event_seen(db: Path, rank: int, deadline: float) -> bool:
     return False
 
 
-def kill_once(root: Path, index: int, *, ranks: int, seed: int) -> KillResult:
+def kill_once(zygote: Zygote, root: Path, index: int, *, ranks: int, seed: int) -> KillResult:
     """One startup, one SIGKILL of its last rank, then the checks."""
     rng = random.Random(seed * 100_003 + index)
     where = root / f"kill-{ranks}r-{index}"
     where.mkdir(parents=True, exist_ok=True)
     db = where / "j.db"
     victim = ranks - 1
-    args = [
-        sys.executable, "-m", "lifecycle.cli", "boot", "--model", "micro-video", "--calibrate",
-        "--db", str(db), "--num-ranks", str(ranks), "--heartbeat-interval", str(HEARTBEAT_S),
+    argv = [
+        "boot", "--model", "micro-video", "--calibrate", "--db", str(db),
+        "--num-ranks", str(ranks), "--heartbeat-interval", str(HEARTBEAT_S),
         "--dist-timeout", "10", "--log-level", "error",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen(args, cwd=where, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = zygote.start(argv, cwd=where)
     delay = rng.uniform(0.0, KILL_WINDOW_S)
     killed = False
     try:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         if _first_event_seen(db, victim, deadline):
             time.sleep(delay)  # the random moment is the point of the test
-            pid = proc.pid if ranks == 1 else _rank_pid(proc, victim)
+            pid = proc.pid if ranks == 1 else _rank_pid(db, victim)
             if pid is not None and proc.poll() is None:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -171,19 +165,26 @@ def _diagnose_json(db: Path, run_id: str) -> dict[str, Any]:
 
 
 def kill_loop(
-    root: Path, *, kills: int, seed: int, two_rank_share: float = 0.2, parallel: int = 4
+    root: Path, *, kills: int, seed: int, two_rank_share: float = 0.1, parallel: int = 4
 ) -> Iterator[KillResult]:
     """Kill until `kills` kills landed (a startup that finished first does not count)."""
     landed = 0
     index = 0
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        while landed < kills:
-            batch = []
-            for _ in range(parallel):
-                ranks = 2 if random.Random(seed + index).random() < two_rank_share else 1
-                batch.append(pool.submit(kill_once, root, index, ranks=ranks, seed=seed))
-                index += 1
-            for future in batch:
-                result = future.result()
-                landed += result.killed
-                yield result
+    # Startups are forked from one process that imported lifecycle and torch already: the
+    # same `lifecycle boot` entry, without an import per kill.
+    zygote = Zygote()
+    try:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            running: set[Future[KillResult]] = set()
+            while landed < kills or running:
+                while landed + len(running) < kills and len(running) < parallel:
+                    ranks = 2 if random.Random(seed + index).random() < two_rank_share else 1
+                    running.add(pool.submit(kill_once, zygote, root, index, ranks=ranks, seed=seed))
+                    index += 1
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    result = future.result()
+                    landed += result.killed
+                    yield result
+    finally:
+        zygote.close()

@@ -131,7 +131,7 @@ def _mib(value: float) -> str:
 
 def measure(settings: Settings) -> list[Row]:
     sizes = (1_000, 10_000) if settings.quick else (10_000, 100_000, 1_000_000)
-    repeats = 2 if settings.quick else 3
+    repeats = 1 if settings.quick else 3
     journals = {}
     for size in sizes:
         path = settings.workdir / f"replay-{size}.db"

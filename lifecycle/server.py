@@ -34,6 +34,7 @@ from lifecycle.supervisor import POLL_S, LaunchOptions, RankGroup
 MAX_BODY_BYTES = 64 * 1024
 # How long /generate waits for the ranks beyond the process-group timeout.
 REQUEST_MARGIN_S = 120.0
+STOP_GRACE_S = 10.0  # how long serving ranks get to stop on request before SIGTERM
 
 
 @dataclass
@@ -378,11 +379,15 @@ def serve_http(
         stop = {"op": "stop", "reason": "launcher stopping", "signal": None}
         if received:
             stop.update(reason=f"launcher received {received[0]}", signal=received[0])
-        for link in control.snapshot().values():
+        # Ranks in their serve loop stop on the message and journal why; the others (still
+        # booting, or failed and lingering) never read it and get SIGTERM from group.end().
+        serving = {r for r, link in control.snapshot().items() if link.ready.is_set()}
+        for rank in serving:
             with contextlib.suppress(OSError):
-                link.connection.send(stop)
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and any(c is None for c in group.exit_codes()):
+                control.links[rank].connection.send(stop)
+        deadline = time.monotonic() + STOP_GRACE_S
+        codes = group.exit_codes
+        while time.monotonic() < deadline and any(codes()[r] is None for r in serving):
             time.sleep(POLL_S)
         group.end()
         service.stop_following()
