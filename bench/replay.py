@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import time
@@ -110,19 +109,36 @@ def build_journal(path: Path, events: int) -> None:
     journal.close()
 
 
+# Runs one replay command and reports its own peak RSS (VmHWM) on the last stderr line. The
+# rusage of a child counts the memory of the parent it was forked from (this benchmark's
+# process, with torch), so the child measures itself instead.
+_MEASURED = """
+import re, sys
+from replay.cli import main
+try:
+    status = main(sys.argv[1:])
+finally:
+    status_text = open("/proc/self/status").read()
+    print("vmhwm", int(re.search(r"VmHWM:\\s+(\\d+)", status_text).group(1)) * 1024,
+          file=sys.stderr)
+sys.exit(status)
+"""
+
+
 def timed(argv: list[str], *, cwd: Path) -> Timed:
-    """Wall time and the peak resident memory of one child process."""
+    """Wall time and the peak resident memory of one replay command in a child process."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURED, *argv], cwd=cwd, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, timeout=3600, check=False,
+    )  # fmt: skip
     seconds = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    if proc.returncode not in (0, 1):
-        raise BenchError(f"{' '.join(argv[2:5])} exited {proc.returncode}: {stderr[-500:]}")
-    return Timed(seconds=seconds, peak_rss_bytes=usage.ru_maxrss * 1024)
+    last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    if done.returncode not in (0, 1) or not last.startswith("vmhwm "):
+        raise BenchError(
+            f"replay {' '.join(argv[:2])} exited {done.returncode}: {done.stderr[-500:]}"
+        )
+    return Timed(seconds=seconds, peak_rss_bytes=int(last.split()[1]))
 
 
 def _mib(value: float) -> str:
@@ -145,7 +161,7 @@ def measure(settings: Settings) -> list[Row]:
         results: dict[int, list[Timed]] = {size: [] for size in sizes}
         for _ in range(repeats):  # sizes interleaved, repeated
             for size in sizes:
-                argv = [sys.executable, "-m", "replay", command, RUN_ID, str(journals[size])]
+                argv = [command, RUN_ID, str(journals[size])]
                 results[size].append(timed(argv, cwd=settings.workdir))
         smallest = sizes[0]
         base_per_event = median([t.seconds for t in results[smallest]]) / smallest
@@ -171,9 +187,10 @@ def measure(settings: Settings) -> list[Row]:
                         "time/event <= 1.25x, memory <= 1.25x",
                         met=per_event <= 1.25 * base_per_event and rss <= 1.25 * base_rss,
                     ),
-                    how=f"`python -m replay {command}` as a child process on a synthetic journal"
+                    how=f"`replay {command}` in a child process on a synthetic journal"
                     f" (CFG {CFG} x Ulysses {ULYSSES}: heartbeats and all-to-alls in each rank's"
-                    f" groups); median of {repeats}, sizes interleaved; peak RSS from wait4;"
+                    f" groups); median of {repeats}, sizes interleaved; peak RSS is the child's"
+                    f" VmHWM;"
                     f" {format_seconds(per_event)}/event",
                 )
             )
@@ -181,14 +198,18 @@ def measure(settings: Settings) -> list[Row]:
     return rows
 
 
+def _wall(argv: list[str], *, cwd: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, timeout=60, check=True)
+    return time.perf_counter() - started
+
+
 def _cold_start(settings: Settings) -> Row:
     pairs = 5 if settings.quick else 15
     help_s, bare_s = [], []
     for _ in range(pairs):
-        bare_s.append(timed([sys.executable, "-c", "pass"], cwd=settings.workdir).seconds)
-        help_s.append(
-            timed([sys.executable, "-m", "replay", "--help"], cwd=settings.workdir).seconds
-        )
+        bare_s.append(_wall([sys.executable, "-c", "pass"], cwd=settings.workdir))
+        help_s.append(_wall([sys.executable, "-m", "replay", "--help"], cwd=settings.workdir))
     probe = subprocess.run(
         [sys.executable, "-c",
          "import sys, replay.cli, replay.load, replay.diagnose; print('torch' in sys.modules)"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -49,7 +49,6 @@ class RankRuntime:
     platform: Platform | None = None
     plan: WarmupPlan | None = None
     dropped_buffers: bool = False
-    results: list[RequestResult] = field(default_factory=list)
 
     @property
     def decodes(self) -> bool:
@@ -153,7 +152,6 @@ class StartupActions:
             device=rt.device,
             decode=rt.decodes,
         )
-        rt.results.append(result)
         rt.recorder.record(
             WarmupRecord(
                 role=request.role.value,

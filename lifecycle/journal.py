@@ -126,7 +126,11 @@ EMPTY = "empty"
 
 def _schema_revision(conn: Connection, location: str) -> str:
     """The journal's revision, or EMPTY for a database with no tables at all."""
-    tables = set(inspect(conn).get_table_names())
+    if conn.dialect.name == "sqlite":
+        rows = conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'table'")
+        tables = {str(name) for (name,) in rows}
+    else:
+        tables = set(inspect(conn).get_table_names())
     if "alembic_version" not in tables:
         if not tables:
             return EMPTY
@@ -304,6 +308,15 @@ class Journal:
                 raise _translate(exc, location) from None
             finally:
                 probe.dispose()
+            if revision == head_revision():
+                # Our journal, current: nothing to create, no lock to take.
+                return cls(
+                    engine=_sqlite_engine(path, write=True),
+                    location=location,
+                    url=url,
+                    writable=True,
+                    revision=revision,
+                )
             if not upgrade:
                 _check_head(revision, location)
         with _creation_lock(path):

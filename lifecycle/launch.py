@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 
 from lifecycle.config import ServerArgs
 from lifecycle.errors import ConfigError
@@ -77,13 +76,11 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
     session = RankSession(
         args, RankLaunch(run_id=run_id, rank=0, local_ranks=1, distributed=False), recorder
     )
-    done = threading.Event()
 
     def on_signal(sig: signal.Signals) -> None:
-        session.stop(reason="signal", signal_name=sig.name)
-        session.close()
+        status = session.shutdown_by_signal(sig)
         sys.stdout.flush()
-        os._exit(128 + int(sig))
+        os._exit(status)
 
     watch_shutdown_signals(on_signal)
     state = session.boot()
@@ -91,5 +88,4 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
         session.stop(reason="boot complete")
     session.close()
     journal.close()
-    done.set()
     return EXIT_READY if state is State.READY else EXIT_FAILED

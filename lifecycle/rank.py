@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform as pyplatform
+import signal
 import socket
 import threading
 import time
@@ -270,6 +271,19 @@ class RankSession:
             )
             if self.machine.state is State.READY:
                 self.fire(Trigger.STOP)
+
+    def shutdown_by_signal(self, sig: signal.Signals) -> int:
+        """Journal a shutdown by `sig` and close; the exit status to leave with.
+
+        A rank that had already stopped cleanly was only hurried out of its teardown: it
+        records nothing more and leaves with 0.
+        """
+        with self._fire_lock:
+            if self.machine.state is State.STOPPED:
+                return 0
+            self.stop(reason="signal", signal_name=sig.name)
+        self.close()
+        return 128 + int(sig)
 
     def linger(self, seconds: float, *, until: threading.Event) -> None:
         """Stay alive (heartbeating) after a failure so that peers block as they would under

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -144,7 +145,13 @@ class RankGroup:
                 proc.send_signal(sig)
 
     def end(self) -> None:
-        """SIGTERM what is still running (each rank journals its shutdown), then SIGKILL."""
+        """Let ranks that journaled `stopped` finish their teardown, SIGTERM what is still
+        running (each rank journals its shutdown), then SIGKILL."""
+        deadline = time.monotonic() + TERM_GRACE_S
+        for rank, proc in enumerate(self.procs):
+            if self._folds[rank].state == State.STOPPED:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + TERM_GRACE_S
         for proc in self.procs:

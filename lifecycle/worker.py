@@ -153,10 +153,8 @@ def run_rank_process(
     stop = threading.Event()
 
     def on_signal(sig: signal.Signals) -> None:
-        session.stop(reason="signal", signal_name=sig.name)
         stop.set()
-        session.close()
-        os._exit(128 + int(sig))
+        os._exit(session.shutdown_by_signal(sig))
 
     watch_shutdown_signals(on_signal)
     state = session.boot()
