@@ -250,8 +250,9 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
     how = (
         f"in process, {sized.model}, {work}; median of {sized.pairs} interleaved pairs"
         f" ({sized.discard} discarded). A: Journal.open_for_write on a SQLite file, run row,"
-        " Recorder, RankSession.boot() with heartbeat thread, structlog console renderer at"
-        " info to a file; B: Comm + build_pipeline + run_request per request"
+        " Recorder, RankSession.boot() with heartbeat thread, structlog at info to a file"
+        " (logfmt, as the CLI renders when stderr is not a terminal);"
+        " B: Comm + build_pipeline + run_request per request"
         f"{' + staging drop' if plan.calibration_open else ''}; no smoke request;"
         f" outputs {'identical' if same_output else 'DIFFER'} (checksums)"
     )
@@ -301,8 +302,9 @@ def measure(settings: Settings) -> list[Row]:
 
     torch.manual_seed(0)
     with _log_stream(settings.workdir) as stream:
-        # As the CLI configures it (console renderer, info level), to a file so that the
-        # table stays readable; the rendering cost is measured with the rest.
+        # As the CLI configures it at info level with stderr redirected (a server's usual
+        # case: logfmt lines), to a file so that the table stays readable; the rendering cost
+        # is measured with the rest.
         configure_logging(json=False, level="info", stream=stream)
         try:
             return [

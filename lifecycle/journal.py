@@ -48,7 +48,7 @@ LOCKED_RETRIES = 5
 _COLUMN_ORDER = (
     "run_id", "rank", "seq", "wall_time", "mono_ns", "kind", "version", "state", "data"
 )  # fmt: skip
-READ_CACHE_KIB = 512
+READ_CACHE_KIB = 128
 READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
 REQUIRED_TABLES = frozenset({"runs", "events"})
 
@@ -209,7 +209,8 @@ def _sqlite_engine(path: Path, *, write: bool) -> Engine:
         cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         if not write:
             # A reader may hold one connection per rank at once (replay merges the streams);
-            # a small page cache each keeps its memory flat whatever the journal's size.
+            # a small page cache each (READ_CACHE_KIB) bounds its memory by the rank count,
+            # whatever the journal's size.
             cur.execute(f"PRAGMA cache_size=-{READ_CACHE_KIB}")
         if write:
             cur.execute("PRAGMA journal_mode=WAL")
@@ -249,6 +250,15 @@ class Journal:
         self.writable = writable
         self.revision = revision
         self.malformed_rows: list[str] = []
+        # A writable SQLite journal keeps one connection open while it is open: SQLite
+        # checkpoints and deletes the WAL when its last connection closes, and short-lived
+        # connections (the run row) would otherwise pay that, and the next writer would pay
+        # for a new WAL, on the startup path.
+        self._keeper: Any = (
+            engine.raw_connection()
+            if writable and engine.dialect.name == "sqlite" and url.startswith("sqlite:")
+            else None
+        )
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -350,6 +360,9 @@ class Journal:
             raise _translate(exc, location) from None
 
     def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
         self.engine.dispose()
 
     def __enter__(self) -> Journal:

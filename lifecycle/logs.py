@@ -12,13 +12,18 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 def configure_logging(*, json: bool, level: str = "info", stream: TextIO | None = None) -> None:
-    """Human console lines by default, JSON lines with `json`; both go to stderr."""
+    """Console lines on a terminal, logfmt lines elsewhere (a file, a pipe, a log collector:
+    greppable and several times cheaper to render), JSON lines with `json`; all to stderr."""
     out = stream or sys.stderr
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
-        if json
-        else structlog.dev.ConsoleRenderer(colors=out.isatty())
-    )
+    renderer: structlog.typing.Processor
+    if json:
+        renderer = structlog.processors.JSONRenderer()
+    elif out.isatty():
+        renderer = structlog.dev.ConsoleRenderer(colors=True)
+    else:
+        renderer = structlog.processors.LogfmtRenderer(
+            key_order=["timestamp", "level", "event"], drop_missing=True
+        )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
