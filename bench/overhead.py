@@ -200,7 +200,7 @@ def _log_stream(workdir: Path) -> TextIO:
 def _sized(settings: Settings, *, calibrate: bool) -> Sized:
     if settings.quick:
         return Sized(model="micro-video", pairs=2 if calibrate else 4, discard=1)
-    return Sized(model="tiny-video", pairs=5 if calibrate else 9, discard=1)
+    return Sized(model="tiny-video", pairs=7 if calibrate else 21, discard=1)
 
 
 def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
@@ -234,7 +234,7 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
     same_output = {b.work.checksums for b in boots} == {w.checksums for w in plain_work}
     kept = boots[sized.discard :]
     entered = max(b.states for b in kept)
-    ratio = paired.ratio
+    ratio = paired.paired_ratio
     overhead_s = paired.difference
     per_state_s = overhead_s / entered
     direct_s = median([b.setup_s + b.record_s for b in kept])
@@ -248,8 +248,10 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
         f" ({', '.join(f'{r.role.value} {r.shape}x{r.steps}' for r in requests)})"
     )
     how = (
-        f"in process, {sized.model}, {work}; median of {sized.pairs} interleaved pairs"
-        f" ({sized.discard} discarded). A: Journal.open_for_write on a SQLite file, run row,"
+        f"in process, {sized.model}, {work}; {sized.pairs} interleaved pairs"
+        f" ({sized.discard} discarded), values are medians, the ratio is the median of the"
+        f" paired ratios A/B (ratio of the medians: {format_ratio(paired.ratio)})."
+        " A: Journal.open_for_write on a SQLite file, run row,"
         " Recorder, RankSession.boot() with heartbeat thread, structlog at info to a file"
         " (logfmt, as the CLI renders when stderr is not a terminal);"
         " B: Comm + build_pipeline + run_request per request"

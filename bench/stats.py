@@ -21,6 +21,12 @@ class Paired:
         return median(self.a) / median(self.b)
 
     @property
+    def paired_ratio(self) -> float:
+        """The median of the paired ratios a[i] / b[i]: the ratio that goes with
+        `difference`, as little moved by drift as it is."""
+        return median([x / y for x, y in zip(self.a, self.b, strict=True)])
+
+    @property
     def difference(self) -> float:
         """The median of the paired differences a[i] - b[i]: less noisy than a difference of
         medians when the machine's speed drifts during the run."""
