@@ -255,9 +255,7 @@ class Journal:
         # connections (the run row) would otherwise pay that, and the next writer would pay
         # for a new WAL, on the startup path.
         self._keeper: Any = (
-            engine.raw_connection()
-            if writable and engine.dialect.name == "sqlite" and url.startswith("sqlite:")
-            else None
+            engine.raw_connection() if writable and engine.dialect.name == "sqlite" else None
         )
 
     # -- opening -------------------------------------------------------------------------------

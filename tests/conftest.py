@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -56,6 +57,20 @@ def lifecycle_cli(tmp_path: Path) -> Callable[..., Completed]:
 
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def make_newer_journal(path: Path, revision: str = "0999_future") -> None:
+    """A journal of this lifecycle whose recorded schema revision is one it does not know."""
+    from lifecycle.journal import Journal
+
+    Journal.open_for_write(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+    conn.commit()
+    # Fold the WAL into the file and close: a connection left to the garbage collector would
+    # checkpoint later, changing the bytes in the middle of the test.
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
 
 
 def processes_in(directory: Path) -> list[int]:

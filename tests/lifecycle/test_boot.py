@@ -17,7 +17,7 @@ from lifecycle.events import (
 )
 from lifecycle.fold import fold_run
 from lifecycle.journal import Journal
-from tests.conftest import Completed, file_digest
+from tests.conftest import Completed, file_digest, make_newer_journal
 
 
 def only_run(db: Path) -> list:  # type: ignore[type-arg]
@@ -146,15 +146,8 @@ def test_a_journal_from_a_newer_lifecycle_is_refused_untouched(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """A journal at an unknown (newer) revision is refused in one line; nothing is written."""
-    import sqlite3
-
     db = tmp_path / "j.db"
-    Journal.open_for_write(str(db)).close()
-    conn = sqlite3.connect(db)
-    conn.execute("UPDATE alembic_version SET version_num = '0099_from_the_future'")
-    conn.commit()
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
+    make_newer_journal(db, "0099_from_the_future")
     before = file_digest(db)
     result = lifecycle_cli("boot", "--db", str(db), timeout=60)
     assert result.returncode == 2

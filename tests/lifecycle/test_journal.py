@@ -24,7 +24,7 @@ from lifecycle.journal import (
     known_revisions,
     script_revisions,
 )
-from tests.conftest import REPO, file_digest
+from tests.conftest import REPO, file_digest, make_newer_journal
 from tests.strategies import rank_streams
 
 
@@ -205,22 +205,11 @@ def test_one_migration_head() -> None:
     assert result.stdout.strip().splitlines() == [f"{head_revision()} (head)"]
 
 
-def make_newer(path: Path) -> None:
-    Journal.open_for_write(str(path)).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE alembic_version SET version_num = '9999_future'")
-    conn.commit()
-    # Fold the WAL into the file and close: a connection left to the garbage collector would
-    # checkpoint later, changing the bytes in the middle of the test.
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-
-
 BAD_FILES = {
     "text": lambda p: p.write_text("this is not a database\n"),
     "truncated": lambda p: p.write_bytes(b"SQLite format 3\x00" + b"\x10\x00" + b"\x00" * 200),
     "foreign": lambda p: sqlite3.connect(p).executescript("CREATE TABLE photos (id INTEGER);"),
-    "newer": make_newer,
+    "newer": make_newer_journal,
 }  # fmt: skip
 
 
@@ -243,7 +232,7 @@ def test_bad_files_are_refused_and_left_untouched(tmp_path: Path, kind: str, mod
 def test_a_newer_revision_says_to_upgrade_lifecycle(tmp_path: Path) -> None:
     """The refusal names the revision found and what to do."""
     path = tmp_path / "newer.db"
-    make_newer(path)
+    make_newer_journal(path, "9999_future")
     with pytest.raises(SchemaMismatch, match=r"9999_future.*newer lifecycle"):
         Journal.open_for_write(str(path))
 

@@ -14,18 +14,8 @@ from hypothesis import strategies as st
 
 from lifecycle.errors import FaultSpecError
 from lifecycle.faults import FaultKind, FaultSpec, parse_fault
-from lifecycle.journal import Journal
-from tests.conftest import REPO, Completed, file_digest, run_cli
+from tests.conftest import REPO, Completed, file_digest, make_newer_journal, run_cli
 from tests.replay.builder import JournalBuilder, a2a, beat
-
-
-def make_newer(path: Path) -> None:
-    Journal.open_for_write(str(path)).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE alembic_version SET version_num = '0999_future'")
-    conn.commit()
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
 
 
 def make_truncated(path: Path) -> None:
@@ -45,7 +35,7 @@ BAD_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
         lambda p: sqlite3.connect(p).executescript("CREATE TABLE songs (title TEXT);"),
         "a database of another program (songs)",
     ),
-    "newer": (make_newer, "0999_future"),
+    "newer": (make_newer_journal, "0999_future"),
 }
 
 
