@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
+from lifecycle.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
 from lifecycle.comm import Comm
 from lifecycle.config import RankLayout, ServerArgs, Shape, SmokeRequest
 from lifecycle.device import MemoryMeter, probe_platform, release_cache
 from lifecycle.events import RequestFinished, RequestStarted, WarmupRecord
-from lifecycle.gates import GATES, Platform, calibration_skip_reason, evaluate_gates
+from lifecycle.gates import Platform, calibration_skip_reason, evaluate_gates
 from lifecycle.pipeline import Pipeline, build_pipeline
 from lifecycle.plan import (
     PROBE_DOES_NOT_FIT,
@@ -93,13 +94,10 @@ class StartupActions:
         rt.platform = platform
         outcomes = evaluate_gates(args, platform)
         local_reason = calibration_skip_reason(args, platform)
-        # The first failing gate's index (len(GATES) when all pass); the smallest index wins,
-        # so the ranks close calibration together if any one of them closes it.
-        first_failed = next((i for i, o in enumerate(outcomes) if not o.passed), len(GATES))
-        decision = torch.tensor([first_failed], dtype=torch.int64)
+        # Exchanging the minimum is enough: agreed_skip_reason takes the earliest failing gate.
+        decision = torch.tensor([first_failed_gate(outcomes)], dtype=torch.int64)
         world.all_reduce(decision, op="min", purpose="gate-agree")
-        agreed = int(decision.item())
-        skip_reason = None if agreed == len(GATES) else GATES[agreed].reason
+        skip_reason = agreed_skip_reason([int(decision.item())])
         rt.recorder.record(
             gate_decided(
                 outcomes=outcomes,
@@ -126,12 +124,9 @@ class StartupActions:
         )
         everyone = torch.empty((world.size, 3), dtype=torch.int64)
         world.all_gather(everyone, local, purpose="probe-agree")
-        shapes = [
+        return agreed_probe_shape(
             Shape(width=int(w), height=int(h), frames=int(f)) for w, h, f in everyone.tolist()
-        ]
-        if any(s.pixels == 0 for s in shapes):
-            return None
-        return min(shapes, key=lambda s: (s.pixels, s.frames, s.width, s.height))
+        )
 
     # -- warmup --------------------------------------------------------------------------------
 

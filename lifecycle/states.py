@@ -38,9 +38,6 @@ class Guard(StrEnum):
 
 TERMINAL_STATES = frozenset({State.FAILED, State.STOPPED})
 
-# The calibration path, in the order a calibrated startup walks it.
-CALIBRATION_STATES = (State.PROBE, State.RE_WARM, State.DROP_BUFFERS)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Edge:
@@ -77,9 +74,48 @@ TRANSITIONS: tuple[Edge, ...] = (
 )
 
 
-def edges_from(state: State, trigger: Trigger) -> tuple[Edge, ...]:
+# Triggers that leave the happy path: a failure from anywhere, a stop from outside.
+OFF_PATH_TRIGGERS = frozenset({Trigger.FAIL, Trigger.STOP})
+
+
+def edges_from(
+    state: State, trigger: Trigger, *, table: tuple[Edge, ...] = TRANSITIONS
+) -> tuple[Edge, ...]:
     """The edges a trigger may take from a state, in table order."""
-    return tuple(e for e in TRANSITIONS if e.source is state and e.trigger is trigger)
+    return tuple(e for e in table if e.source == state and e.trigger == trigger)
+
+
+def happy_trigger(
+    state: State, *, calibration_open: bool, table: tuple[Edge, ...] = TRANSITIONS
+) -> Trigger | None:
+    """The trigger a healthy startup takes from `state`, read off the table; None where the
+    startup has arrived (ready) or ended."""
+    for edge in table:
+        if (
+            edge.source == state
+            and edge.trigger not in OFF_PATH_TRIGGERS
+            and guard_holds(edge.guard, calibration_open=calibration_open)
+        ):
+            return edge.trigger
+    return None
+
+
+def action_states(table: tuple[Edge, ...] = TRANSITIONS) -> tuple[State, ...]:
+    """The states a startup enters on its way to ready, each of which runs its actions on
+    entry: every destination of a happy-path edge, in the order the longest path (calibration
+    open) walks them from the table's first source."""
+    walked: dict[State, None] = {}
+    state = table[0].source
+    while (trigger := happy_trigger(state, calibration_open=True, table=table)) is not None:
+        dest = next_state(state, trigger, calibration_open=True, table=table)
+        if dest is None or dest in walked:
+            break
+        walked[dest] = None
+        state = dest
+    for edge in table:
+        if edge.trigger not in OFF_PATH_TRIGGERS:
+            walked.setdefault(edge.dest, None)
+    return tuple(walked)
 
 
 def guard_holds(guard: Guard | None, *, calibration_open: bool) -> bool:
@@ -90,9 +126,11 @@ def guard_holds(guard: Guard | None, *, calibration_open: bool) -> bool:
     return not calibration_open
 
 
-def next_state(state: State, trigger: Trigger, *, calibration_open: bool) -> State | None:
+def next_state(
+    state: State, trigger: Trigger, *, calibration_open: bool, table: tuple[Edge, ...] = TRANSITIONS
+) -> State | None:
     """Where the table sends `trigger` from `state`, or None when it is not allowed."""
-    for edge in edges_from(state, trigger):
+    for edge in edges_from(state, trigger, table=table):
         if guard_holds(edge.guard, calibration_open=calibration_open):
             return edge.dest
     return None
@@ -112,3 +150,7 @@ def mermaid() -> str:
         lines.append(f"    {node(edge.source)} --> {node(edge.dest)}: {label}")
     lines.extend(f"    {node(s)} --> [*]" for s in (State.FAILED, State.STOPPED))
     return "\n".join(lines) + "\n"
+
+
+# gate-check, bounded-warm, probe, re-warm, drop-buffers, ready: derived, never listed by hand.
+ACTION_STATES = action_states()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.config import ServerArgs, Shape, WarmupMode, args_from_json
+from lifecycle.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
+from lifecycle.config import ServerArgs, WarmupMode, args_from_json
 from lifecycle.errors import ConfigError
 from lifecycle.events import GateDecided, PlanBuilt, StoredEvent, Transition
-from lifecycle.gates import GATES, calibration_skip_reason, evaluate_gates
+from lifecycle.gates import calibration_skip_reason, evaluate_gates
 from lifecycle.plan import WarmupPlan, build_plan, fit_probe
 from lifecycle.records import platform_from_record
 from lifecycle.states import State, Trigger, next_state
@@ -75,13 +76,11 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
         )
     ranks = _collect(events)
     decided = {r: rec for r, rec in ranks.items() if rec.gate is not None}
-    # Today's agreed decision: the earliest failing gate over every rank.
     first_failed: list[int] = []
     for rank, record in sorted(decided.items()):
         assert record.gate is not None
         platform = platform_from_record(record.gate.platform)
-        outcomes = evaluate_gates(args, platform)
-        first_failed.append(next((i for i, o in enumerate(outcomes) if not o.passed), len(GATES)))
+        first_failed.append(first_failed_gate(evaluate_gates(args, platform)))
         local = calibration_skip_reason(args, platform)
         checked.append(f"rank {rank} gates")
         if local != record.gate.local_skip_reason:
@@ -89,9 +88,7 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
                 f"rank {rank}: recorded gate decision {_reason(record.gate.local_skip_reason)};"
                 f" today's gates: {_reason(local)}"
             )
-    agreed = None
-    if first_failed and min(first_failed) < len(GATES):
-        agreed = GATES[min(first_failed)].reason
+    agreed = agreed_skip_reason(first_failed)
     today_plans = _today_plans(args, decided, agreed)
     for rank, record in sorted(ranks.items()):
         plan = today_plans.get(rank)
@@ -127,13 +124,7 @@ def _today_plans(
             fits[rank] = fit_probe(
                 args, free_bytes=platform.free_bytes, total_bytes=platform.total_bytes
             )
-    shapes: list[Shape | None] = [f.fitted for f in fits.values()]
-    probe = None
-    if shapes and all(s is not None for s in shapes):
-        probe = min(
-            (s for s in shapes if s is not None),
-            key=lambda s: (s.pixels, s.frames, s.width, s.height),
-        )
+    probe = agreed_probe_shape(f.fitted for f in fits.values())
     plans = {}
     for rank in decided:
         fit = fits.get(rank)

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from lifecycle.states import TERMINAL_STATES, TRANSITIONS, State, Trigger, mermaid, next_state
+from lifecycle.states import (
+    ACTION_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    State,
+    Trigger,
+    happy_trigger,
+    mermaid,
+    next_state,
+)
 
 
 def test_every_non_terminal_state_can_fail() -> None:
@@ -49,3 +58,31 @@ def test_mermaid_names_every_state_and_edge() -> None:
     assert "bounded_warm --> ready: finish [calibration-closed]" in text
     edge_lines = [line for line in text.splitlines() if "-->" in line and "[*]" not in line]
     assert len(edge_lines) == len(TRANSITIONS)
+
+
+def test_the_happy_path_is_read_off_the_table() -> None:
+    """Walking `happy_trigger` from created reaches ready through exactly the states the
+    table lists, with calibration open and closed."""
+
+    def walk(calibration_open: bool) -> list[str]:
+        state, path = State.CREATED, [State.CREATED.value]
+        while (trigger := happy_trigger(state, calibration_open=calibration_open)) is not None:
+            dest = next_state(state, trigger, calibration_open=calibration_open)
+            assert dest is not None
+            state = dest
+            path.append(state.value)
+        return path
+
+    assert walk(True) == [
+        "created", "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready"
+    ]  # fmt: skip
+    assert walk(False) == ["created", "gate-check", "bounded-warm", "ready"]
+
+
+def test_action_states_are_every_state_on_the_way_to_ready() -> None:
+    """The states that run actions are derived from the table: every happy-path destination,
+    in walking order, and neither the initial nor a terminal state."""
+    assert [s.value for s in ACTION_STATES] == [
+        "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready"
+    ]  # fmt: skip
+    assert not set(ACTION_STATES) & (TERMINAL_STATES | {State.CREATED})
