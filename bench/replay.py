@@ -134,7 +134,7 @@ def timed(argv: list[str], *, cwd: Path) -> Timed:
     )  # fmt: skip
     seconds = time.perf_counter() - started
     last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-    if done.returncode not in (0, 1) or not last.startswith("vmhwm "):
+    if done.returncode not in (0, 1, 3) or not last.startswith("vmhwm "):
         raise BenchError(
             f"replay {' '.join(argv[:2])} exited {done.returncode}: {done.stderr[-500:]}"
         )

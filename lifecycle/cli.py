@@ -10,19 +10,31 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from lifecycle.config import (
+    DEFAULT_STARTUP_TIMEOUT_S,
     MODEL_PRESETS,
     PerformanceMode,
     ServerArgs,
     SmokeRequest,
     WarmupMode,
 )
-from lifecycle.errors import ConfigError, LifecycleError
+from lifecycle.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
 from lifecycle.faults import parse_faults
 from lifecycle.logs import LEVELS, configure_logging
 
 EXIT_READY = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+EXIT_STATUS_EPILOG = f"""\
+exit status:
+  0    every rank got to ready
+  1    a rank failed (or was not ready within --startup-timeout)
+  2    bad input: a flag, a journal that is not this lifecycle's or may not be
+       written, an environment (torchrun's) that cannot be used
+  {EXIT_UNJOURNALED}    the journal could not be written (disk full, I/O error): the startup
+       stopped there, and its record is incomplete
+  128+N  ended by signal N (143 for SIGTERM)
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,6 +85,14 @@ def _add_startup_options(p: argparse.ArgumentParser) -> None:
         help="a state that lasts longer is journaled as stalled, with every stack",
     )
     p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=DEFAULT_STARTUP_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a rank not ready this long after it started journals the error and fails"
+        f" (default: {DEFAULT_STARTUP_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--smoke-request",
         choices=[m.value for m in SmokeRequest],
         default="auto",
@@ -93,7 +113,12 @@ def _add_startup_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lifecycle", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    boot = sub.add_parser("boot", help="run a startup to ready and exit (0 ready, 1 failed)")
+    boot = sub.add_parser(
+        "boot",
+        help="run a startup to ready and exit (0 ready, 1 failed)",
+        epilog=EXIT_STATUS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_startup_options(boot)
     serve = sub.add_parser("serve", help="boot, then serve HTTP until SIGTERM")
     _add_startup_options(serve)
@@ -139,6 +164,7 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
         dist_timeout_s=ns.dist_timeout,
         heartbeat_interval_s=ns.heartbeat_interval,
         state_deadline_s=ns.state_deadline,
+        startup_timeout_s=ns.startup_timeout,
         smoke_request=SmokeRequest(ns.smoke_request),
         faults=parse_faults(ns.fault, os.environ.get("LIFECYCLE_FAULTS")),
         seed=ns.seed,
@@ -148,6 +174,12 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
 def _fail_usage(message: str) -> int:
     print(f"lifecycle: error: {message}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def _fail_unjournaled(exc: JournalWriteFailed) -> int:
+    sys.stdout.flush()
+    print(f"lifecycle: error: {exc}", file=sys.stderr)
+    return EXIT_UNJOURNALED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "serve":
             return serve(args, created_at=created_at, options=options, host=ns.host, port=ns.port)
         return boot(args, created_at=created_at, options=options)
+    except JournalWriteFailed as exc:
+        return _fail_unjournaled(exc)
     except LifecycleError as exc:
         return _fail_usage(str(exc))
 
@@ -200,6 +234,8 @@ def _db(ns: argparse.Namespace) -> int:
         Journal.open_for_write(ns.db, upgrade=True).close()
         print(f"{ns.db}: at {head_revision()}")
         return 0
+    except JournalWriteFailed as exc:
+        return _fail_unjournaled(exc)
     except LifecycleError as exc:
         return _fail_usage(str(exc))
 

@@ -44,6 +44,10 @@ MAX_FRAMES = 257
 MAX_STEPS = 200
 MAX_RANKS = 64
 MAX_PROMPT_CHARS = 4096
+# A startup not ready after this long is failed: long enough for a large model's load and a
+# probe at full shape behind a 600 s collective timeout, short enough that a rank hung outside
+# any collective (which nothing else would end) does not hold its device for good.
+DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +172,7 @@ class ServerArgs:
     dist_timeout_s: float = 600.0
     heartbeat_interval_s: float = 1.0
     state_deadline_s: float = 300.0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     smoke_request: SmokeRequest = SmokeRequest.AUTO
     faults: tuple[FaultSpec, ...] = ()
     seed: int = 0
@@ -220,15 +225,29 @@ def validate(args: ServerArgs) -> None:
             f"--state-deadline must be in (0, 86400] seconds, not {args.state_deadline_s}",
             field="state_deadline_s",
         )
+    if not 0 < args.startup_timeout_s <= 7 * 86400:
+        raise ConfigError(
+            f"--startup-timeout must be in (0, 604800] seconds, not {args.startup_timeout_s}",
+            field="startup_timeout_s",
+        )
     if args.max_batch_size < 1:
         raise ConfigError(
             f"--max-batch-size must be at least 1, not {args.max_batch_size}",
             field="max_batch_size",
         )
+    placed: dict[tuple[int, State], FaultSpec] = {}
     for fault in args.faults:
         if fault.rank >= args.num_ranks:
             raise ConfigError(
                 f"bad fault spec {fault}: rank {fault.rank} is outside 0..{args.num_ranks - 1}",
+                field="faults",
+            )
+        first = placed.setdefault((fault.rank, fault.state), fault)
+        if first is not fault:
+            # Only one fault fires on entering a state; a second would be dropped unseen.
+            raise ConfigError(
+                f"bad fault spec {fault}: rank {fault.rank} already has fault {first} in state"
+                f" {fault.state.value!r} (one fault per rank and state)",
                 field="faults",
             )
     validate_shape(args.model, args.model.default_shape, args.model.default_steps)

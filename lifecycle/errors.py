@@ -82,6 +82,19 @@ class JournalConflict(JournalError):
         self.seq = seq
 
 
+EXIT_UNJOURNALED = 3  # the exit status of a process whose journal could not be written
+
+
+class JournalWriteFailed(JournalError):
+    """A write to the journal failed (disk full, I/O error, lost connection): the record of the
+    startup is incomplete from that point on, and a rank that cannot record must stop."""
+
+    def __init__(self, *, location: str, reason: str) -> None:
+        super().__init__(f"journal {location} could not be written: {reason}")
+        self.location = location
+        self.reason = reason
+
+
 class CorruptEvent(JournalError):
     """An event row whose payload cannot be decoded."""
 
@@ -112,6 +125,30 @@ class CollectiveError(LifecycleError):
 
 class CollectiveTimeout(CollectiveError):
     """A recorded collective did not finish within the process-group timeout."""
+
+
+class StartupTimeout(LifecycleError):
+    """A startup did not reach `ready` within `--startup-timeout`."""
+
+    def __init__(self, *, timeout_s: float, state: str) -> None:
+        super().__init__(
+            f"startup did not reach ready within {timeout_s:g} s (--startup-timeout);"
+            f" still in {state}"
+        )
+        self.timeout_s = timeout_s
+        self.state = state
+
+
+class RendezvousFailed(LifecycleError):
+    """A rank cannot join its process group at MASTER_ADDR:MASTER_PORT."""
+
+    def __init__(self, *, address: str, port: str, reason: str) -> None:
+        super().__init__(
+            f"cannot join the process group at {address}:{port} (MASTER_ADDR:MASTER_PORT): {reason}"
+        )
+        self.address = address
+        self.port = port
+        self.reason = reason
 
 
 class RankDisagreement(LifecycleError):

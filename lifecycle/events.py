@@ -283,6 +283,8 @@ class UnknownEvent(Event):
     raw: str
 
 
+UNKNOWN_KIND = "unknown kind"
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -364,10 +366,10 @@ def decode(kind: str, version: int, text: str) -> Event:
     """
     cls = EVENT_TYPES.get(kind)
     if cls is None:
-        return UnknownEvent(row_kind=kind, row_version=version, reason="unknown kind", raw=text)
+        return UnknownEvent(row_kind=kind, row_version=version, reason=UNKNOWN_KIND, raw=text)
     try:
         payload = json.loads(text)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise CorruptEvent(kind=kind, reason=f"data is not JSON ({exc})") from exc
     if not isinstance(payload, dict):
         raise CorruptEvent(

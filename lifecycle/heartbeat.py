@@ -8,9 +8,10 @@ import time
 import traceback
 from collections.abc import Callable
 
-from lifecycle.errors import JournalError
+from lifecycle.errors import JournalError, JournalWriteFailed
 from lifecycle.events import Heartbeat, PendingCollective, Stalled, ThreadStack
 from lifecycle.recorder import Recorder
+from lifecycle.states import State
 
 MAX_STACK_CHARS = 8000
 
@@ -25,9 +26,26 @@ def thread_stacks() -> tuple[ThreadStack, ...]:
     return tuple(sorted(stacks, key=lambda s: s.name))
 
 
+# A startup is over once the rank is in one of these; the startup timeout no longer applies.
+STARTUP_OVER = frozenset({State.READY, State.STOPPED, State.FAILED})
+
+
+def _ignore_timeout(_waited_s: float) -> None:
+    pass
+
+
+def _ignore_lost_journal(_exc: JournalWriteFailed) -> None:
+    pass
+
+
 class HeartbeatThread:
     """Writes a heartbeat every `interval_s`; one `stalled` event per state that outlives
-    `deadline_s`. It also flushes the recorder's ring of collective records."""
+    `deadline_s`. It also flushes the recorder's ring of collective records.
+
+    It is the rank's watchdog too, since the main thread may be blocked for good: it calls
+    `on_startup_timeout` once when the rank is not ready `startup_timeout_s` after it started,
+    and `on_journal_lost` when the journal cannot be written (then it stops beating).
+    """
 
     def __init__(
         self,
@@ -36,14 +54,21 @@ class HeartbeatThread:
         interval_s: float,
         deadline_s: float,
         pending: Callable[[], PendingCollective | None],
+        startup_timeout_s: float | None = None,
+        on_startup_timeout: Callable[[float], None] = _ignore_timeout,
+        on_journal_lost: Callable[[JournalWriteFailed], None] = _ignore_lost_journal,
     ) -> None:
         self._recorder = recorder
         self._interval = interval_s
         self._deadline = deadline_s
         self._pending = pending
+        self._startup_timeout = startup_timeout_s
+        self._on_startup_timeout = on_startup_timeout
+        self._on_journal_lost = on_journal_lost
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._stalled_entry: int | None = None
+        self._timed_out = False
         self._thread = threading.Thread(target=self._run, name="lifecycle-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -58,10 +83,22 @@ class HeartbeatThread:
         while not self._stop.wait(self._interval):
             try:
                 self.beat()
+            except JournalWriteFailed as exc:
+                self._on_journal_lost(exc)
+                return
             except JournalError:
-                # The journal is gone or locked for longer than the busy timeout; a heartbeat
-                # that cannot be written is skipped, the next one tries again.
-                continue
+                # Not a failed write (a writer already closed at shutdown): skipped, the next
+                # beat tries again.
+                pass
+            self._check_startup_timeout()
+
+    def _check_startup_timeout(self) -> None:
+        if self._startup_timeout is None or self._timed_out:
+            return
+        waited_s = time.monotonic() - self._started
+        if waited_s > self._startup_timeout and self._recorder.state not in STARTUP_OVER:
+            self._timed_out = True
+            self._on_startup_timeout(waited_s)
 
     def beat(self) -> None:
         recorder = self._recorder

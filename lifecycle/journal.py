@@ -7,7 +7,9 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -28,18 +30,33 @@ from sqlalchemy import (
     text,
     type_coerce,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.pool import NullPool
 
 from lifecycle.errors import (
     JournalConflict,
     JournalError,
     JournalNotFound,
+    JournalWriteFailed,
     NotAJournal,
     SchemaMismatch,
 )
-from lifecycle.events import Event, StoredEvent, decode_or_unknown, encode
+from lifecycle.events import (
+    UNKNOWN_KIND,
+    Event,
+    StoredEvent,
+    UnknownEvent,
+    decode_or_unknown,
+    encode,
+)
 from lifecycle.schema import KNOWN_REVISIONS, events, runs
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -64,20 +81,86 @@ class RunRow:
     command: str | None = None  # None in journals older than revision 0002
 
 
+# RFC 3986: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ); anything else is a file path,
+# whatever `?`, `%` or `#` it holds.
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+MAX_SHOWN_CHARS = 160
+# The pip package that provides a database driver module, where the two names differ.
+DRIVER_PACKAGES = {
+    "psycopg": "psycopg[binary]",
+    "psycopg2": "psycopg2-binary",
+    "pymysql": "PyMySQL",
+    "MySQLdb": "mysqlclient",
+    "cx_Oracle": "cx-Oracle",
+}
+
+
+def is_url(location: str) -> bool:
+    return _URL_SCHEME.match(location) is not None
+
+
 def to_url(location: str) -> str:
     """A SQLAlchemy URL for a journal given as a URL or as a file path."""
-    if "://" in location:
+    if is_url(location):
         return location
-    return "sqlite:///" + os.path.abspath(os.path.expanduser(location))
+    path = os.path.abspath(os.path.expanduser(location))
+    # Rendered by SQLAlchemy, which quotes `?`, `%` and `#` in the path so that parsing the
+    # URL gives the same path back.
+    return URL.create("sqlite", database=path).render_as_string(hide_password=False)
 
 
-def _sqlite_path(url: str) -> Path | None:
-    parsed = make_url(url)
+def shown_location(location: str) -> str:
+    """A journal's location as messages print it: no URL password, no endless file name."""
+    shown = location
+    if is_url(location):
+        with contextlib.suppress(ArgumentError, ValueError):
+            shown = make_url(location).render_as_string(hide_password=True)
+    if len(shown) > MAX_SHOWN_CHARS:
+        shown = f"{shown[:60]}...{shown[-40:]} ({len(shown)} characters)"
+    return shown
+
+
+def _parse_url(url: str, location: str) -> URL:
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):
+        raise JournalError(f"{location}: not a database URL or a file path") from None
+
+
+def _sqlite_path(url: str, location: str) -> Path | None:
+    parsed = _parse_url(url, location)
     if not parsed.drivername.startswith("sqlite"):
         return None
     if not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database)
+
+
+def _url_engine(url: str, location: str) -> Engine:
+    """An engine for a database URL that is not a SQLite file; a URL naming an unknown
+    database, or a driver that is not installed, is refused in one line."""
+    parsed = _parse_url(url, location)
+    try:
+        return create_engine(parsed, poolclass=NullPool)
+    except NoSuchModuleError:
+        raise JournalError(
+            f"{location}: no database dialect {parsed.drivername!r} is installed"
+            " (a journal is a file path, or a URL such as postgresql+psycopg://HOST/DB)"
+        ) from None
+    except ImportError as exc:
+        module = (exc.name or "").split(".")[0]
+        if not module:
+            raise JournalError(
+                f"{location}: the database driver cannot be loaded ({exc})"
+            ) from None
+        package = DRIVER_PACKAGES.get(module, module)
+        raise JournalError(
+            f"{location}: the database driver {module!r} for {parsed.drivername!r} is not"
+            f" installed: pip install '{package}'"
+        ) from None
+    except ArgumentError as exc:
+        message = str(exc).splitlines()[0]
+        raise JournalError(f"{location}: not a usable database URL ({message})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,17 +253,49 @@ def _check_head(revision: str, location: str) -> None:
 # Engines
 
 
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _os_reason(exc: OSError) -> str:
+    return os.strerror(exc.errno).lower() if exc.errno else str(exc)
+
+
+def _stat(path: Path, location: str) -> os.stat_result | None:
+    """The file's status, following links; None when there is no such file."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise JournalError(f"{location}: cannot be opened: {_os_reason(exc)}") from None
+
+
 def _check_sqlite_file(path: Path, location: str) -> bool:
-    """Refuse a file that is not a SQLite database; True when it is missing or empty."""
-    if not path.exists():
+    """Refuse a file that is not a SQLite database; True when it is missing or empty.
+
+    Only a regular file can be a journal: SQLite would open a device or a FIFO and create its
+    own files beside it (`/dev/null-journal`).
+    """
+    status = _stat(path, location)
+    if status is None:
         return True
-    if path.is_dir():
-        raise NotAJournal(location=location, reason="a directory")
-    size = path.stat().st_size
+    for is_kind, kind in _FILE_KINDS:
+        if is_kind(status.st_mode):
+            raise NotAJournal(location=location, reason=f"not a regular file ({kind})")
+    size = status.st_size
     if size == 0:
         return True
-    with path.open("rb") as fh:
-        header = fh.read(100)
+    try:
+        with path.open("rb") as fh:
+            header = fh.read(100)
+    except OSError as exc:
+        raise JournalError(f"{location}: cannot be read: {_os_reason(exc)}") from None
     if not header.startswith(SQLITE_HEADER):
         raise NotAJournal(location=location, reason="not a SQLite database")
     page_size = int.from_bytes(header[16:18], "big")
@@ -190,9 +305,50 @@ def _check_sqlite_file(path: Path, location: str) -> bool:
     return False
 
 
+def _sidecar(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _read_uri(path: Path) -> str:
+    """How a reader opens a journal without writing anything a later writer would trip on.
+
+    A WAL journal read with `mode=ro` needs its -wal and -shm files: SQLite creates them when
+    they are missing, with the journal's permission bits, and a read-only connection leaves
+    them behind. Where they would not be writable for the journal's writer (a journal whose
+    owner may not write it, or one this process cannot write, or whose directory it cannot
+    write) and no -wal file exists, no writer has the journal open (a writer's connection
+    keeps its -wal), so nothing can be appending: the journal is opened immutable, which
+    reads the main file alone and creates nothing. Where a -wal exists, a writer may be
+    appending, and only `mode=ro` sees its frames.
+    """
+    quoted = quote(str(path))
+    writable = (
+        path.stat().st_mode & stat.S_IWUSR != 0
+        and os.access(path, os.W_OK)
+        and os.access(path.parent, os.W_OK | os.X_OK)
+    )
+    if writable or _sidecar(path, "-wal").exists():
+        return f"file:{quoted}?mode=ro"
+    return f"file:{quoted}?mode=ro&immutable=1"
+
+
+def _check_writable(path: Path, location: str) -> None:
+    """Refuse, before a byte is written, a journal this process may not write: the file, its
+    directory (SQLite creates -wal and -shm there), or -wal and -shm files left read-only."""
+    directory = path.parent
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise JournalError(
+            f"{location}: directory {shown_location(str(directory))} is not writable"
+            " (a journal keeps its -wal and -shm files beside it)"
+        )
+    for candidate in (path, _sidecar(path, "-wal"), _sidecar(path, "-shm")):
+        if candidate.exists() and not os.access(candidate, os.R_OK | os.W_OK):
+            which = "" if candidate == path else f" (its {candidate.name[len(path.name) :]} file)"
+            raise JournalError(f"{location}: cannot be written{which}: permission denied")
+
+
 def _sqlite_engine(path: Path, *, write: bool) -> Engine:
-    mode = "rwc" if write else "ro"
-    uri = f"file:{quote(str(path))}?mode={mode}"
+    uri = f"file:{quote(str(path))}?mode=rwc" if write else _read_uri(path)
 
     def connect() -> sqlite3.Connection:
         # isolation_level=None: SQLAlchemy's begin hook below emits BEGIN itself, so that DDL
@@ -227,11 +383,36 @@ def _sqlite_engine(path: Path, *, write: bool) -> Engine:
     return engine
 
 
-def _translate(exc: Exception, location: str) -> JournalError:
-    message = str(getattr(exc, "orig", exc)).splitlines()[0]
+# SQLite's primary result codes for a write that the disk refused: SQLITE_IOERR, SQLITE_FULL.
+_SQLITE_DISK_FAILURES = frozenset({10, 13})
+
+
+def _message(exc: BaseException) -> str:
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return lines[0] if lines else type(cause).__name__
+
+
+def _translate(exc: Exception, location: str, *, writing: bool = False) -> JournalError:
+    """A database error as a journal error; one the disk raised while `writing` is a failed
+    write (exit 3), not bad input."""
+    message = _message(exc)
     if "file is not a database" in message or "malformed" in message:
         return NotAJournal(location=location, reason=f"corrupt SQLite file ({message})")
+    code = getattr(getattr(exc, "orig", None) or exc, "sqlite_errorcode", None)
+    if writing and isinstance(code, int) and code & 0xFF in _SQLITE_DISK_FAILURES:
+        return JournalWriteFailed(location=location, reason=message)
     return JournalError(f"{location}: {message}")
+
+
+def _write_failure(exc: Exception, location: str) -> JournalError:
+    """A failed write to a journal that opened fine: the record is incomplete from here on,
+    whatever the database said (disk full, I/O error, locked past the busy timeout, a lost
+    connection)."""
+    translated = _translate(exc, location)
+    if isinstance(translated, NotAJournal):
+        return translated
+    return JournalWriteFailed(location=location, reason=_message(exc))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,81 +443,90 @@ class Journal:
 
     @classmethod
     def open_for_read(cls, location: str) -> Journal:
-        """Open an existing journal read-only; never writes to it."""
+        """Open an existing journal read-only; never writes to it, nor leaves a file beside it
+        that a later writer could not write."""
+        shown = shown_location(location)
         url = to_url(location)
-        path = _sqlite_path(url)
+        path = _sqlite_path(url, shown)
         if path is not None:
-            if not path.exists():
-                raise JournalNotFound(location=location)
-            if _check_sqlite_file(path, location):
-                raise NotAJournal(location=location, reason="empty file")
+            if _stat(path, shown) is None:
+                raise JournalNotFound(location=shown)
+            if _check_sqlite_file(path, shown):
+                raise NotAJournal(location=shown, reason="empty file")
             engine = _sqlite_engine(path, write=False)
         else:
-            engine = create_engine(url, poolclass=NullPool)
+            engine = _url_engine(url, shown)
         try:
             with engine.connect() as conn:
-                revision = _schema_revision(conn, location)
+                revision = _schema_revision(conn, shown)
         except SQLAlchemyError as exc:
             engine.dispose()
-            raise _translate(exc, location) from None
+            raise _translate(exc, shown) from None
         except JournalError:
             engine.dispose()
             raise
         if revision == EMPTY:
             engine.dispose()
-            raise NotAJournal(location=location, reason="an empty database")
+            raise NotAJournal(location=shown, reason="an empty database")
         # Reading never writes, so an older revision of our own is read as it is.
-        return cls(engine=engine, location=location, url=url, writable=False, revision=revision)
+        return cls(engine=engine, location=shown, url=url, writable=False, revision=revision)
 
     @classmethod
     def open_for_write(cls, location: str, *, upgrade: bool = False) -> Journal:
         """Open a journal to append to, creating its tables in a new or empty database.
 
         A journal at an older revision is migrated only when `upgrade` is true; anything that
-        is not a journal of this lifecycle is refused before a byte of it is written.
+        is not a journal of this lifecycle, or that this process may not write, is refused
+        before a byte of it is written.
         """
+        shown = shown_location(location)
         url = to_url(location)
-        path = _sqlite_path(url)
+        path = _sqlite_path(url, shown)
         if path is None:
-            engine = create_engine(url, poolclass=NullPool)
-            cls._migrate(engine, location, url, upgrade=upgrade)
-            return cls(
-                engine=engine, location=location, url=url, writable=True, revision=head_revision()
+            engine = _url_engine(url, shown)
+            cls._migrate(engine, shown, url, upgrade=upgrade)
+            return cls._writable(engine, shown, url)
+        parent = _stat(path.parent, shown)
+        if parent is None or not stat.S_ISDIR(parent.st_mode):
+            raise JournalError(
+                f"{shown}: directory {shown_location(str(path.parent))} does not exist"
             )
-        if not path.parent.is_dir():
-            raise JournalError(f"{location}: directory {path.parent} does not exist")
-        if not _check_sqlite_file(path, location):
+        new = _check_sqlite_file(path, shown)
+        _check_writable(path, shown)
+        if not new:
             # Inspect through a read-only connection first: switching a foreign database to
             # WAL would already change its bytes.
             probe = _sqlite_engine(path, write=False)
             try:
                 with probe.connect() as conn:
-                    revision = _schema_revision(conn, location)
+                    revision = _schema_revision(conn, shown)
             except SQLAlchemyError as exc:
-                raise _translate(exc, location) from None
+                raise _translate(exc, shown) from None
             finally:
                 probe.dispose()
             if revision == head_revision():
                 # Our journal, current: nothing to create, no lock to take.
-                return cls(
-                    engine=_sqlite_engine(path, write=True),
-                    location=location,
-                    url=url,
-                    writable=True,
-                    revision=revision,
-                )
+                return cls._writable(_sqlite_engine(path, write=True), shown, url)
             if not upgrade:
-                _check_head(revision, location)
-        with _creation_lock(path):
+                _check_head(revision, shown)
+        with _creation_lock(path, shown):
             engine = _sqlite_engine(path, write=True)
             try:
-                cls._migrate(engine, location, url, upgrade=upgrade)
+                cls._migrate(engine, shown, url, upgrade=upgrade)
             except BaseException:
                 engine.dispose()
                 raise
-        return cls(
-            engine=engine, location=location, url=url, writable=True, revision=head_revision()
-        )
+        return cls._writable(engine, shown, url)
+
+    @classmethod
+    def _writable(cls, engine: Engine, location: str, url: str) -> Journal:
+        try:
+            return cls(
+                engine=engine, location=location, url=url, writable=True, revision=head_revision()
+            )
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            raise _translate(exc, location, writing=True) from None
 
     @staticmethod
     def _migrate(engine: Engine, location: str, url: str, *, upgrade: bool) -> None:
@@ -355,7 +545,7 @@ class Journal:
                 command.upgrade(cfg, "head")
                 conn.commit()
         except SQLAlchemyError as exc:
-            raise _translate(exc, location) from None
+            raise _translate(exc, location, writing=True) from None
 
     def close(self) -> None:
         if self._keeper is not None:
@@ -392,7 +582,7 @@ class Journal:
         except IntegrityError:
             return  # another rank recorded it between our check and insert
         except SQLAlchemyError as exc:
-            raise _translate(exc, self.location) from None
+            raise _write_failure(exc, self.location) from None
 
     def runs(self) -> list[RunRow]:
         # `command` exists from revision 0002 on; older journals read as NULL.
@@ -414,28 +604,38 @@ class Journal:
         try:
             with self.engine.connect() as conn:
                 for row in conn.execute(stmt):
-                    run_id, created_at, host, world_size, config, version, launched = row
-                    try:
-                        parsed = json.loads(config) if isinstance(config, str) else config
-                    except ValueError:
-                        parsed = None
-                    if not isinstance(parsed, dict):
-                        self.malformed_rows.append(f"run {run_id}: config is not a JSON object")
-                        parsed = {}
-                    out.append(
-                        RunRow(
-                            run_id=str(run_id),
-                            created_at=float(created_at or 0.0),
-                            host=str(host),
-                            world_size=int(world_size or 0),
-                            config=parsed,
-                            lifecycle_version=str(version),
-                            command=launched if isinstance(launched, str) else None,
-                        )
-                    )
+                    run = self._run_row(row)
+                    if run is not None:
+                        out.append(run)
         except SQLAlchemyError as exc:
             raise _translate(exc, self.location) from None
         return out
+
+    def _run_row(self, row: Any) -> RunRow | None:
+        """One `runs` row, or None (and a line in malformed_rows) when its columns do not hold
+        what a run needs: a journal damaged or written by hand is read for what it holds."""
+        run_id, created_at, host, world_size, config, version, launched = row
+        try:
+            parsed = json.loads(config) if isinstance(config, str) else config
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, dict):
+            self.malformed_rows.append(f"run {run_id}: config is not a JSON object")
+            parsed = {}
+        if not (isinstance(run_id, str) and _is_number(created_at) and _is_int(world_size)):
+            self.malformed_rows.append(
+                f"run {run_id!r}: run_id, created_at or world_size of the wrong type"
+            )
+            return None
+        return RunRow(
+            run_id=run_id,
+            created_at=float(created_at),
+            host=str(host),
+            world_size=world_size,
+            config=parsed,
+            lifecycle_version=str(version),
+            command=launched if isinstance(launched, str) else None,
+        )
 
     # -- events --------------------------------------------------------------------------------
 
@@ -499,7 +699,19 @@ class Journal:
         ):
             self.malformed_rows.append(f"run {run_id!r} rank {rank!r} seq {seq!r}: bad envelope")
             return None
-        payload = data if isinstance(data, str) else json.dumps(data)
+        try:
+            payload = data if isinstance(data, str) else json.dumps(data)
+        except (TypeError, ValueError, RecursionError):
+            # A BLOB or worse: kept as an undecodable event, and said.
+            self.malformed_rows.append(
+                f"{self.location}: run {run_id} rank {rank} seq {seq}: payload is not JSON text"
+            )
+            payload = repr(data)[:200]
+        event = decode_or_unknown(kind, version, payload)
+        if isinstance(event, UnknownEvent) and event.reason != UNKNOWN_KIND:
+            self.malformed_rows.append(
+                f"{self.location}: run {run_id} rank {rank} seq {seq}: {kind} {event.reason}"[:300]
+            )
         return StoredEvent(
             run_id=run_id,
             rank=rank,
@@ -507,7 +719,7 @@ class Journal:
             wall_time=float(wall_time),
             mono_ns=mono_ns,
             state=state,
-            event=decode_or_unknown(kind, version, payload),
+            event=event,
         )
 
 
@@ -520,9 +732,12 @@ def _is_number(value: object) -> bool:
 
 
 @contextlib.contextmanager
-def _creation_lock(path: Path) -> Iterator[None]:
+def _creation_lock(path: Path, location: str) -> Iterator[None]:
     """Serialise journal creation between processes that open the same new file at once."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        raise JournalError(f"{location}: cannot be created: {_os_reason(exc)}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -542,7 +757,11 @@ class RankWriter:
         self.rank = rank
         self._location = journal.location
         self._lock = threading.Lock()
-        self._conn = journal.engine.connect()
+        self._failure: JournalWriteFailed | None = None
+        try:
+            self._conn = journal.engine.connect()
+        except SQLAlchemyError as exc:
+            raise _translate(exc, self._location) from None
         dialect = journal.engine.dialect
         compiled = events.insert().compile(dialect=dialect)
         self._sql = str(compiled)
@@ -581,6 +800,10 @@ class RankWriter:
         all of them or none."""
         payloads = [encode(item[0]) for item in items]
         with self._lock:
+            if self._failure is not None:
+                # A write failed: appending past it would leave a hole that the gapless
+                # sequence numbers hide, so this writer records nothing more.
+                raise JournalWriteFailed(location=self._location, reason=self._failure.reason)
             if self._closed:
                 raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
             first = self._next_seq
@@ -630,14 +853,14 @@ class RankWriter:
                     raise JournalConflict(run_id=self.run_id, rank=self.rank, seq=seq) from None
                 raise _translate(exc, self._location) from None
             except OperationalError as exc:
-                self._conn.rollback()
+                self._rollback()
                 if "locked" in str(exc.orig) and attempt < LOCKED_RETRIES:
                     time.sleep(0.05 * (attempt + 1))
                     continue
-                raise _translate(exc, self._location) from None
+                raise self._failed(exc) from None
             except DBAPIError as exc:
-                self._conn.rollback()
-                raise _translate(exc, self._location) from None
+                self._rollback()
+                raise self._failed(exc) from None
             except sqlite3.IntegrityError as exc:
                 self._rollback_sqlite()
                 if "UNIQUE" in str(exc):
@@ -648,10 +871,21 @@ class RankWriter:
                 if "locked" in str(exc) and attempt < LOCKED_RETRIES:
                     time.sleep(0.05 * (attempt + 1))
                     continue
-                raise _translate(exc, self._location) from None
+                raise self._failed(exc) from None
             except sqlite3.Error as exc:
                 self._rollback_sqlite()
-                raise _translate(exc, self._location) from None
+                raise self._failed(exc) from None
+
+    def _failed(self, exc: Exception) -> JournalError:
+        failure = _write_failure(exc, self._location)
+        if isinstance(failure, JournalWriteFailed):
+            self._failure = failure
+        return failure
+
+    def _rollback(self) -> None:
+        # After a disk error the rollback may fail too; the write's own error is the one to tell.
+        with contextlib.suppress(SQLAlchemyError):
+            self._conn.rollback()
 
     def _insert_sqlite(self, rows: list[Any]) -> None:
         # The hot path: one append is BEGIN IMMEDIATE, INSERT, COMMIT on the driver connection
@@ -667,7 +901,8 @@ class RankWriter:
 
     def _rollback_sqlite(self) -> None:
         if self._sqlite is not None and self._sqlite.in_transaction:
-            self._sqlite.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self._sqlite.execute("ROLLBACK")
 
     def close(self) -> None:
         with self._lock:
@@ -680,20 +915,21 @@ class RankWriter:
 
 def journal_revision(location: str) -> str:
     """The schema revision of an existing journal, read without writing to it."""
+    shown = shown_location(location)
     url = to_url(location)
-    path = _sqlite_path(url)
+    path = _sqlite_path(url, shown)
     if path is not None:
-        if not path.exists():
-            raise JournalNotFound(location=location)
-        if _check_sqlite_file(path, location):
+        if _stat(path, shown) is None:
+            raise JournalNotFound(location=shown)
+        if _check_sqlite_file(path, shown):
             return EMPTY
         engine = _sqlite_engine(path, write=False)
     else:
-        engine = create_engine(url, poolclass=NullPool)
+        engine = _url_engine(url, shown)
     try:
         with engine.connect() as conn:
-            return _schema_revision(conn, location)
+            return _schema_revision(conn, shown)
     except SQLAlchemyError as exc:
-        raise _translate(exc, location) from None
+        raise _translate(exc, shown) from None
     finally:
         engine.dispose()

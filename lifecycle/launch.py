@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Mapping
 
 from lifecycle.config import ServerArgs
 from lifecycle.errors import ConfigError
@@ -30,7 +31,14 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     if under_torchrun(os.environ):
         from lifecycle.worker import RankEnv, run_rank_process
 
-        ranks = RankEnv.from_env(os.environ)
+        try:
+            ranks = RankEnv.from_env(os.environ)
+        except ValueError:
+            raise ConfigError(
+                "RANK, WORLD_SIZE and LOCAL_WORLD_SIZE must be integers (as torchrun sets them),"
+                f" not {_torchrun_env(os.environ)}",
+                field="env",
+            ) from None
         if ranks.world_size != args.num_ranks:
             raise ConfigError(
                 f"torchrun started {ranks.world_size} ranks but --num-ranks is {args.num_ranks}",
@@ -56,6 +64,11 @@ def serve(
     from lifecycle.server import serve_http
 
     return serve_http(args, created_at=created_at, options=options, host=host, port=port)
+
+
+def _torchrun_env(env: Mapping[str, str]) -> str:
+    names = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    return " ".join(f"{name}={env[name]!r}" for name in names if name in env)
 
 
 def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import platform as pyplatform
+import re
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +23,14 @@ from lifecycle.actions import RankRuntime, StartupActions
 from lifecycle.comm import Comm, rendezvous_timeout
 from lifecycle.config import RankLayout, ServerArgs, fault_for
 from lifecycle.device import memory_meter, select_device
-from lifecycle.errors import InjectedFault, JournalError
+from lifecycle.errors import (
+    EXIT_UNJOURNALED,
+    InjectedFault,
+    JournalError,
+    JournalWriteFailed,
+    RendezvousFailed,
+    StartupTimeout,
+)
 from lifecycle.events import (
     ActionFinished,
     ActionStarted,
@@ -39,6 +48,7 @@ from lifecycle.recorder import Recorder
 from lifecycle.states import TERMINAL_STATES, State, Trigger
 
 FAULT_EXIT_CODE = 17
+EXIT_FAILED = 1
 RING_CAPACITY = 4096
 
 _NEXT_TRIGGER = {
@@ -57,6 +67,26 @@ def next_trigger(state: State, *, calibration_open: bool) -> Trigger | None:
     return _NEXT_TRIGGER.get(state)
 
 
+def leave_process(status: int) -> None:
+    """End this process now with `status`, from any thread: the main thread may be blocked
+    in a collective or a hang for good, where nothing else would end it."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)
+
+
+def rendezvous_failure(exc: BaseException, env: Mapping[str, str]) -> RendezvousFailed:
+    """torch's error from joining a process group, as one line: the address and the cause."""
+    text = str(exc)
+    detail = re.search(r"message: ([^\n]+)", text)
+    lines = text.strip().splitlines()
+    reason = detail.group(1).strip() if detail else lines[0] if lines else type(exc).__name__
+    return RendezvousFailed(
+        address=env.get("MASTER_ADDR", "?"), port=env.get("MASTER_PORT", "?"), reason=reason[:200]
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankLaunch:
     run_id: str
@@ -66,12 +96,26 @@ class RankLaunch:
 
 
 class RankSession:
-    """Drives one rank from `created` to `ready` (or `failed`) and keeps it there."""
+    """Drives one rank from `created` to `ready` (or `failed`) and keeps it there.
 
-    def __init__(self, args: ServerArgs, launch: RankLaunch, recorder: Recorder) -> None:
+    A rank whose journal cannot be written stops at once (`leave` with exit status 3): it could
+    record nothing more of what it does. One not ready within the startup timeout journals
+    that and fails (`leave` with 1).
+    """
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        launch: RankLaunch,
+        recorder: Recorder,
+        *,
+        leave: Callable[[int], None] = leave_process,
+    ) -> None:
         self.args = args
         self.launch = launch
         self.recorder = recorder
+        self._leave = leave
+        self._leaving = threading.Lock()
         self.layout = RankLayout(
             rank=launch.rank, cfg_parallel=args.cfg_parallel, ulysses=args.ulysses
         )
@@ -88,6 +132,9 @@ class RankSession:
             interval_s=args.heartbeat_interval_s,
             deadline_s=args.state_deadline_s,
             pending=lambda: self.runtime.comm.pending.snapshot() if self.runtime else None,
+            startup_timeout_s=args.startup_timeout_s,
+            on_startup_timeout=self._startup_timed_out,
+            on_journal_lost=self.stop_unjournaled,
         )
 
     # -- journaling hooks ----------------------------------------------------------------------
@@ -161,13 +208,16 @@ class RankSession:
     def _init_process_group(self, device: torch.device) -> None:
         if dist.is_initialized():
             return  # joined earlier to agree on the run id (torchrun without one)
-        dist.init_process_group(
-            backend=_backend(device),
-            init_method="env://",
-            rank=self.launch.rank,
-            world_size=self.args.num_ranks,
-            timeout=rendezvous_timeout(self.args.dist_timeout_s),
-        )
+        try:
+            dist.init_process_group(
+                backend=_backend(device),
+                init_method="env://",
+                rank=self.launch.rank,
+                world_size=self.args.num_ranks,
+                timeout=rendezvous_timeout(self.args.dist_timeout_s),
+            )
+        except (RuntimeError, ValueError) as exc:  # torch's DistError family, a bad port
+            raise rendezvous_failure(exc, os.environ) from exc
 
     def boot(self) -> State:
         """Walk the table to `ready`; on any error journal it and go to `failed`."""
@@ -185,6 +235,8 @@ class RankSession:
                 self._inject_fault(state)
                 for name, action in actions.for_state(state):
                     self._run_action(name, action)
+        except JournalWriteFailed as exc:
+            self.stop_unjournaled(exc)
         except Exception as exc:  # every failure of a startup step is journaled, then fails it
             self.fail(exc)
         return self.machine.state
@@ -203,13 +255,15 @@ class RankSession:
             ActionFinished(action=name, duration_s=time.perf_counter() - started, ok=True)
         )
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, *, where: str | None = None) -> None:
+        """Journal `exc` as the rank's fatal error and move to `failed`; `where` stands in for
+        the traceback of an error that was not raised."""
         try:
             self.recorder.record(
                 Error(
                     error_type=type(exc).__name__,
                     message=str(exc),
-                    traceback="".join(traceback.format_exception(exc))[-8000:],
+                    traceback=(where or "".join(traceback.format_exception(exc)))[-8000:],
                     trigger=None,
                     fatal=True,
                 )
@@ -217,8 +271,39 @@ class RankSession:
             with self._fire_lock:
                 if self.machine.state not in TERMINAL_STATES:
                     self.fire(Trigger.FAIL)
+        except JournalWriteFailed as lost:
+            self.stop_unjournaled(lost)
         except JournalError:
-            pass  # the journal itself failed: nothing more can be recorded
+            pass  # another writer holds this rank's sequence: nothing more can be recorded
+
+    def stop_unjournaled(self, exc: JournalWriteFailed) -> None:
+        """The journal cannot be written: say so in one line and leave with exit status 3,
+        from whichever thread found out first."""
+        with self._leaving:
+            who = f"rank {self.launch.rank}: " if self.launch.distributed else ""
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                # One write: the ranks of a launcher share its stderr.
+                sys.stderr.write(f"lifecycle: error: {who}{exc}\n")
+                sys.stderr.flush()
+            self._leave(EXIT_UNJOURNALED)
+
+    def _startup_timed_out(self, waited_s: float) -> None:
+        """Called by the heartbeat thread: the main thread may be stuck for good, so this
+        thread journals the timeout, fails the rank, and ends the process."""
+        with self._fire_lock:
+            if self.machine.state in (State.READY, *TERMINAL_STATES):
+                return
+            error = StartupTimeout(
+                timeout_s=self.args.startup_timeout_s, state=self.machine.state.value
+            )
+            main = sys._current_frames().get(threading.main_thread().ident or -1)
+            stuck = "".join(traceback.format_stack(main)) if main is not None else None
+            self.fail(
+                error, where=f"main thread after {waited_s:.1f} s:\n{stuck}" if stuck else None
+            )
+        self.close()
+        self._leave(EXIT_FAILED)
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -259,18 +344,21 @@ class RankSession:
     def stop(self, *, reason: str, signal_name: str | None = None) -> None:
         """Journal a shutdown; a ready rank moves to `stopped`."""
         with self._fire_lock:
-            self.recorder.flush()
-            written, write_s = self.recorder.journal_cost()
-            self.recorder.record(
-                Shutdown(
-                    reason=reason,
-                    signal=signal_name,
-                    events_written=written,
-                    journal_write_s=write_s,
+            try:
+                self.recorder.flush()
+                written, write_s = self.recorder.journal_cost()
+                self.recorder.record(
+                    Shutdown(
+                        reason=reason,
+                        signal=signal_name,
+                        events_written=written,
+                        journal_write_s=write_s,
+                    )
                 )
-            )
-            if self.machine.state is State.READY:
-                self.fire(Trigger.STOP)
+                if self.machine.state is State.READY:
+                    self.fire(Trigger.STOP)
+            except JournalWriteFailed as exc:
+                self.stop_unjournaled(exc)
 
     def shutdown_by_signal(self, sig: signal.Signals) -> int:
         """Journal a shutdown by `sig` and close; the exit status to leave with.
@@ -292,8 +380,12 @@ class RankSession:
 
     def close(self) -> None:
         self.heartbeat.stop()
-        with contextlib.suppress(JournalError):
+        try:
             self.recorder.close()
+        except JournalWriteFailed as exc:  # collective records still in the ring were lost
+            self.stop_unjournaled(exc)
+        except JournalError:
+            pass
 
 
 def _backend(device: torch.device) -> str:

@@ -15,9 +15,10 @@ from types import FrameType
 from typing import Any
 
 from lifecycle.config import ServerArgs, args_to_json
+from lifecycle.errors import EXIT_UNJOURNALED
 from lifecycle.events import StoredEvent
 from lifecycle.fold import RankFold, RankView
-from lifecycle.journal import Journal
+from lifecycle.journal import Journal, shown_location
 from lifecycle.progress import ProgressPrinter
 from lifecycle.runs import new_run_id, run_row
 from lifecycle.states import State
@@ -236,6 +237,17 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     group.close()
     for line in summary_lines(views, codes, created_at=created_at):
         print(line, flush=True)
+    unjournaled = [rank for rank, code in enumerate(codes) if code == EXIT_UNJOURNALED]
+    if unjournaled:
+        # Above a failure or a signal: what the journal holds of this startup is incomplete.
+        print(
+            f"lifecycle: error: journal {shown_location(args.db)} could not be written by rank"
+            f" {', '.join(map(str, unjournaled))}: the startup stopped and its record is"
+            " incomplete",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_UNJOURNALED
     if interrupted:
         return 128 + int(interrupted[0])
     reached = all(State.READY.value in v.path and v.state == State.STOPPED for v in views.values())

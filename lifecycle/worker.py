@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import queue
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
 
 from lifecycle.config import ServerArgs, Shape, args_from_json, validate_shape
-from lifecycle.errors import LifecycleError
+from lifecycle.errors import EXIT_UNJOURNALED, JournalWriteFailed, LifecycleError
 from lifecycle.logs import configure_logging
 from lifecycle.signals import block_shutdown_signals, watch_shutdown_signals
 from lifecycle.states import State
 
 if TYPE_CHECKING:
+    import torch
+
+    from lifecycle.pipeline import Pipeline
     from lifecycle.rank import RankSession
 
 # This module is the entry of rank processes and is imported by the launcher: it imports
@@ -132,12 +138,15 @@ def run_rank_process(
 ) -> int:
     """One rank from start to exit; returns the process exit status."""
     from lifecycle.journal import Journal
-    from lifecycle.rank import RankLaunch, RankSession
+    from lifecycle.rank import RankLaunch, RankSession, rendezvous_failure
     from lifecycle.recorder import Recorder
     from lifecycle.runs import launch_command, run_row
 
     ranks = RankEnv.from_env(env)
-    run_id = _agreed_run_id(env, created_at, ranks, args)
+    try:
+        run_id = _agreed_run_id(env, created_at, ranks, args)
+    except (RuntimeError, ValueError) as exc:  # torch's DistError family, a bad port
+        raise rendezvous_failure(exc, env) from None
     journal = Journal.open_for_write(args.db)
     journal.create_run(
         run_row(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
@@ -172,29 +181,128 @@ def run_rank_process(
     return 1
 
 
+class RequestAborted(LifecycleError):
+    """A request given up between denoising steps because the launcher asked the rank to stop."""
+
+    def __init__(self, *, request_id: str, step: int, reason: str) -> None:
+        super().__init__(f"request {request_id} given up after step {step}: {reason}")
+        self.request_id = request_id
+        self.step = step
+        self.reason = reason
+
+
+class ControlInbox:
+    """The launcher's messages, read by a thread of their own, so that a stop reaches a rank
+    that is busy in a request. A closed connection reads as a stop."""
+
+    def __init__(self, control: Connection) -> None:
+        self._control = control
+        self._messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._stop_requested = threading.Event()
+        self.stop_message: dict[str, Any] = {}
+        threading.Thread(target=self._read, name="lifecycle-control", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._control.recv()
+            except (EOFError, OSError):
+                message = {"op": "stop", "reason": "launcher went away", "signal": None}
+            if message.get("op") == "stop":
+                self.stop_message = message
+                self._stop_requested.set()
+                self._messages.put(message)
+                return
+            self._messages.put(message)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def wait_for_stop(self, timeout: float) -> bool:
+        return self._stop_requested.wait(timeout)
+
+    def next(self) -> dict[str, Any]:
+        return self._messages.get()
+
+    @property
+    def stop_reason(self) -> str:
+        return str(self.stop_message.get("reason") or "stop requested")
+
+
+class ServingPipeline:
+    """A pipeline whose every denoising step also calls `after_step` (progress, and the
+    place where a stop cuts a request short); the rest goes to the pipeline it wraps."""
+
+    def __init__(self, inner: Pipeline, *, after_step: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._after_step = after_step
+        self.spec = inner.spec
+        self.components = inner.components
+
+    @property
+    def parameter_bytes(self) -> int:
+        return self._inner.parameter_bytes
+
+    def encode_prompt(self, prompt: str) -> Any:
+        return self._inner.encode_prompt(prompt)
+
+    def denoise(
+        self,
+        embeds: Any,
+        shape: Shape,
+        steps: int,
+        *,
+        seed: int,
+        on_step: Callable[[int], None],
+    ) -> torch.Tensor:
+        def step_done(step: int) -> None:
+            on_step(step)
+            self._after_step(step)
+
+        return self._inner.denoise(embeds, shape, steps, seed=seed, on_step=step_done)
+
+    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        return self._inner.decode(latents, shape)
+
+
+# A peer that gave up a request for a stop hangs up on the collective this rank waits in;
+# the same stop reaches this rank at about the same time, and is waited for this long before
+# the hang-up is taken for a failure.
+PEER_STOP_GRACE_S = 2.0
+
+
 def _serve(session: RankSession, control: Connection) -> None:
     """Answer the launcher's requests until it says stop or the rank fails."""
     from lifecycle.actions import StartupActions
+    from lifecycle.errors import CollectiveError, CollectiveTimeout
 
-    assert session.runtime is not None
-    actions = StartupActions(session.runtime)
+    runtime = session.runtime
+    assert runtime is not None and runtime.pipeline is not None
+    pipeline = runtime.pipeline
+    rank = session.launch.rank
+    inbox = ControlInbox(control)
     session.serve_collectives_from_ring()
-    control.send({"op": "ready", "rank": session.launch.rank})
+    control.send({"op": "ready", "rank": rank})
     while True:
-        try:
-            message = control.recv()
-        except (EOFError, OSError):
-            session.stop(reason="launcher went away")
-            return
+        message = inbox.next()
         if message.get("op") == "stop":
-            session.stop(
-                reason=str(message.get("reason") or "stop requested"),
-                signal_name=message.get("signal"),
-            )
+            session.stop(reason=inbox.stop_reason, signal_name=message.get("signal"))
             return
-        if message.get("op") != "generate":
+        if message.get("op") != "generate" or inbox.stopping:
             continue
-        reply: dict[str, Any] = {"op": "result", "id": message["id"], "rank": session.launch.rank}
+        request_id = str(message["id"])
+
+        def after_step(step: int, request_id: str = request_id) -> None:
+            if inbox.stopping:
+                raise RequestAborted(request_id=request_id, step=step, reason=inbox.stop_reason)
+            # A launcher that went away is the inbox's to notice, as a stop.
+            with contextlib.suppress(OSError):
+                control.send({"op": "progress", "id": request_id, "rank": rank, "step": step})
+
+        serving: Pipeline = ServingPipeline(pipeline, after_step=after_step)
+        actions = StartupActions(dataclasses.replace(runtime, pipeline=serving))
+        reply: dict[str, Any] = {"op": "result", "id": request_id, "rank": rank}
         try:
             shape = Shape(
                 width=message["width"], height=message["height"], frames=message["frames"]
@@ -215,11 +323,23 @@ def _serve(session: RankSession, control: Connection) -> None:
                 peak_bytes=result.peak_bytes,
                 memory_source=result.memory_source,
             )
-            control.send(reply)
+            with contextlib.suppress(OSError):
+                control.send(reply)
         except Exception as exc:  # the request failed on this rank: journal it, fail, report
+            hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
+            stopped = (
+                isinstance(exc, RequestAborted)
+                or inbox.stopping
+                or (hung_up and inbox.wait_for_stop(PEER_STOP_GRACE_S))
+            )
+            if stopped:
+                # Given up for a stop, here or on a peer: a shutdown, not a failure.
+                session.stop(reason=inbox.stop_reason, signal_name=inbox.stop_message.get("signal"))
+                return
             session.fail(exc)
             reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
-            control.send(reply)
+            with contextlib.suppress(OSError):
+                control.send(reply)
             return
 
 
@@ -253,6 +373,10 @@ def main() -> int:
         status = run_rank_process(
             args, mode=spec.mode, env=os.environ, created_at=created_at, control=control
         )
+    except JournalWriteFailed as exc:
+        # One write: the ranks of a launcher share its stderr.
+        sys.stderr.write(f"lifecycle: error: rank {os.environ.get('RANK', '?')}: {exc}\n")
+        status = EXIT_UNJOURNALED
     except LifecycleError as exc:
         print(f"lifecycle worker: error: {exc}", file=sys.stderr)
         status = 2

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.events import CollectiveStarted, Heartbeat, StoredEvent
+from lifecycle.events import CollectiveStarted, Heartbeat, Shutdown, StoredEvent
 from lifecycle.fold import RankFold, RankView
 from replay.load import RunInfo
 
@@ -73,11 +73,12 @@ class RunAnalysis:
     views: dict[int, RankView]
     groups: dict[str, GroupEvidence]
     mismatches: tuple[Mismatch, ...]
-    last_progress: dict[int, float]  # each rank's last event that is not a heartbeat
+    last_progress: dict[int, float]  # each rank's last event that is neither heartbeat nor shutdown
     end_wall: float  # the last event of any rank
     missing_ranks: tuple[int, ...]  # ranks of the world that left no event at all
     events: int
     recent_heartbeats: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    shutdown_walls: dict[int, float] = field(default_factory=dict)  # when each rank shut down
 
     def heartbeats_after(self, wall: float, *, besides: int) -> int:
         """How many of the other ranks' last heartbeats came after `wall`."""
@@ -91,18 +92,15 @@ class RunAnalysis:
 
     @property
     def heartbeat_interval_s(self) -> float:
-        value = self.run.config.get("heartbeat_interval_s", 1.0)
-        return float(value) if isinstance(value, int | float) else 1.0
+        return self.run.config_number("heartbeat_interval_s", 1.0) or 1.0
 
     @property
     def dist_timeout_s(self) -> float | None:
-        value = self.run.config.get("dist_timeout_s")
-        return float(value) if isinstance(value, int | float) else None
+        return self.run.config_number("dist_timeout_s", None)
 
     @property
     def state_deadline_s(self) -> float:
-        value = self.run.config.get("state_deadline_s", 300.0)
-        return float(value) if isinstance(value, int | float) else 300.0
+        return self.run.config_number("state_deadline_s", 300.0) or 300.0
 
     def at(self, wall: float) -> float:
         """Seconds since the run was created."""
@@ -205,6 +203,7 @@ def analyze(
     book = _Book()
     last_progress: dict[int, float] = {}
     heartbeats: dict[int, deque[float]] = {}
+    shutdowns: dict[int, float] = {}
     end_wall = run.created_at
     count = 0
     for stored in events:
@@ -222,6 +221,9 @@ def analyze(
             if beats is None:
                 beats = heartbeats[stored.rank] = deque(maxlen=RECENT_HEARTBEATS)
             beats.append(stored.wall_time)
+        elif isinstance(event, Shutdown):
+            # Being told to stop is not progress: a rank stopped while stuck stays stuck.
+            shutdowns.setdefault(stored.rank, stored.wall_time)
         else:
             last_progress[stored.rank] = stored.wall_time
         if isinstance(event, CollectiveStarted):
@@ -257,4 +259,5 @@ def analyze(
         missing_ranks=missing,
         events=count,
         recent_heartbeats={rank: tuple(beats) for rank, beats in heartbeats.items()},
+        shutdown_walls=shutdowns,
     )

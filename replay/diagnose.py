@@ -10,6 +10,14 @@ from lifecycle.states import State
 from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
 
 COLLECTIVE_ERRORS = frozenset({"CollectiveTimeout", "CollectiveError"})
+# A wait in a collective is a hang only once it outlasts this many heartbeat intervals (and
+# HANG_FLOOR_S): a shorter one is a peer that is behind, or whose start is not journaled yet.
+HANG_INTERVALS = 5
+HANG_FLOOR_S = 2.0
+
+EXIT_READY = 0
+EXIT_FAILURE = 1  # failed, hung or crashed
+EXIT_NOT_READY = 3  # no failure found, and not ready: running, stopped, or incomplete
 
 
 class Outcome(StrEnum):
@@ -17,7 +25,9 @@ class Outcome(StrEnum):
     FAILED = "failed"
     HUNG = "hung"
     CRASHED = "crashed"
-    INCOMPLETE = "incomplete"
+    STOPPED = "stopped"  # stopped from outside before ready, with no failure before the stop
+    RUNNING = "running"  # still starting: every rank alive and moving
+    INCOMPLETE = "incomplete"  # the journals end before a verdict (a rank's journal missing)
 
 
 class Status(StrEnum):
@@ -62,6 +72,7 @@ class RankVerdict:
     faults: tuple[str, ...]
     stalls: int
     note: str
+    stop_signal: str | None  # the signal it journaled its shutdown for, if one
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +92,11 @@ class Diagnosis:
 
     @property
     def exit_status(self) -> int:
-        return 0 if self.outcome is Outcome.READY else 1
+        if self.outcome is Outcome.READY:
+            return EXIT_READY
+        if self.outcome in (Outcome.FAILED, Outcome.HUNG, Outcome.CRASHED):
+            return EXIT_FAILURE
+        return EXIT_NOT_READY
 
 
 def _first_fatal(view: RankView) -> tuple[float, str, str, str] | None:
@@ -102,7 +117,9 @@ def _where(view: RankView) -> str:
     return view.state
 
 
-def _status(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Status:
+def _status(
+    view: RankView, analysis: RunAnalysis, *, now: float | None, dead: frozenset[int]
+) -> Status:
     interval = analysis.heartbeat_interval_s
     # Silent for three heartbeat intervals (never less than half a second, for a thread that
     # waited on the GIL) means the process is gone.
@@ -111,32 +128,70 @@ def _status(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Stat
     current_stalled = bool(view.spans) and any(
         at >= view.spans[-1].entered_at for at, _, _ in view.stalls
     )
+    progress = analysis.last_progress.get(view.rank, last)
+    idle = last - progress > max(analysis.state_deadline_s, 10 * interval)
     if view.state == State.FAILED:
         return Status.FAILED
-    if view.ready_action_done and view.state in (State.READY, State.STOPPED):
+    ended = view.shutdown is not None or view.state == State.STOPPED
+    if ended and view.ready_action_done:
         return Status.READY
-    if view.shutdown is not None or view.state == State.STOPPED:
-        # Stopped from outside before it was healthy: stuck first (a collective it never
-        # left, a stall in this state), or simply stopped.
-        if view.pending is not None:
+    if ended:
+        # Stopped from outside before it was healthy: stuck first (a collective it had waited
+        # in too long, a stall in this state, no progress for long), or simply stopped.
+        if _stuck(view, analysis, until=last):
             return Status.BLOCKED
-        return Status.HUNG if current_stalled else Status.STOPPED
+        return Status.HUNG if current_stalled or idle else Status.STOPPED
     reference = analysis.end_wall if now is None else max(now, analysis.end_wall)
-    # Dead: silent for several heartbeat intervals, or silent while peers heartbeat on (a
-    # live rank writes one every interval from its own thread, blocked or not), or its peers
-    # finished collectives with it that it never journaled (its journal was cut off).
+    # Dead: its process is gone (seen by the reader on this host), silent for several
+    # heartbeat intervals, or silent while peers heartbeat on (a live rank writes one every
+    # interval from its own thread, blocked or not).
     if (
-        reference - last > quiet
+        view.rank in dead
+        or reference - last > quiet
         or analysis.heartbeats_after(last, besides=view.rank) >= 2
-        or _cut_off(view, analysis)
     ):
         return Status.CRASHED
+    if view.ready_action_done and view.state == State.READY:
+        # Serving: its collective records reach the journal in batches, so peers running
+        # ahead of it are no sign of a cut-off journal.
+        return Status.READY
+    # Its peers finished collectives with it that it never journaled, and went on writing for
+    # longer than a heartbeat interval: its journal was cut off. (Within that, each rank's
+    # stream read a moment apart from the others' can show a peer a little ahead.)
+    if analysis.end_wall - last > quiet and _cut_off(view, analysis):
+        return Status.CRASHED
     if view.pending is not None:
-        return Status.BLOCKED
-    progress = analysis.last_progress.get(view.rank, last)
-    if current_stalled or last - progress > max(analysis.state_deadline_s, 10 * interval):
+        # Alive: it is still waiting now, as far as the reader can tell.
+        return Status.BLOCKED if _stuck(view, analysis, until=reference) else Status.RUNNING
+    if current_stalled or idle:
         return Status.HUNG
     return Status.RUNNING
+
+
+def _stop_cause(view: RankView) -> str:
+    shutdown = view.shutdown
+    if shutdown is None:
+        return "from outside"
+    return f"by {shutdown.signal}" if shutdown.signal else f"({shutdown.reason})"
+
+
+def _hang_after_s(analysis: RunAnalysis) -> float:
+    """How long a wait in a collective may last before it counts as a hang."""
+    return max(HANG_INTERVALS * analysis.heartbeat_interval_s, HANG_FLOOR_S)
+
+
+def _stuck(view: RankView, analysis: RunAnalysis, *, until: float) -> bool:
+    """Waiting in a collective that cannot complete (its members disagree on it), or, until
+    `until`, for longer than a peer that is merely behind would take."""
+    pending = view.pending
+    if pending is None:
+        return False
+    started = pending.started
+    if any(
+        m.group == started.group and m.group_seq == started.group_seq for m in analysis.mismatches
+    ):
+        return True
+    return until - pending.at > _hang_after_s(analysis)
 
 
 def _cut_off(view: RankView, analysis: RunAnalysis) -> bool:
@@ -177,8 +232,10 @@ def _pending(view: RankView, analysis: RunAnalysis) -> PendingInfo | None:
     )
 
 
-def _verdict(view: RankView, analysis: RunAnalysis, *, now: float | None) -> RankVerdict:
-    status = _status(view, analysis, now=now)
+def _verdict(
+    view: RankView, analysis: RunAnalysis, *, now: float | None, dead: frozenset[int]
+) -> RankVerdict:
+    status = _status(view, analysis, now=now, dead=dead)
     fatal = _first_fatal(view)
     error = (
         ErrorInfo(
@@ -212,8 +269,12 @@ def _verdict(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Ran
         notes.append(
             f"journal ends at +{analysis.at(view.last_wall or 0.0):.2f} s with no heartbeat after"
         )
-        if _cut_off(view, analysis):
+        if view.rank in dead and view.run_started is not None:
+            notes.append(f"its process (pid {view.run_started.pid}) is gone")
+        elif _cut_off(view, analysis):
             notes.append("its peers finished collectives with it that it never journaled")
+    if status is Status.STOPPED:
+        notes.append(f"stopped {_stop_cause(view)} in {_where(view)}")
     if status is Status.HUNG:
         notes.append(f"no progress in {view.state}, heartbeats go on")
     return RankVerdict(
@@ -226,6 +287,7 @@ def _verdict(view: RankView, analysis: RunAnalysis, *, now: float | None) -> Ran
         faults=tuple(f.fault for _, _, f in view.faults),
         stalls=len(view.stalls),
         note="; ".join(notes),
+        stop_signal=_stop_signal(view),
     )
 
 
@@ -272,11 +334,50 @@ def _peer_evidence(verdicts: dict[int, RankVerdict]) -> dict[int, RankVerdict]:
 
 def _blocked(verdict: RankVerdict) -> bool:
     """Waiting in a collective at the end, or failed because one timed out or broke."""
-    if verdict.pending is None:
+    if verdict.pending is None or verdict.status is Status.STOPPED:
         return False
     if verdict.status is Status.BLOCKED:
         return True
     return verdict.first_error is not None and verdict.first_error.error_type in COLLECTIVE_ERRORS
+
+
+def _broken_by_stop(
+    verdicts: dict[int, RankVerdict], analysis: RunAnalysis
+) -> dict[int, RankVerdict]:
+    """A rank whose collective broke only after the run was stopped by a signal, and that was
+    itself stopped by one, failed because of the stop (a peer left first), not on its own."""
+    from dataclasses import replace
+
+    signalled = [
+        wall
+        for rank, wall in analysis.shutdown_walls.items()
+        if _stop_signal(analysis.views.get(rank)) is not None
+    ]
+    if not signalled:
+        return verdicts
+    stopped_at = analysis.at(min(signalled))
+    updated = dict(verdicts)
+    for rank, verdict in verdicts.items():
+        error = verdict.first_error
+        if (
+            verdict.status is Status.FAILED
+            and error is not None
+            and error.error_type in COLLECTIVE_ERRORS
+            and error.at_s >= stopped_at
+            and _stop_signal(analysis.views.get(rank)) is not None
+        ):
+            updated[rank] = replace(
+                verdict,
+                status=Status.STOPPED,
+                note=verdict.note + "; its collective broke once the run was being stopped",
+            )
+    return updated
+
+
+def _stop_signal(view: RankView | None) -> str | None:
+    if view is None or view.shutdown is None:
+        return None
+    return view.shutdown.signal
 
 
 def _wait_roots(verdicts: dict[int, RankVerdict], missing: tuple[int, ...]) -> list[int]:
@@ -387,39 +488,51 @@ def _when_wrong(verdict: RankVerdict | None, analysis: RunAnalysis) -> float:
     return analysis.at(analysis.last_progress.get(verdict.rank, analysis.end_wall))
 
 
-def diagnose(analysis: RunAnalysis, *, now: float | None = None) -> Diagnosis:
+def diagnose(
+    analysis: RunAnalysis, *, now: float | None = None, dead_ranks: frozenset[int] = frozenset()
+) -> Diagnosis:
     """Decide the outcome and the culprits from the evidence alone.
 
     `now` (the reader's clock) only matters for a journal whose ranks all stopped writing
     together: without it, a journal that simply ends reads as crashed only relative to the
-    other ranks.
+    other ranks. `dead_ranks` are ranks whose process the reader saw gone: one of them that
+    journaled no end crashed, however recent its last event.
     """
-    verdicts = {r: _verdict(v, analysis, now=now) for r, v in analysis.views.items()}
+    verdicts = {
+        r: _verdict(v, analysis, now=now, dead=dead_ranks) for r, v in analysis.views.items()
+    }
     verdicts = _peer_evidence(verdicts)
+    verdicts = _broken_by_stop(verdicts, analysis)
     errors = sorted(
-        (v.first_error for v in verdicts.values() if v.first_error is not None),
+        (
+            v.first_error
+            for v in verdicts.values()
+            if v.first_error is not None and v.status is not Status.STOPPED
+        ),
         key=lambda e: (e.at_s, e.rank),
     )
     first_error = errors[0] if errors else None
     crashed = [r for r, v in verdicts.items() if v.status is Status.CRASHED]
+    failed = [r for r, v in verdicts.items() if v.status is Status.FAILED]
     statuses = {v.status for v in verdicts.values()}
     hung_evidence = any(_blocked(v) for v in verdicts.values()) or Status.HUNG in statuses
+    complete = bool(verdicts) and not analysis.missing_ranks
     culprits: list[int] = []
     if crashed:
         outcome = Outcome.CRASHED
         culprits = sorted(crashed, key=lambda r: analysis.views[r].last_wall or 0.0)
-    elif (
-        verdicts
-        and not analysis.missing_ranks
-        and all(v.status is Status.READY for v in verdicts.values())
-    ):
+    elif complete and statuses == {Status.READY}:
         outcome = Outcome.READY
     elif hung_evidence:
         outcome = Outcome.HUNG
         culprits = _hang_culprits(verdicts, analysis)
-    elif errors:
+    elif errors or failed:
         outcome = Outcome.FAILED
-        culprits = [errors[0].rank]
+        culprits = [errors[0].rank] if errors else failed[:1]
+    elif complete and statuses <= {Status.READY, Status.STOPPED}:
+        outcome = Outcome.STOPPED
+    elif complete and statuses <= {Status.READY, Status.STOPPED, Status.RUNNING}:
+        outcome = Outcome.RUNNING
     else:
         outcome = Outcome.INCOMPLETE
     culprit_state = None
@@ -458,11 +571,37 @@ def _with_summary(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> Diagnosis:
     return replace(d, summary=summarize(d, verdicts))
 
 
+def _stopped_text(verdict: RankVerdict, analysis: RunAnalysis) -> str:
+    if verdict.status is Status.READY:
+        return f"rank {verdict.rank} ready"
+    view = analysis.views.get(verdict.rank)
+    if verdict.status is Status.STOPPED and view is not None:
+        return f"rank {verdict.rank} {_stop_cause(view)} in {verdict.last_state}"
+    return f"rank {verdict.rank} {verdict.status} in {verdict.last_state}"
+
+
+def _running_text(verdict: RankVerdict) -> str:
+    if verdict.status is not Status.RUNNING:
+        return f"rank {verdict.rank} {verdict.status}"
+    text = f"rank {verdict.rank} in {verdict.last_state}"
+    p = verdict.pending
+    if p is not None:
+        text += f" ({p.op} #{p.group_seq} of {p.group} for {p.waited_s:.1f} s)"
+    return text
+
+
 def summarize(d: Diagnosis, verdicts: dict[int, RankVerdict]) -> str:
     """One paragraph a person reads first."""
     parts: list[str] = []
     if d.outcome is Outcome.READY:
         parts.append(f"every rank reached ready in {d.startup_to_ready_s or 0.0:.2f} s")
+    elif d.outcome is Outcome.STOPPED:
+        parts.append(
+            "stopped from outside before ready: "
+            + ", ".join(_stopped_text(v, d.analysis) for v in d.ranks)
+        )
+    elif d.outcome is Outcome.RUNNING:
+        parts.append("still starting: " + ", ".join(_running_text(v) for v in d.ranks))
     elif d.outcome is Outcome.INCOMPLETE:
         states = ", ".join(f"rank {v.rank} {v.last_state} ({v.status})" for v in d.ranks)
         parts.append(f"the journal ends before a verdict: {states}")

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import heapq
+import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle.config import MAX_RANKS
 from lifecycle.errors import AmbiguousRun, JournalError, ReplayError, RunNotFound
-from lifecycle.events import StoredEvent
+from lifecycle.events import RunStarted, StoredEvent
 from lifecycle.journal import Journal, RunRow
+
+# What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
+# past the recursion limit, a number out of range): the journal is bad input, not a bug here.
+DATA_ERRORS = (ValueError, TypeError, RecursionError, OverflowError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,6 +31,21 @@ class RunInfo:
     lifecycle_version: str
     command: str | None
     sources: tuple[str, ...]
+    # What the journals disagree on about this run, said once the run is read.
+    notes: tuple[str, ...] = ()
+
+    @property
+    def model_name(self) -> str:
+        model = self.config.get("model")
+        name = model.get("name") if isinstance(model, dict) else None
+        return name if isinstance(name, str) else "?"
+
+    def config_number(self, key: str, default: float | None) -> float | None:
+        """A positive, finite number from the recorded config, else `default`."""
+        value = self.config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return default
+        return float(value) if math.isfinite(value) and value > 0 else default
 
 
 @dataclass
@@ -36,6 +58,7 @@ class Journals:
 
     sources: list[Journal] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    _ranks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
 
     @classmethod
     def open(cls, locations: Sequence[str]) -> Journals:
@@ -63,39 +86,119 @@ class Journals:
 
     def runs(self) -> list[RunInfo]:
         """Every run of every journal, merged by run id, oldest first."""
-        merged: dict[str, tuple[RunRow, list[str]]] = {}
+        merged: dict[str, list[tuple[RunRow, Journal]]] = {}
         for journal in self.sources:
             try:
                 rows = journal.runs()
             except JournalError as exc:
                 self.problems.append(str(exc))
                 continue
+            except DATA_ERRORS as exc:
+                self.problems.append(f"{journal.location}: its runs cannot be read: {exc}")
+                continue
             for row in rows:
-                if row.run_id in merged:
-                    first, where = merged[row.run_id]
-                    where.append(journal.location)
-                    if row.config != first.config:
-                        self.problems.append(
-                            f"{journal.location}: run {row.run_id} has a different config than"
-                            f" in {where[0]}; using the first"
-                        )
-                else:
-                    merged[row.run_id] = (row, [journal.location])
-            self.problems.extend(journal.malformed_rows)
-        infos = [
-            RunInfo(
-                run_id=row.run_id,
-                created_at=row.created_at,
-                host=row.host,
-                world_size=row.world_size,
-                config=row.config,
-                lifecycle_version=row.lifecycle_version,
-                command=row.command,
-                sources=tuple(where),
-            )
-            for row, where in merged.values()
-        ]
+                held = merged.setdefault(row.run_id, [])
+                if held and row.config != held[0][0].config:
+                    self.problems.append(
+                        f"{journal.location}: run {row.run_id} has a different config than"
+                        f" in {held[0][1].location}; using the first"
+                    )
+                held.append((row, journal))
+            self.problems.extend(m for m in journal.malformed_rows if m not in self.problems)
+        infos = [self._merge(run_id, held) for run_id, held in merged.items()]
         return sorted(infos, key=lambda r: (r.created_at, r.run_id))
+
+    def _merge(self, run_id: str, held: list[tuple[RunRow, Journal]]) -> RunInfo:
+        first = held[0][0]
+        notes: list[str] = []
+        starts = [row.created_at for row, _ in held if math.isfinite(row.created_at)]
+        if len(starts) < len(held):
+            notes.append(f"run {run_id}: a recorded start time is not a finite number")
+        world = self._world_size(run_id, held, notes)
+        return RunInfo(
+            run_id=run_id,
+            # The earliest, so that every file's events fall after it whatever the order given.
+            created_at=min(starts, default=0.0),
+            host=first.host,
+            world_size=world,
+            config=first.config,
+            lifecycle_version=first.lifecycle_version,
+            command=first.command,
+            sources=tuple(dict.fromkeys(journal.location for _, journal in held)),
+            notes=tuple(notes),
+        )
+
+    def _world_size(self, run_id: str, held: list[tuple[RunRow, Journal]], notes: list[str]) -> int:
+        """The run's world size, whatever order its journals were given in.
+
+        Where the run rows agree, hold every rank that has events, and are a world size this
+        lifecycle can write, they are taken as they are. Otherwise each rank's own
+        `run_started` says which world it joined, and the world most ranks agree on wins;
+        without one, the smallest recorded world that holds every rank seen.
+        """
+        recorded = sorted({row.world_size for row, _ in held})
+        present = self._present_ranks(run_id, [journal for _, journal in held])
+        plausible = [w for w in recorded if 1 <= w <= MAX_RANKS]
+        if len(recorded) == 1 and plausible and all(0 <= rank < recorded[0] for rank in present):
+            return recorded[0]
+        claims = self._started_world_sizes(run_id, present)
+        votes = Counter(claims.values())
+        if votes:
+            top = max(votes.values())
+            # A tie goes to the world the lowest rank joined: rank 0 is the one every rank
+            # rendezvoused with.
+            world = next(w for _, w in sorted(claims.items()) if votes[w] == top)
+            reason = "as its ranks' run_started events record"
+        else:
+            holding = [w for w in plausible if all(0 <= rank < w for rank in present)]
+            fallback = max(present, default=-1) + 1
+            world = holding[0] if holding else (plausible[-1] if plausible else fallback)
+            reason = "the smallest recorded one that holds every rank seen"
+        if len(recorded) > 1:
+            where = "; ".join(f"{row.world_size} in {journal.location}" for row, journal in held)
+            notes.append(f"run {run_id}: journals disagree on its world size ({where});"
+                         f" using {world}, {reason}")  # fmt: skip
+        elif world != recorded[0]:
+            notes.append(
+                f"run {run_id}: its recorded world size {recorded[0]} does not fit its ranks;"
+                f" using {world}, {reason}"
+            )
+        return world
+
+    def _ranks_of(self, journal: Journal, run_id: str) -> list[int]:
+        key = (id(journal), run_id)
+        if key not in self._ranks:
+            try:
+                self._ranks[key] = journal.ranks(run_id)
+            except JournalError as exc:
+                self.problems.append(str(exc))
+                self._ranks[key] = []
+        return self._ranks[key]
+
+    def _present_ranks(self, run_id: str, journals: list[Journal]) -> dict[int, Journal]:
+        """Each rank that has events of the run, with the journal it is read from."""
+        present: dict[int, Journal] = {}
+        for journal in journals:
+            for rank in self._ranks_of(journal, run_id):
+                present.setdefault(rank, journal)
+        return present
+
+    def _started_world_sizes(self, run_id: str, present: dict[int, Journal]) -> dict[int, int]:
+        """The world size each rank's first event, its `run_started`, records; a claim the rank
+        itself does not fit in is no evidence."""
+        claims: dict[int, int] = {}
+        for rank, journal in sorted(present.items()):
+            try:
+                # Only the first event is wanted; the stream is dropped (and closed) at once.
+                first = next(journal.read(run_id=run_id, rank=rank), None)
+            except (JournalError, *DATA_ERRORS):
+                first = None
+            if first is None or not isinstance(first.event, RunStarted):
+                continue
+            world = first.event.world_size
+            if 0 <= rank < world <= MAX_RANKS:
+                claims[rank] = world
+        return claims
 
     def resolve(self, ref: str) -> RunInfo:
         """A run id, a unique prefix of one, or `latest`."""
@@ -118,30 +221,45 @@ class Journals:
         """The run's events, every rank's stream merged in wall-time order (each in seq order).
 
         Each rank is read from the first journal that has it (the same file given twice is
-        read once). Merging keeps the readers' memory bounded: a collective is complete, and
-        forgotten, soon after its last member started it.
+        read once); a rank outside the run's world is set aside and said so. Merging keeps the
+        readers' memory bounded: a collective is complete, and forgotten, soon after its last
+        member started it.
         """
+        self.problems.extend(run.notes)
         streams: list[Iterator[StoredEvent]] = []
         claimed: set[int] = set()
+        outside: list[int] = []
         for journal in self.sources:
             if journal.location not in run.sources:
                 continue
-            try:
-                ranks = journal.ranks(run.run_id)
-            except JournalError as exc:
-                self.problems.append(str(exc))
-                continue
-            for r in ranks:
+            for r in self._ranks_of(journal, run.run_id):
                 if (rank is not None and r != rank) or r in claimed:
                     continue
                 claimed.add(r)
+                if not 0 <= r < run.world_size:
+                    outside.append(r)
+                    continue
                 streams.append(self._guarded(journal, run.run_id, r))
+        if outside:
+            self.problems.append(
+                f"run {run.run_id}: events of rank {', '.join(map(str, sorted(outside)))} set"
+                f" aside: outside its world of {run.world_size} rank(s)"
+            )
         yield from heapq.merge(*streams, key=lambda e: (e.wall_time, e.rank, e.seq))
         for journal in self.sources:
             self.problems.extend(m for m in journal.malformed_rows if m not in self.problems)
 
     def _guarded(self, journal: Journal, run_id: str, rank: int) -> Iterator[StoredEvent]:
+        """One rank's events; a read that fails part way keeps what came before it."""
+        last = -1
         try:
-            yield from journal.read(run_id=run_id, rank=rank)
+            for stored in journal.read(run_id=run_id, rank=rank):
+                last = stored.seq
+                yield stored
         except JournalError as exc:
             self.problems.append(f"rank {rank}: {exc}")
+        except DATA_ERRORS as exc:
+            self.problems.append(
+                f"{journal.location}: run {run_id} rank {rank}: events after seq {last} cannot"
+                f" be read: {type(exc).__name__}"
+            )

@@ -57,7 +57,10 @@ def mib(value: int | None) -> str:
 
 
 def when(wall: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall)) + "Z"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall)) + "Z"
+    except (OverflowError, ValueError, OSError):
+        return f"? (recorded time {wall!r})"
 
 
 # -- runs ---------------------------------------------------------------------------------------
@@ -160,7 +163,7 @@ def format_show(analysis: RunAnalysis, *, ranks: Sequence[int] | None, style: St
     out = [
         style.bold(f"run {run.run_id}")
         + f"  {when(run.created_at)}  host {clean(run.host)}  ranks {run.world_size}"
-        + f"  model {clean(run.config.get('model', {}).get('name', '?'))}"
+        + f"  model {clean(run.model_name)}"
     ]
     if run.command:
         out.append(f"command: {clean(run.command)}")
@@ -452,6 +455,7 @@ def _verdict_json(v: RankVerdict) -> dict[str, Any]:
         "first_error": _error_json(v.first_error),
         "faults": list(v.faults),
         "stalls": v.stalls,
+        "stop_signal": v.stop_signal,
         "note": v.note,
     }
 

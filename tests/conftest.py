@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -100,3 +101,27 @@ def no_leftover_processes(tmp_path: Path):  # type: ignore[no-untyped-def]
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     assert leftovers == [], f"processes outlived the test: {leftovers}"
+
+
+def as_unprivileged() -> list[str]:
+    """A command prefix under which file permissions apply to the command.
+
+    As root, permission bits are ignored only through the DAC capabilities: dropped from the
+    bounding set, root is held to the owner bits of the files it made, as any user is. (A
+    switch to `nobody` would need the interpreter readable by it, which a venv under /root is
+    not.)
+    """
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): permissions cannot apply")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def run_unprivileged(cwd: Path, module: str, *args: str) -> Completed:
+    proc = subprocess.run(
+        [*as_unprivileged(), sys.executable, "-m", module, *args],
+        cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True,
+        timeout=180, check=False,
+    )  # fmt: skip
+    return Completed(proc.returncode, proc.stdout, proc.stderr)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import socket
 import sqlite3
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,7 +126,7 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
     assert "3 event(s) of unknown kind or undecodable payload" in shown.stdout
     assert "sequence gaps: 7->9" in shown.stdout
     diagnosed = replay_cli(tmp_path, "diagnose", "latest", str(db), "--json")
-    assert diagnosed.returncode in (0, 1)
+    assert diagnosed.returncode in (0, 1, 3)  # a verdict (3: not ready, no failure), not bad input
     assert json.loads(diagnosed.stdout)["ranks"][0]["last_state"] == "bounded-warm"
 
 
@@ -147,6 +150,11 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
         (["--smoke-request", "maybe"], "invalid choice"),
         (["--pipeline", "nowhere"], "--pipeline must be MODULE:ATTR"),
         (["--pipeline", "json:nothing_here"], "--pipeline json:nothing_here"),
+        (
+            ["--fault", "0:probe:raise", "--fault", "0:probe:hang"],
+            "0:probe:hang: rank 0 already has fault 0:probe:raise in state 'probe'",
+        ),
+        (["--startup-timeout", "0"], "--startup-timeout must be in (0, 604800] seconds"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
@@ -183,6 +191,138 @@ def test_well_formed_specs_round_trip(rank: int, state: str, kind: str) -> None:
     assert isinstance(spec, FaultSpec)
     assert (spec.rank, spec.state.value, spec.kind.value) == (rank, state, kind)
     assert str(spec) == f"{rank}:{state}:{kind}"
+
+
+QUIET_BOOT = ["boot", "--model", "micro-video", "--log-level", "error"]
+
+
+@pytest.mark.parametrize("name", ["a?1.db", "x%41.db"])
+def test_a_journal_path_is_a_path_whatever_characters_it_holds(tmp_path: Path, name: str) -> None:
+    """`--db` with `?` or `%` in it writes a file of exactly that name (not `a`, not `xA.db`),
+    and replay reads it back by that name."""
+    result = run_cli("lifecycle.cli", [*QUIET_BOOT, "--db", name], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    runs = replay_cli(tmp_path, "runs", name, "--json")
+    assert runs.returncode == 0, runs.stderr
+    assert [run["outcome"] for run in json.loads(runs.stdout)] == ["ready"]
+
+
+def special_file(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / "j.db"
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        try:  # a /dev/null of our own, so that a sidecar file would land in tmp_path
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            return Path("/dev/null")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO", "directory"])
+@pytest.mark.parametrize("program", ["boot", "replay"])
+def test_a_journal_that_is_not_a_regular_file_is_refused(
+    tmp_path: Path, kind: str, program: str
+) -> None:
+    """A device, a FIFO or a directory as the journal: exit 2, one line saying what it is,
+    and no -journal, -wal or -shm file created beside it."""
+    path = special_file(tmp_path, kind)
+    if program == "boot":
+        result = run_cli(
+            "lifecycle.cli", [*QUIET_BOOT, "--db", str(path)], cwd=tmp_path, timeout=60
+        )
+    else:
+        result = replay_cli(tmp_path, "runs", str(path))
+    assert result.returncode == 2
+    assert one_clear_line(result).endswith(
+        f"{path}: not a lifecycle journal: not a regular file (a {kind})"
+    )
+    for suffix in ("-journal", "-wal", "-shm"):
+        assert not path.with_name(path.name + suffix).exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("garbage://x", ["garbage://x: no database dialect 'garbage' is installed"]),
+        (
+            "mysql+pymysql://u@h/db",
+            ["driver 'pymysql' for 'mysql+pymysql' is not installed", "pip install 'PyMySQL'"],
+        ),
+        (
+            "postgresql://u:secret@h/db",
+            ["postgresql://u:***@h/db: the database driver", "pip install"],
+        ),
+    ],
+)
+def test_a_database_url_that_cannot_be_used_is_one_line(
+    tmp_path: Path, url: str, expected: list[str]
+) -> None:
+    """`--db`, `LIFECYCLE_DB` and replay given a URL of an unknown database, or of a driver
+    that is not installed: exit 2, one line naming what to install, never the password."""
+    for result in (
+        run_cli("lifecycle.cli", [*QUIET_BOOT, "--db", url], cwd=tmp_path, timeout=60),
+        run_cli("lifecycle.cli", QUIET_BOOT, cwd=tmp_path, timeout=60, env={"LIFECYCLE_DB": url}),
+        replay_cli(tmp_path, "runs", url),
+    ):
+        assert result.returncode == 2
+        line = one_clear_line(result)
+        assert all(fragment in line for fragment in expected), line
+        assert "secret" not in result.stdout + result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_name_too_long_is_one_short_line(tmp_path: Path) -> None:
+    """A 5,000-character journal name: boot and replay exit 2 with one short line."""
+    name = "j" * 5000 + ".db"
+    for result in (
+        run_cli("lifecycle.cli", [*QUIET_BOOT, "--db", name], cwd=tmp_path, timeout=60),
+        replay_cli(tmp_path, "runs", name),
+    ):
+        assert result.returncode == 2
+        line = one_clear_line(result)
+        assert line.endswith("(5003 characters): cannot be opened: file name too long"), line
+        assert len(line) < 200
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchrun_environment_with_a_busy_master_port_is_one_line(tmp_path: Path) -> None:
+    """RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, with the port already taken: exit 2,
+    one line naming the address and the cause, and no journal written."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        result = run_cli(
+            "lifecycle.cli",
+            [*QUIET_BOOT, "--num-ranks", "2", "--db", "j.db", "--dist-timeout", "5"],
+            cwd=tmp_path,
+            timeout=120,
+            env=env,
+        )
+    assert result.returncode == 2
+    assert one_clear_line(result) == (
+        f"lifecycle: error: cannot join the process group at 127.0.0.1:{port}"
+        " (MASTER_ADDR:MASTER_PORT): address already in use"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchrun_environment_that_is_not_numbers_is_one_line(tmp_path: Path) -> None:
+    """A torchrun-style environment whose RANK is not a number: exit 2, one line quoting it."""
+    env = {"RANK": "zero", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    result = run_cli(
+        "lifecycle.cli", [*QUIET_BOOT, "--num-ranks", "2", "--db", "j.db"], cwd=tmp_path,
+        timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "must be integers (as torchrun sets them), not RANK='zero'" in one_clear_line(result)
+    assert list(tmp_path.iterdir()) == []
 
 
 READ_PATH_MODULES = [

@@ -203,9 +203,9 @@ def test_one_file_per_rank_merges_like_one_file(
     assert json.loads(split)["ranks"] == json.loads(whole)["ranks"]
     status, out, _ = run(capsys, "diagnose", "latest", files[0], "--json")
     doc = json.loads(out)
-    assert status == 1
+    assert status == 3  # no failure found, not ready
     assert doc["missing_ranks"] == [1]
-    assert doc["outcome"] != "ready"
+    assert doc["outcome"] == "incomplete"
     assert [r["rank"] for r in doc["ranks"]] == [0]
     assert "no journal for rank 1" in doc["summary"]
 

@@ -9,11 +9,11 @@ import pytest
 
 from lifecycle.events import ActionFinished, ActionStarted, Error, Shutdown
 from replay.cli import main
-from tests.replay.builder import JournalBuilder, a2a, beat, done, timeout_error
+from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat, done, timeout_error
 
 
 def diagnose(db: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:  # type: ignore[type-arg]
-    status = main(["diagnose", "latest", str(db), "--json"])
+    status = main(["diagnose", "latest", str(db), "--json", *AS_WRITTEN])
     return status, json.loads(capsys.readouterr().out)
 
 

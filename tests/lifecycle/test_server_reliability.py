@@ -1,0 +1,267 @@
+"""`lifecycle serve` under stress: stuck or killed ranks, big bodies, load, SIGTERM mid-request."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lifecycle.events import Error, RequestStarted, RunStarted, Shutdown, Transition
+from tests.lifecycle.test_server import BODY, Served, journal_events, serve
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
+
+FAST = ("--heartbeat-interval", "0.2")
+# On two ranks sharing two CPU cores, about 15 s and over a minute.
+LONG = {**BODY, "width": 512, "height": 288, "frames": 33, "steps": 200}
+LONGER = {**BODY, "width": 1536, "height": 864, "frames": 33, "steps": 200}
+SMALL = {**BODY, "width": 128, "height": 128, "frames": 1, "steps": 1}
+
+
+def wait_until(condition: Callable[[], bool], *, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {within} s")
+
+
+def rank_pids(db: Path) -> dict[int, int]:
+    return {e.rank: e.event.pid for e in journal_events(db) if isinstance(e.event, RunStarted)}
+
+
+def serving_request_on_every_rank(db: Path, ranks: int) -> Callable[[], bool]:
+    """True once every rank journaled the start of an HTTP request."""
+
+    def started() -> bool:
+        events = journal_events(db)
+        return {
+            e.rank
+            for e in events
+            if isinstance(e.event, RequestStarted) and e.event.source == "http"
+        } == set(range(ranks))
+
+    return started
+
+
+def process_gone(pid: int) -> Callable[[], bool]:
+    """True once `pid` has exited (a zombie not yet reaped counts as gone)."""
+
+    def gone() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] == "Z"
+        except OSError:
+            return True
+
+    return gone
+
+
+def frozen(pid: int) -> Callable[[], bool]:
+    """True once every thread of `pid` is stopped by a signal."""
+
+    def stopped() -> bool:
+        states = [
+            (task / "stat").read_text().split(") ")[-1][:1]
+            for task in Path(f"/proc/{pid}/task").iterdir()
+        ]
+        return all(state == "T" for state in states)
+
+    return stopped
+
+
+def freeze(pid: int, db: Path) -> None:
+    """SIGSTOP `pid` while holding the journal's write lock: the ranks share the journal, and
+    a rank frozen in the middle of a commit would lock every other rank out of it."""
+    lock = sqlite3.connect(db, isolation_level=None, timeout=30)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(frozen(pid), within=10, what=f"process {pid} stopping")
+        lock.execute("ROLLBACK")
+    finally:
+        lock.close()
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def chunks(total: int, size: int) -> Iterator[bytes]:
+    """A JSON-looking body of `total` bytes, `size` at a time, made as it is sent."""
+    yield b'{"prompt": "'
+    for _ in range(total // size):
+        yield b"x" * size
+
+
+def post_chunked(url: str, body: Iterator[bytes]) -> tuple[str, int]:
+    """POST `body` to /generate with Transfer-Encoding: chunked, stopping at the first sign
+    of a response; return the response's status line and the body bytes sent before it."""
+    host, port = url.removeprefix("http://").split(":")
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        try:
+            for piece in body:
+                if select.select([sock], [], [], 0)[0]:
+                    break  # the server answered before the body was over
+                sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                sent += len(piece)
+            else:
+                sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        response = b""
+        while b"\r\n" not in response:
+            data = sock.recv(4096)
+            if not data:
+                break
+            response += data
+    return response.split(b"\r\n")[0].decode(), sent
+
+
+def stop_within(served: Served, seconds: float) -> int:
+    """SIGTERM the server; its exit status, which must come within `seconds`."""
+    served.proc.send_signal(signal.SIGTERM)
+    try:
+        return served.proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"serve still running {seconds} s after SIGTERM") from None
+    finally:
+        served.client.close()
+
+
+def test_a_stuck_rank_fails_the_request_and_no_later_request_gets_its_reply(
+    tmp_path: Path,
+) -> None:
+    """When rank 1 freezes mid-request, the request is answered 500 as soon as rank 0's
+    collective times out, without waiting for rank 1; the ranks are then unhealthy (503), and
+    neither a request sent while rank 1 is still in the abandoned request nor one sent after
+    its late reply is answered with that reply."""
+    with serve(tmp_path, "--num-ranks", "2", "--dist-timeout", "3", *FAST) as served:
+        served.wait_for_health(200, within=120)
+        pids = rank_pids(served.db)
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(served.client.post, "/generate", json=LONG)
+            wait_until(serving_request_on_every_rank(served.db, 2), within=60, what="request start")
+            try:
+                freeze(pids[1], served.db)
+                answered = first.result(timeout=60)
+                assert answered.status_code == 500, answered.text
+                assert "rank 0: CollectiveTimeout" in answered.json()["detail"]
+                health = served.get("/health")
+                assert health is not None and health.status_code == 503
+                assert health.json() == {"status": "failed"}
+                meanwhile = served.client.post("/generate", json=SMALL, timeout=30)
+                assert meanwhile.status_code == 503, meanwhile.text
+            finally:
+                os.kill(pids[1], signal.SIGCONT)
+        # Rank 1 goes on with the abandoned request, finds rank 0 gone, and replies late.
+        wait_until(process_gone(pids[1]), within=60, what="rank 1 leaving")
+        after = served.client.post("/generate", json=SMALL, timeout=30)
+        assert after.status_code == 503, after.text
+        assert stop_within(served, 60) == 1
+    errors = [e for e in journal_events(served.db) if isinstance(e.event, Error)]
+    assert errors[0].rank == 0 and errors[0].event.error_type == "CollectiveTimeout"
+    assert {e.rank for e in errors} == {0, 1}, "rank 1 ended the abandoned request too"
+
+
+def test_a_rank_killed_after_ready_turns_health_503_and_serve_exits_1(tmp_path: Path) -> None:
+    """SIGKILL of a rank after ready turns /health 503 (failed) at once, /generate is refused,
+    and `serve` exits 1 when stopped."""
+    with serve(tmp_path, "--num-ranks", "2", *FAST) as served:
+        served.wait_for_health(200, within=120)
+        os.kill(rank_pids(served.db)[1], signal.SIGKILL)
+        served.wait_for_health(503, within=5)
+        for _ in range(5):
+            health = served.get("/health")
+            assert health is not None and health.status_code == 503
+            assert health.json() == {"status": "failed"}
+        assert served.client.post("/generate", json=SMALL).status_code == 503
+        assert "rank 1" in served.client.get("/lifecycle").json()["failure"]
+        assert stop_within(served, 60) == 1
+
+
+def test_a_chunked_body_over_the_limit_is_refused_before_it_is_all_sent(tmp_path: Path) -> None:
+    """A 64 MiB chunked body (no Content-Length) gets 413 once 64 KiB have arrived, long before
+    the client is done sending, and the server does not hold the body in memory."""
+    total = 64 * 2**20
+    with serve(tmp_path, "--num-ranks", "1", *FAST) as served:
+        wait_until(lambda: served.get("/liveness") is not None, within=60, what="listening")
+        before = rss_bytes(served.proc.pid)
+        status, sent = post_chunked(served.url, chunks(total, 64 * 1024))
+        grown = rss_bytes(served.proc.pid) - before
+        assert status == "HTTP/1.1 413 Request Entity Too Large", status
+        assert sent < total // 4
+        assert grown < 16 * 2**20
+        stop_within(served, 60)
+
+
+def test_probes_answer_at_once_while_generate_requests_pile_up(tmp_path: Path) -> None:
+    """With 60 /generate requests at once, /liveness, /health and /lifecycle each answer
+    within a second; the requests beyond the line's capacity get 503 with Retry-After and
+    the others 200."""
+    request = {**BODY, "width": 512, "height": 288, "frames": 33, "steps": 3}
+    with serve(tmp_path, "--num-ranks", "1", *FAST) as served:
+        served.wait_for_health(200, within=120)
+        client = httpx.Client(
+            base_url=served.url, timeout=120, limits=httpx.Limits(max_connections=100)
+        )
+        try:
+            with ThreadPoolExecutor(60) as pool:
+                pending = [pool.submit(client.post, "/generate", json=request) for _ in range(60)]
+                wait_until(
+                    serving_request_on_every_rank(served.db, 1), within=60, what="request start"
+                )
+                for path in ("/liveness", "/health", "/lifecycle", "/liveness"):
+                    started = time.monotonic()
+                    assert client.get(path, timeout=10).status_code == 200
+                    assert time.monotonic() - started < 1.0, path
+                responses = [p.result(timeout=120) for p in pending]
+        finally:
+            client.close()
+        statuses = sorted({r.status_code for r in responses})
+        assert statuses == [200, 503]
+        busy = [r for r in responses if r.status_code == 503]
+        assert all(r.headers.get("retry-after") for r in busy)
+        assert all(r.json()["detail"].startswith("busy") for r in busy)
+        assert stop_within(served, 60) == 0
+
+
+def test_sigterm_during_a_long_request_stops_serve_and_every_rank_journals_it(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM while both ranks are deep in a 200-step request: the request is answered 503
+    (server stopping), `serve` exits 0 well within 30 s, and each rank's journal ends with
+    its shutdown by SIGTERM and the move to stopped."""
+    with serve(tmp_path, "--num-ranks", "2", *FAST) as served:
+        served.wait_for_health(200, within=120)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(served.client.post, "/generate", json=LONGER)
+            wait_until(serving_request_on_every_rank(served.db, 2), within=60, what="request start")
+            assert stop_within(served, 30) == 0
+            answered = running.result(timeout=10)
+        assert answered.status_code == 503, answered.text
+        assert "stopping" in answered.json()["detail"]
+    events = journal_events(served.db)
+    for rank in (0, 1):
+        tail = [e for e in events if e.rank == rank and e.kind != "heartbeat"][-2:]
+        assert isinstance(tail[0].event, Shutdown), tail
+        assert tail[0].event.reason == "launcher received SIGTERM"
+        assert isinstance(tail[1].event, Transition) and tail[1].state == "stopped"
