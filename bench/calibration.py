@@ -68,15 +68,15 @@ FIGURES = (
 
 
 def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate: bool) -> Boot:
-    """Run `python -m lifecycle.cli boot` to completion and read its run back."""
-    from lifecycle.fold import fold_run
-    from lifecycle.journal import Journal
+    """Run `python -m lifecycle boot` to completion and read its run back."""
+    from lifecycle.core.fold import fold_run
+    from lifecycle.store.journal import Journal
 
     before = _run_ids(db)
     command = [
         sys.executable,
         "-m",
-        "lifecycle.cli",
+        "lifecycle",
         "boot",
         "--db",
         str(db),
@@ -130,7 +130,7 @@ def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate
 
 
 def _run_ids(db: Path) -> set[str]:
-    from lifecycle.journal import Journal
+    from lifecycle.store.journal import Journal
 
     if not db.exists():
         return set()

@@ -41,9 +41,9 @@ def _paired_extra(recorded: list[float], plain: list[float]) -> float:
 
 
 def measure(settings: Settings) -> list[Row]:
-    from lifecycle.fold import fold_run
-    from lifecycle.journal import Journal
-    from lifecycle.supervisor import free_port
+    from lifecycle.core.fold import fold_run
+    from lifecycle.serve.supervisor import free_port
+    from lifecycle.store.journal import Journal
 
     sized = _sized(settings)
     db = settings.workdir / "collectives.db"
@@ -147,11 +147,11 @@ def collective_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from lifecycle.comm import PendingTracker, RecordedGroup
-    from lifecycle.journal import Journal
-    from lifecycle.logs import configure_logging
-    from lifecycle.rank import RING_CAPACITY
-    from lifecycle.recorder import Recorder
+    from lifecycle.runtime.comm import PendingTracker, RecordedGroup
+    from lifecycle.runtime.recorder import Recorder
+    from lifecycle.runtime.session import RING_CAPACITY
+    from lifecycle.serve.logs import configure_logging
+    from lifecycle.store.journal import Journal
 
     rank = int(payload["rank"])
     torch.set_num_threads(1)

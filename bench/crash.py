@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.zygote import Zygote
-from lifecycle.journal import Journal
+from lifecycle.store.journal import Journal
 
 BOOT_TIMEOUT_S = 120.0
 KILL_WINDOW_S = 2.5  # kills land this long after the rank's first journal event, at most
@@ -44,7 +44,7 @@ class KillResult:
 
 def _rank_pid(db: Path, rank: int) -> int | None:
     """The pid `rank` journaled in its run_started event."""
-    from lifecycle.events import RunStarted
+    from lifecycle.core.events import RunStarted
 
     journal = Journal.open_for_read(str(db))
     try:

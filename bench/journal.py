@@ -30,7 +30,7 @@ INSERT = (
 def new_journal(path: Path, *, run_id: str, world_size: int) -> None:
     """A journal file made by the library's own migrations, with one run row."""
     from lifecycle import __version__
-    from lifecycle.journal import Journal, RunRow
+    from lifecycle.store.journal import Journal, RunRow
 
     with Journal.open_for_write(str(path)) as journal:
         journal.create_run(
@@ -48,7 +48,7 @@ def new_journal(path: Path, *, run_id: str, world_size: int) -> None:
 def raw_connection(path: Path) -> sqlite3.Connection:
     """The journal's connection settings, without the library: WAL, synchronous=NORMAL,
     foreign keys, the same busy timeout, autocommit so that BEGIN is ours."""
-    from lifecycle.journal import BUSY_TIMEOUT_S
+    from lifecycle.store.journal import BUSY_TIMEOUT_S
 
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
@@ -63,8 +63,8 @@ def raw_connection(path: Path) -> sqlite3.Connection:
 
 
 def latency_rows(settings: Settings) -> list[Row]:
-    from lifecycle.events import ActionStarted, encode
-    from lifecycle.journal import Journal
+    from lifecycle.core.events import ActionStarted, encode
+    from lifecycle.store.journal import Journal
 
     pairs = 300 if settings.quick else 4000
     discard = 30 if settings.quick else 200
@@ -161,7 +161,7 @@ def _append_in_processes(
     events: int,
     tag: str,
 ) -> Throughput:
-    from lifecycle.journal import Journal
+    from lifecycle.store.journal import Journal
 
     layout = "shared" if shared else "own"
     files = (
@@ -265,9 +265,9 @@ BENCHMARK = Benchmark(name="journal", measure=measure)
 def append_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     """Open the journal as rank `rank`; once released, append `events` events and count the
     appends that failed, and why."""
-    from lifecycle.errors import JournalError
-    from lifecycle.events import ActionStarted
-    from lifecycle.journal import Journal
+    from lifecycle.core.errors import JournalError
+    from lifecycle.core.events import ActionStarted
+    from lifecycle.store.journal import Journal
 
     journal = Journal.open_for_write(str(payload["db"]))
     writer = journal.writer(run_id=RUN_ID, rank=int(payload["rank"]))
@@ -303,7 +303,7 @@ def append_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from lifecycle.journal import known_revisions
+    from lifecycle.store.journal import known_revisions
 
     known_revisions()  # import SQLAlchemy and Alembic before saying ready
     serve(append_task)

@@ -14,12 +14,12 @@ import structlog
 from bench.stats import Paired, interleave, median
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
-from lifecycle.config import MODEL_PRESETS, ServerArgs, SmokeRequest
-from lifecycle.events import Event, StoredEvent
-from lifecycle.journal import RankWriter
-from lifecycle.plan import WarmupPlan
-from lifecycle.recorder import Recorder
-from lifecycle.states import State
+from lifecycle.core.config import MODEL_PRESETS, ServerArgs, SmokeRequest
+from lifecycle.core.events import Event, StoredEvent
+from lifecycle.core.plan import WarmupPlan
+from lifecycle.core.states import State
+from lifecycle.runtime.recorder import Recorder
+from lifecycle.store.journal import RankWriter
 
 RATIO_TARGET = 1.01
 PER_STATE_TARGET_S = 5e-3
@@ -55,9 +55,9 @@ def plain_plan(args: ServerArgs) -> WarmupPlan:
     """The plan the lifecycle side builds, computed once outside any timed region."""
     import torch
 
-    from lifecycle.device import memory_meter, probe_platform
-    from lifecycle.gates import calibration_skip_reason
-    from lifecycle.plan import plan_for
+    from lifecycle.core.gates import calibration_skip_reason
+    from lifecycle.core.plan import plan_for
+    from lifecycle.runtime.device import memory_meter, probe_platform
 
     device = torch.device("cpu")
     platform = probe_platform(device, memory_meter(device), local_ranks=1)
@@ -73,12 +73,12 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
     """Side B: build the pipeline and run the plan's requests in a loop; seconds taken."""
     import torch
 
-    from lifecycle.actions import WARMUP_PROMPT
-    from lifecycle.comm import Comm
-    from lifecycle.config import RankLayout
-    from lifecycle.device import memory_meter, release_cache, select_device
-    from lifecycle.pipeline import build_pipeline
-    from lifecycle.request import run_request
+    from lifecycle.core.config import RankLayout
+    from lifecycle.runtime.actions import WARMUP_PROMPT
+    from lifecycle.runtime.comm import Comm
+    from lifecycle.runtime.device import memory_meter, release_cache, select_device
+    from lifecycle.runtime.pipeline import build_pipeline
+    from lifecycle.runtime.request import run_request
 
     started = time.perf_counter()
     device = select_device(args.device, local_rank=0)
@@ -151,10 +151,10 @@ class Boot:
 
 def lifecycle_boot(args: ServerArgs, boots: list[Boot]) -> float:
     """Side A: journal, run row, recorder, RankSession, boot() to ready; seconds taken."""
-    from lifecycle.fold import fold_run
-    from lifecycle.journal import Journal
-    from lifecycle.rank import RankLaunch, RankSession
-    from lifecycle.runs import new_run_id, run_row
+    from lifecycle.core.fold import fold_run
+    from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.store.journal import Journal
+    from lifecycle.store.runs import new_run_id, run_row
 
     started = time.perf_counter()
     created_at = time.time()
@@ -213,7 +213,7 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
         calibrate=calibrate,
         smoke_request=SmokeRequest.OFF,  # the plain loop runs the warmup plan only
     )
-    from lifecycle.journal import Journal
+    from lifecycle.store.journal import Journal
 
     Journal.open_for_write(str(db)).close()  # migrations once, outside the timed region
     plan = plain_plan(args)
@@ -300,7 +300,7 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
 def measure(settings: Settings) -> list[Row]:
     import torch  # imported before any timed region: its import is not measured
 
-    from lifecycle.logs import configure_logging
+    from lifecycle.serve.logs import configure_logging
 
     torch.manual_seed(0)
     with _log_stream(settings.workdir) as stream:

@@ -30,8 +30,8 @@ def build_journal(path: Path, events: int) -> None:
     """A 64-rank run (CFG 2 x Ulysses 32) of `events` events: the states of a calibrated
     startup, then collectives in each rank's Ulysses, CFG and world groups interleaved with
     heartbeats, as a long-serving server's journal looks."""
-    from lifecycle.config import MODEL_PRESETS, ServerArgs, args_to_json
-    from lifecycle.events import (
+    from lifecycle.core.config import MODEL_PRESETS, ServerArgs, args_to_json
+    from lifecycle.core.events import (
         CollectiveFinished,
         CollectiveStarted,
         Event,
@@ -39,7 +39,7 @@ def build_journal(path: Path, events: int) -> None:
         PendingCollective,
         Transition,
     )
-    from lifecycle.journal import Journal, RunRow
+    from lifecycle.store.journal import Journal, RunRow
 
     # A model with enough heads for Ulysses 32, as the field's large video models have.
     model = dataclasses.replace(MODEL_PRESETS["tiny-video"], attention_heads=ULYSSES)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lifecycle.errors import (
+from lifecycle.core.errors import (
     ConfigError,
     IllegalTransition,
     JournalConflict,
@@ -11,7 +11,7 @@ from lifecycle.errors import (
     NotAJournal,
     SchemaMismatch,
 )
-from lifecycle.states import State, Trigger
+from lifecycle.core.states import State, Trigger
 
 __version__ = "0.1.0"
 

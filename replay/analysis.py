@@ -6,8 +6,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.events import CollectiveStarted, Heartbeat, Shutdown, StoredEvent
-from lifecycle.fold import RankFold, RankView
+from lifecycle.core.events import CollectiveStarted, Heartbeat, Shutdown, StoredEvent
+from lifecycle.core.fold import RankFold, RankView
 from replay.load import RunInfo
 
 # How many of each member's latest collectives per group keep their start time: enough to

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from lifecycle.errors import ReplayError
+from lifecycle.core.errors import ReplayError
 
 if TYPE_CHECKING:
     from replay.analysis import RunAnalysis
@@ -275,7 +275,7 @@ def journal_files(location: str) -> list[Path]:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    from lifecycle.journal import to_url
+    from lifecycle.store.journal import to_url
 
     try:
         url = make_url(to_url(location))
@@ -435,7 +435,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     out, err = sys.stdout, sys.stderr
-    from lifecycle.errors import LifecycleError
+    from lifecycle.core.errors import LifecycleError
 
     try:
         return COMMANDS[ns.command](ns, out, err)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from lifecycle.fold import RankView
-from lifecycle.states import State
+from lifecycle.core.fold import RankView
+from lifecycle.core.states import State
 from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
 
 COLLECTIVE_ERRORS = frozenset({"CollectiveTimeout", "CollectiveError"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lifecycle.states import State
+from lifecycle.core.states import State
 from replay.analysis import RunAnalysis
 from replay.diagnose import Diagnosis
 

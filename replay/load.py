@@ -9,10 +9,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lifecycle.config import MAX_RANKS
-from lifecycle.errors import AmbiguousRun, JournalError, ReplayError, RunNotFound
-from lifecycle.events import RunStarted, StoredEvent
-from lifecycle.journal import Journal, RunRow
+from lifecycle.core.config import MAX_RANKS
+from lifecycle.core.errors import AmbiguousRun, JournalError, ReplayError, RunNotFound
+from lifecycle.core.events import RunStarted, StoredEvent
+from lifecycle.store.journal import Journal, RunRow
 
 # What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
 # past the recursion limit, a number out of range): the journal is bad input, not a bug here.

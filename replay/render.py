@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.events import CollectiveStarted
-from lifecycle.fold import RankView
+from lifecycle.core.events import CollectiveStarted
+from lifecycle.core.fold import RankView
 from replay.analysis import RunAnalysis
 from replay.diagnose import Diagnosis, ErrorInfo, Outcome, PendingInfo, RankVerdict, Status
 from replay.load import RunInfo

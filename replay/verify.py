@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
-from lifecycle.config import ServerArgs, WarmupMode, args_from_json
-from lifecycle.errors import ConfigError
-from lifecycle.events import GateDecided, PlanBuilt, StoredEvent, Transition
-from lifecycle.gates import calibration_skip_reason, evaluate_gates
-from lifecycle.plan import WarmupPlan, build_plan, fit_probe
-from lifecycle.records import platform_from_record
-from lifecycle.states import State, Trigger, next_state
+from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
+from lifecycle.core.config import ServerArgs, WarmupMode, args_from_json
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.events import GateDecided, PlanBuilt, StoredEvent, Transition
+from lifecycle.core.gates import calibration_skip_reason, evaluate_gates
+from lifecycle.core.plan import WarmupPlan, build_plan, fit_probe
+from lifecycle.core.records import platform_from_record
+from lifecycle.core.states import State, Trigger, next_state
 from replay.load import RunInfo
 
 

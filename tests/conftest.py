@@ -51,7 +51,7 @@ def run_cli(
 @pytest.fixture
 def lifecycle_cli(tmp_path: Path) -> Callable[..., Completed]:
     def run(*args: str, timeout: float = 240.0, env: dict[str, str] | None = None) -> Completed:
-        return run_cli("lifecycle.cli", args, cwd=tmp_path, timeout=timeout, env=env)
+        return run_cli("lifecycle", args, cwd=tmp_path, timeout=timeout, env=env)
 
     return run
 
@@ -62,7 +62,7 @@ def file_digest(path: Path) -> str:
 
 def make_newer_journal(path: Path, revision: str = "0999_future") -> None:
     """A journal of this lifecycle whose recorded schema revision is one it does not know."""
-    from lifecycle.journal import Journal
+    from lifecycle.store.journal import Journal
 
     Journal.open_for_write(str(path)).close()
     conn = sqlite3.connect(path)

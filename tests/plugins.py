@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from lifecycle.comm import Comm
-from lifecycle.config import MODEL_PRESETS
-from lifecycle.events import ActionStarted
-from lifecycle.journal import Journal
-from lifecycle.pipeline import Pipeline
-from lifecycle.pipeline.tiny import TinyVideoPipeline
+from lifecycle.core.config import MODEL_PRESETS
+from lifecycle.core.events import ActionStarted
+from lifecycle.runtime.comm import Comm
+from lifecycle.runtime.pipeline import Pipeline
+from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
+from lifecycle.store.journal import Journal
 
 SPEC = dataclasses.replace(MODEL_PRESETS["micro-video"], name="checking-video")
 SEEN: dict[str, object] = {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
-from lifecycle.config import Shape
-from lifecycle.gates import GATES, GateOutcome
+from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
+from lifecycle.core.config import Shape
+from lifecycle.core.gates import GATES, GateOutcome
 
 shapes = st.builds(
     Shape,

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.events import (
+from lifecycle.core.events import (
     BuffersAllocated,
     BuffersDropped,
     RequestFinished,
     Transition,
     WarmupRecord,
 )
-from lifecycle.fold import fold_run
-from lifecycle.journal import Journal
+from lifecycle.core.fold import fold_run
+from lifecycle.store.journal import Journal
 from tests.conftest import Completed, file_digest, make_newer_journal
 
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle import events as ev
-from lifecycle.errors import CorruptEvent
-from lifecycle.events import (
+from lifecycle.core import events as ev
+from lifecycle.core.errors import CorruptEvent
+from lifecycle.core.events import (
     EVENT_TYPES,
     Event,
     Heartbeat,

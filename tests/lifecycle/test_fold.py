@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lifecycle.events import (
+from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
     BuffersAllocated,
@@ -16,7 +16,7 @@ from lifecycle.events import (
     Transition,
     UnknownEvent,
 )
-from lifecycle.fold import fold_rank, fold_run
+from lifecycle.core.fold import fold_rank, fold_run
 
 
 def stream(

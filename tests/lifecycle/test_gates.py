@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import (
+from lifecycle.core.config import (
     MODEL_PRESETS,
     DisaggRole,
     ModelSpec,
@@ -15,7 +15,7 @@ from lifecycle.config import (
     ServerArgs,
     WarmupMode,
 )
-from lifecycle.gates import (
+from lifecycle.core.gates import (
     GATES,
     RESIDENCY_PLANNER_NOT_AVAILABLE,
     Platform,

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifecycle.errors import JournalConflict, JournalNotFound, NotAJournal, SchemaMismatch
-from lifecycle.events import ActionStarted, StoredEvent, Transition
-from lifecycle.fold import fold_run
-from lifecycle.journal import (
+from lifecycle.core.errors import JournalConflict, JournalNotFound, NotAJournal, SchemaMismatch
+from lifecycle.core.events import ActionStarted, StoredEvent, Transition
+from lifecycle.core.fold import fold_run
+from lifecycle.store.journal import (
     Journal,
     RunRow,
     head_revision,

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.errors import IllegalTransition
-from lifecycle.machine import LifecycleMachine
-from lifecycle.states import State, Trigger, next_state
+from lifecycle.core.errors import IllegalTransition
+from lifecycle.core.machine import LifecycleMachine
+from lifecycle.core.states import State, Trigger, next_state
 
 
 class Log:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from alembic import command
 
-from lifecycle.journal import (
+from lifecycle.store.journal import (
     Journal,
     alembic_config,
     head_revision,

@@ -7,9 +7,9 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.config import MODEL_PRESETS, MemoryModel, ServerArgs, Shape, WarmupMode
-from lifecycle.gates import RESIDENCY_PLANNER_NOT_AVAILABLE
-from lifecycle.plan import (
+from lifecycle.core.config import MODEL_PRESETS, MemoryModel, ServerArgs, Shape, WarmupMode
+from lifecycle.core.gates import RESIDENCY_PLANNER_NOT_AVAILABLE
+from lifecycle.core.plan import (
     GIB,
     PROBE_DOES_NOT_FIT,
     Role,

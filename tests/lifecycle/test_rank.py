@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.config import MODEL_PRESETS, ServerArgs
-from lifecycle.errors import IllegalTransition
-from lifecycle.events import ActionStarted, Error, Transition
-from lifecycle.fold import fold_run
-from lifecycle.journal import Journal
-from lifecycle.pipeline import register_pipeline
-from lifecycle.rank import RankLaunch, RankSession, next_trigger
-from lifecycle.recorder import Recorder
-from lifecycle.runs import new_run_id, run_row
-from lifecycle.states import State, Trigger
+from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+from lifecycle.core.errors import IllegalTransition
+from lifecycle.core.events import ActionStarted, Error, Transition
+from lifecycle.core.fold import fold_run
+from lifecycle.core.states import State, Trigger
+from lifecycle.runtime.pipeline import register_pipeline
+from lifecycle.runtime.recorder import Recorder
+from lifecycle.runtime.session import RankLaunch, RankSession, next_trigger
+from lifecycle.store.journal import Journal
+from lifecycle.store.runs import new_run_id, run_row
 from tests import plugins
 
 

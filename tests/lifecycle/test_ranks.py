@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.events import (
+from lifecycle.core.events import (
     CollectiveFinished,
     CollectiveStarted,
     Error,
@@ -19,8 +19,8 @@ from lifecycle.events import (
     StoredEvent,
     Transition,
 )
-from lifecycle.fold import fold_run
-from lifecycle.journal import Journal
+from lifecycle.core.fold import fold_run
+from lifecycle.store.journal import Journal
 from tests.conftest import Completed
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -255,7 +255,7 @@ def test_torchrun_starts_the_same_entry(tmp_path: Path) -> None:
 
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "lifecycle.cli", "boot", *MICRO, "--num-ranks", "2"],
+         "-m", "lifecycle", "boot", *MICRO, "--num-ranks", "2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
         env={**__import__("os").environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip

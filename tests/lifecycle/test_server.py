@@ -14,15 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lifecycle.events import (
+from lifecycle.core.events import (
     BuffersAllocated,
     CollectiveStarted,
     RequestFinished,
     RequestStarted,
     Shutdown,
 )
-from lifecycle.journal import Journal
-from lifecycle.supervisor import free_port
+from lifecycle.serve.supervisor import free_port
+from lifecycle.store.journal import Journal
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -64,7 +64,7 @@ def serve(tmp_path: Path, *extra: str) -> Iterator[Served]:
     port = free_port()
     with (tmp_path / "serve.log").open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lifecycle.cli", "serve", "--model", "micro-video",
+            [sys.executable, "-m", "lifecycle", "serve", "--model", "micro-video",
              "--db", "j.db", "--port", str(port), "--log-level", "warning", *extra],
             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lifecycle.events import Error, RequestStarted, RunStarted, Shutdown, Transition
+from lifecycle.core.events import Error, RequestStarted, RunStarted, Shutdown, Transition
 from tests.lifecycle.test_server import BODY, Served, journal_events, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]

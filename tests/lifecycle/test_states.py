@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lifecycle.states import (
+from lifecycle.core.states import (
     ACTION_STATES,
     TERMINAL_STATES,
     TRANSITIONS,

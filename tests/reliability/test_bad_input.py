@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.errors import FaultSpecError
-from lifecycle.faults import FaultKind, FaultSpec, parse_fault
+from lifecycle.core.errors import FaultSpecError
+from lifecycle.core.faults import FaultKind, FaultSpec, parse_fault
 from tests.conftest import REPO, Completed, file_digest, make_newer_journal, run_cli
 from tests.replay.builder import JournalBuilder, a2a, beat
 
@@ -87,7 +87,7 @@ def test_lifecycle_refuses_a_bad_journal_in_one_line(tmp_path: Path, kind: str) 
     before = file_digest(path)
     for argv in (["boot", "--model", "micro-video", "--db", str(path)],
                  ["db", "upgrade", "--db", str(path)]):  # fmt: skip
-        result = run_cli("lifecycle.cli", argv, cwd=tmp_path, timeout=60)
+        result = run_cli("lifecycle", argv, cwd=tmp_path, timeout=60)
         assert result.returncode == 2
         assert reason in one_clear_line(result)
         assert file_digest(path) == before
@@ -159,7 +159,7 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
 )
 def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
     """Malformed fault specs and out-of-range rank counts are refused before anything starts."""
-    result = run_cli("lifecycle.cli", ["boot", "--db", "j.db", *flags], cwd=tmp_path, timeout=60)
+    result = run_cli("lifecycle", ["boot", "--db", "j.db", *flags], cwd=tmp_path, timeout=60)
     assert result.returncode == 2
     assert message in one_clear_line(result)
     assert not (tmp_path / "j.db").exists()
@@ -200,7 +200,7 @@ QUIET_BOOT = ["boot", "--model", "micro-video", "--log-level", "error"]
 def test_a_journal_path_is_a_path_whatever_characters_it_holds(tmp_path: Path, name: str) -> None:
     """`--db` with `?` or `%` in it writes a file of exactly that name (not `a`, not `xA.db`),
     and replay reads it back by that name."""
-    result = run_cli("lifecycle.cli", [*QUIET_BOOT, "--db", name], cwd=tmp_path)
+    result = run_cli("lifecycle", [*QUIET_BOOT, "--db", name], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert [p.name for p in tmp_path.iterdir()] == [name]
     runs = replay_cli(tmp_path, "runs", name, "--json")
@@ -231,9 +231,7 @@ def test_a_journal_that_is_not_a_regular_file_is_refused(
     and no -journal, -wal or -shm file created beside it."""
     path = special_file(tmp_path, kind)
     if program == "boot":
-        result = run_cli(
-            "lifecycle.cli", [*QUIET_BOOT, "--db", str(path)], cwd=tmp_path, timeout=60
-        )
+        result = run_cli("lifecycle", [*QUIET_BOOT, "--db", str(path)], cwd=tmp_path, timeout=60)
     else:
         result = replay_cli(tmp_path, "runs", str(path))
     assert result.returncode == 2
@@ -264,8 +262,8 @@ def test_a_database_url_that_cannot_be_used_is_one_line(
     """`--db`, `LIFECYCLE_DB` and replay given a URL of an unknown database, or of a driver
     that is not installed: exit 2, one line naming what to install, never the password."""
     for result in (
-        run_cli("lifecycle.cli", [*QUIET_BOOT, "--db", url], cwd=tmp_path, timeout=60),
-        run_cli("lifecycle.cli", QUIET_BOOT, cwd=tmp_path, timeout=60, env={"LIFECYCLE_DB": url}),
+        run_cli("lifecycle", [*QUIET_BOOT, "--db", url], cwd=tmp_path, timeout=60),
+        run_cli("lifecycle", QUIET_BOOT, cwd=tmp_path, timeout=60, env={"LIFECYCLE_DB": url}),
         replay_cli(tmp_path, "runs", url),
     ):
         assert result.returncode == 2
@@ -279,7 +277,7 @@ def test_a_file_name_too_long_is_one_short_line(tmp_path: Path) -> None:
     """A 5,000-character journal name: boot and replay exit 2 with one short line."""
     name = "j" * 5000 + ".db"
     for result in (
-        run_cli("lifecycle.cli", [*QUIET_BOOT, "--db", name], cwd=tmp_path, timeout=60),
+        run_cli("lifecycle", [*QUIET_BOOT, "--db", name], cwd=tmp_path, timeout=60),
         replay_cli(tmp_path, "runs", name),
     ):
         assert result.returncode == 2
@@ -299,7 +297,7 @@ def test_torchrun_environment_with_a_busy_master_port_is_one_line(tmp_path: Path
         env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
         result = run_cli(
-            "lifecycle.cli",
+            "lifecycle",
             [*QUIET_BOOT, "--num-ranks", "2", "--db", "j.db", "--dist-timeout", "5"],
             cwd=tmp_path,
             timeout=120,
@@ -317,7 +315,7 @@ def test_torchrun_environment_that_is_not_numbers_is_one_line(tmp_path: Path) ->
     """A torchrun-style environment whose RANK is not a number: exit 2, one line quoting it."""
     env = {"RANK": "zero", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     result = run_cli(
-        "lifecycle.cli", [*QUIET_BOOT, "--num-ranks", "2", "--db", "j.db"], cwd=tmp_path,
+        "lifecycle", [*QUIET_BOOT, "--num-ranks", "2", "--db", "j.db"], cwd=tmp_path,
         timeout=60, env=env,
     )  # fmt: skip
     assert result.returncode == 2

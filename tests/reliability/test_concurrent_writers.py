@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.events import Heartbeat, PendingCollective
-from lifecycle.journal import Journal, RunRow
+from lifecycle.core.events import Heartbeat, PendingCollective
+from lifecycle.store.journal import Journal, RunRow
 
 WRITERS = 8
 SECONDS = 2.0

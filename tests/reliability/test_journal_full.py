@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.errors import JournalError
-from lifecycle.journal import Journal
+from lifecycle.core.errors import JournalError
+from lifecycle.store.journal import Journal
 from tests.conftest import Completed, run_cli
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]
@@ -36,7 +36,7 @@ EXEC_WITH_FILE_SIZE_LIMIT = (
 def boot_with_file_size_limit(cwd: Path, limit: int, *args: str) -> Completed:
     """`lifecycle boot ARGS` under RLIMIT_FSIZE (inherited by its rank processes)."""
     proc = subprocess.run(
-        [sys.executable, "-c", EXEC_WITH_FILE_SIZE_LIMIT, str(limit), "-m", "lifecycle.cli",
+        [sys.executable, "-c", EXEC_WITH_FILE_SIZE_LIMIT, str(limit), "-m", "lifecycle",
          "boot", *args],
         cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True,
         timeout=180, check=False,
@@ -89,7 +89,7 @@ def test_a_journal_that_cannot_grow_stops_a_one_rank_boot_with_exit_3(
     if cause == "full-disk":
         with nearly_full_disk(tmp_path / "disk") as disk:
             result = run_cli(
-                "lifecycle.cli", ["boot", *MICRO, "--db", str(disk / "j.db")], cwd=tmp_path
+                "lifecycle", ["boot", *MICRO, "--db", str(disk / "j.db")], cwd=tmp_path
             )
             line = one_error_line(result)
             assert line == (
@@ -136,7 +136,7 @@ def test_a_shutdown_that_cannot_be_journaled_exits_3_in_one_line(tmp_path: Path)
     record cannot be written, so the rank says so in one line and exits 3 (no traceback in
     the signal thread, no rank left running)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lifecycle.cli", "boot", "--model", "micro-video", "--db", "j.db",
+        [sys.executable, "-m", "lifecycle", "boot", "--model", "micro-video", "--db", "j.db",
          "--log-level", "error", "--heartbeat-interval", "3600", "--fault", "0:gate-check:hang"],
         cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
@@ -174,6 +174,6 @@ def test_ranks_that_cannot_write_the_journal_stop_and_the_launcher_says_so(
 
 def test_boot_help_documents_exit_3(tmp_path: Path) -> None:
     """`lifecycle boot --help` lists the exit statuses, 3 among them."""
-    result = run_cli("lifecycle.cli", ["boot", "--help"], cwd=tmp_path, timeout=60)
+    result = run_cli("lifecycle", ["boot", "--help"], cwd=tmp_path, timeout=60)
     assert result.returncode == 0
     assert "3    the journal could not be written" in result.stdout

@@ -27,7 +27,7 @@ def booted(tmp_path: Path) -> Iterator[Path]:
     """A journal holding one ready run; its directory's permissions restored afterwards."""
     db = tmp_path / "journals" / "j.db"
     db.parent.mkdir()
-    result = run_cli("lifecycle.cli", ["boot", *MICRO, "--db", str(db)], cwd=tmp_path)
+    result = run_cli("lifecycle", ["boot", *MICRO, "--db", str(db)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     yield db
     db.parent.chmod(0o755)
@@ -66,7 +66,7 @@ def test_reading_a_read_only_journal_leaves_nothing_that_blocks_a_later_writer(
     assert result.returncode == 0, result.stderr
     assert sorted(listing(booted.parent)) == ["j.db"]
     booted.chmod(0o644)
-    result = run_unprivileged(tmp_path, "lifecycle.cli", "boot", *MICRO, "--db", str(booted))
+    result = run_unprivileged(tmp_path, "lifecycle", "boot", *MICRO, "--db", str(booted))
     assert result.returncode == 0, result.stderr
     result = run_unprivileged(tmp_path, "replay", "runs", str(booted), "--json")
     assert [run["outcome"] for run in json.loads(result.stdout)] == ["ready", "ready"]
@@ -74,7 +74,7 @@ def test_reading_a_read_only_journal_leaves_nothing_that_blocks_a_later_writer(
 
 @pytest.mark.parametrize(
     "argv",
-    [["replay", "runs", "J"], ["lifecycle.cli", "boot", *MICRO, "--db", "J"]],
+    [["replay", "runs", "J"], ["lifecycle", "boot", *MICRO, "--db", "J"]],
     ids=["replay", "boot"],
 )
 def test_a_journal_that_cannot_be_read_is_refused_in_one_line(
@@ -95,7 +95,7 @@ def test_boot_refuses_a_journal_it_may_not_write(tmp_path: Path, booted: Path) -
     leaves no -wal or -shm file behind."""
     booted.chmod(0o444)
     digest = file_digest(booted)
-    result = run_unprivileged(tmp_path, "lifecycle.cli", "boot", *MICRO, "--db", str(booted))
+    result = run_unprivileged(tmp_path, "lifecycle", "boot", *MICRO, "--db", str(booted))
     assert result.returncode == 2
     assert one_error_line(result) == (
         f"lifecycle: error: {booted}: cannot be written: permission denied"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.events import Error, Transition
-from lifecycle.journal import Journal
+from lifecycle.core.events import Error, Transition
+from lifecycle.store.journal import Journal
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]
@@ -17,7 +17,7 @@ def test_a_hung_one_rank_startup_fails_at_the_startup_timeout(tmp_path: Path) ->
     """A rank hung in gate-check (nothing else would end it) journals a StartupTimeout error
     naming the state, goes to failed, and `lifecycle boot` exits 1."""
     result = run_cli(
-        "lifecycle.cli",
+        "lifecycle",
         ["boot", "--model", "micro-video", "--db", "j.db", "--log-level", "error",
          "--heartbeat-interval", "0.2", "--fault", "0:gate-check:hang", "--startup-timeout", "2"],
         cwd=tmp_path,

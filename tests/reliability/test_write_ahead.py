@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle import rank as rank_module
-from lifecycle.actions import Action, StartupActions
-from lifecycle.config import MODEL_PRESETS, ServerArgs
-from lifecycle.events import ActionStarted
-from lifecycle.journal import Journal
-from lifecycle.rank import RankLaunch, RankSession
-from lifecycle.recorder import Recorder
-from lifecycle.runs import new_run_id, run_row
-from lifecycle.states import State
-from lifecycle.supervisor import free_port
+from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+from lifecycle.core.events import ActionStarted
+from lifecycle.core.states import State
+from lifecycle.runtime import session as rank_module
+from lifecycle.runtime.actions import Action, StartupActions
+from lifecycle.runtime.recorder import Recorder
+from lifecycle.runtime.session import RankLaunch, RankSession
+from lifecycle.serve.supervisor import free_port
+from lifecycle.store.journal import Journal
+from lifecycle.store.runs import new_run_id, run_row
 
 
 def test_every_action_is_announced_on_disk_before_it_runs(

@@ -15,8 +15,8 @@ CHECKS: list[dict[str, Any]] = []
 def _install(db: str, rank: int) -> None:
     import torch.distributed as dist
 
-    from lifecycle.events import CollectiveStarted
-    from lifecycle.journal import Journal
+    from lifecycle.core.events import CollectiveStarted
+    from lifecycle.store.journal import Journal
 
     def checked(name: str, expected_op: str) -> None:
         original = getattr(dist, name)
@@ -45,8 +45,8 @@ def _install(db: str, rank: int) -> None:
 
 
 def main() -> int:
-    from lifecycle.config import MODEL_PRESETS, ServerArgs
-    from lifecycle.worker import run_rank_process
+    from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+    from lifecycle.serve.worker import run_rank_process
 
     db, out = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])

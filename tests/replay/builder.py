@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lifecycle.config import ServerArgs, args_to_json
-from lifecycle.events import (
+from lifecycle.core.config import ServerArgs, args_to_json
+from lifecycle.core.events import (
     CollectiveFinished,
     CollectiveStarted,
     Error,
@@ -16,7 +16,7 @@ from lifecycle.events import (
     PendingCollective,
     Transition,
 )
-from lifecycle.journal import Journal, RankWriter, RunRow
+from lifecycle.store.journal import Journal, RankWriter, RunRow
 
 T0 = 1_800_000_000.0
 # Hand-built journals are judged as read while they were written: `--now` at their start

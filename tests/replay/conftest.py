@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.journal import Journal
+from lifecycle.store.journal import Journal
 from tests.replay.fault_matrix import Produced, produce
 
 
@@ -22,7 +22,7 @@ class Journaled:
 
 def boot(db: Path, *args: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "lifecycle.cli", "boot", "--model", "micro-video", "--db", str(db),
+        [sys.executable, "-m", "lifecycle", "boot", "--model", "micro-video", "--db", str(db),
          "--log-level", "error", *args],
         cwd=db.parent, capture_output=True, timeout=180, check=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lifecycle.faults import FAULTABLE_STATES, FaultKind
-from lifecycle.states import State
+from lifecycle.core.faults import FAULTABLE_STATES, FaultKind
+from lifecycle.core.states import State
 
 # Long enough that rank 0 decoding a video while rank 1 waits in the next collective does not
 # time out on a loaded 2-core machine; short enough to keep the matrix quick.
@@ -54,7 +54,7 @@ class Produced:
 
 def command(case: Case, db: Path) -> list[str]:
     return [
-        sys.executable, "-m", "lifecycle.cli", "boot", "--model", "micro-video",
+        sys.executable, "-m", "lifecycle", "boot", "--model", "micro-video",
         "--num-ranks", "2", "--calibrate", "--db", str(db), "--fault", case.spec,
         "--dist-timeout", str(DIST_TIMEOUT_S), "--heartbeat-interval", "0.2",
         "--log-level", "error",

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from lifecycle.faults import FaultKind
+from lifecycle.core.faults import FaultKind
 from replay.cli import main
 from tests.replay.fault_matrix import CASES, Produced
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.events import ActionFinished, ActionStarted, Error, Shutdown
+from lifecycle.core.events import ActionFinished, ActionStarted, Error, Shutdown
 from replay.cli import main
 from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat, done, timeout_error
 

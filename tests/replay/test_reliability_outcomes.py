@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from lifecycle.config import MODEL_PRESETS
+from lifecycle.core.config import MODEL_PRESETS
 from tests.conftest import REPO, Completed, run_cli
 
 if TYPE_CHECKING:
-    from lifecycle.comm import Comm
-    from lifecycle.config import ModelSpec
-    from lifecycle.pipeline import Pipeline
+    from lifecycle.core.config import ModelSpec
+    from lifecycle.runtime.comm import Comm
+    from lifecycle.runtime.pipeline import Pipeline
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -38,7 +38,7 @@ BUSY_ROUNDS = 5000
 def busy_factory(spec: ModelSpec, comm: Comm) -> Pipeline:
     """micro-video whose denoising runs over and over (real work, real collectives, the same
     count on every rank) until the startup is stopped: bounded-warm that lasts."""
-    from lifecycle.pipeline.tiny import TinyVideoPipeline
+    from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 
     class Busy(TinyVideoPipeline):
         def denoise(self, *args: Any, **kwargs: Any) -> Any:
@@ -84,10 +84,10 @@ def rank_pids(db: Path) -> dict[int, int]:
 
 @contextmanager
 def started(cwd: Path, *argv: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m lifecycle.cli ARGV...` in the background, ended whatever happens."""
+    """`python -m lifecycle ARGV...` in the background, ended whatever happens."""
     with (cwd / "lifecycle.log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lifecycle.cli", *argv], cwd=cwd, stdout=log,
+            [sys.executable, "-m", "lifecycle", *argv], cwd=cwd, stdout=log,
             stderr=subprocess.STDOUT, env={**os.environ, **ENV},
         )  # fmt: skip
     try:
@@ -139,7 +139,7 @@ def test_a_rank_that_exited_is_crashed_at_once(tmp_path: Path) -> None:
     before its silence alone (three 10 s heartbeat intervals) would tell."""
     db = tmp_path / "j.db"
     boot = run_cli(
-        "lifecycle.cli",
+        "lifecycle",
         ["boot", *FAST, "--heartbeat-interval", "10", "--fault", "0:bounded-warm:exit",
          "--db", str(db)],
         cwd=tmp_path, timeout=120, env=ENV,
@@ -155,7 +155,7 @@ def test_a_rank_that_exited_is_crashed_at_once(tmp_path: Path) -> None:
 def test_a_rank_killed_after_ready_is_crashed_not_ready(tmp_path: Path) -> None:
     """SIGKILL of rank 1 of a serving 2-rank server: diagnose says `crashed`, rank 1, in
     ready, exit 1, and not `ready`."""
-    from lifecycle.supervisor import free_port
+    from lifecycle.serve.supervisor import free_port
 
     db = tmp_path / "j.db"
     port = free_port()

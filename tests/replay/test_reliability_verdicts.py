@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lifecycle.config import ServerArgs, args_to_json
-from lifecycle.events import (
+from lifecycle.core.config import ServerArgs, args_to_json
+from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
     Error,
@@ -21,7 +21,7 @@ from lifecycle.events import (
     Shutdown,
     Transition,
 )
-from lifecycle.journal import Journal, RunRow
+from lifecycle.store.journal import Journal, RunRow
 from tests.conftest import run_cli
 from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lifecycle.events import ActionFinished, ActionStarted, Error, RunStarted, Shutdown
+from lifecycle.core.events import ActionFinished, ActionStarted, Error, RunStarted, Shutdown
 from tests.conftest import Completed, run_cli
 from tests.replay.builder import AS_WRITTEN, JournalBuilder, RankStream
 

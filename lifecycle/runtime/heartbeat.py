@@ -8,10 +8,10 @@ import time
 import traceback
 from collections.abc import Callable
 
-from lifecycle.errors import JournalError, JournalWriteFailed
-from lifecycle.events import Heartbeat, PendingCollective, Stalled, ThreadStack
-from lifecycle.recorder import Recorder
-from lifecycle.states import State
+from lifecycle.core.errors import JournalError, JournalWriteFailed
+from lifecycle.core.events import Heartbeat, PendingCollective, Stalled, ThreadStack
+from lifecycle.core.states import State
+from lifecycle.runtime.recorder import Recorder
 
 MAX_STACK_CHARS = 8000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.events import (
+from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
     BuffersAllocated,
@@ -28,7 +28,7 @@ from lifecycle.events import (
     UnknownEvent,
     WarmupRecord,
 )
-from lifecycle.states import State
+from lifecycle.core.states import State
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

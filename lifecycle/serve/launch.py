@@ -7,16 +7,16 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from lifecycle.config import ServerArgs
-from lifecycle.errors import ConfigError
-from lifecycle.journal import Journal
-from lifecycle.progress import ProgressPrinter
-from lifecycle.recorder import Recorder
-from lifecycle.runs import new_run_id, run_row
-from lifecycle.signals import watch_shutdown_signals
-from lifecycle.states import State
-from lifecycle.supervisor import LaunchOptions
-from lifecycle.worker import under_torchrun
+from lifecycle.core.config import ServerArgs
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.states import State
+from lifecycle.runtime.recorder import Recorder
+from lifecycle.runtime.signals import watch_shutdown_signals
+from lifecycle.serve.progress import ProgressPrinter
+from lifecycle.serve.supervisor import LaunchOptions
+from lifecycle.serve.worker import under_torchrun
+from lifecycle.store.journal import Journal
+from lifecycle.store.runs import new_run_id, run_row
 
 EXIT_READY = 0
 EXIT_FAILED = 1
@@ -29,7 +29,7 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     several run as spawned processes.
     """
     if under_torchrun(os.environ):
-        from lifecycle.worker import RankEnv, run_rank_process
+        from lifecycle.serve.worker import RankEnv, run_rank_process
 
         try:
             ranks = RankEnv.from_env(os.environ)
@@ -47,7 +47,7 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
         return run_rank_process(args, mode="boot", env=os.environ, created_at=created_at)
     if args.num_ranks == 1:
         return _boot_in_process(args, created_at=created_at, options=options)
-    from lifecycle.supervisor import boot_ranks
+    from lifecycle.serve.supervisor import boot_ranks
 
     return boot_ranks(args, created_at=created_at, options=options)
 
@@ -61,7 +61,7 @@ def serve(
             "lifecycle serve starts its own rank processes; under torchrun use lifecycle boot",
             field="command",
         )
-    from lifecycle.server import serve_http
+    from lifecycle.serve.http import serve_http
 
     return serve_http(args, created_at=created_at, options=options, host=host, port=port)
 
@@ -72,7 +72,7 @@ def _torchrun_env(env: Mapping[str, str]) -> str:
 
 
 def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
-    from lifecycle.rank import RankLaunch, RankSession
+    from lifecycle.runtime.session import RankLaunch, RankSession
 
     journal = Journal.open_for_write(args.db)
     run_id = new_run_id(created_at)

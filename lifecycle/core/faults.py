@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from lifecycle.errors import FaultSpecError
-from lifecycle.states import State
+from lifecycle.core.errors import FaultSpecError
+from lifecycle.core.states import State
 
 
 class FaultKind(StrEnum):

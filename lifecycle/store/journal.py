@@ -41,7 +41,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.pool import NullPool
 
-from lifecycle.errors import (
+from lifecycle.core.errors import (
     JournalConflict,
     JournalError,
     JournalNotFound,
@@ -49,7 +49,7 @@ from lifecycle.errors import (
     NotAJournal,
     SchemaMismatch,
 )
-from lifecycle.events import (
+from lifecycle.core.events import (
     UNKNOWN_KIND,
     Event,
     StoredEvent,
@@ -57,7 +57,7 @@ from lifecycle.events import (
     decode_or_unknown,
     encode,
 )
-from lifecycle.schema import KNOWN_REVISIONS, events, runs
+from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lifecycle.config import Shape
-from lifecycle.events import (
+from lifecycle.core.config import Shape
+from lifecycle.core.events import (
     GateDecided,
     GateRecord,
     PlanBuilt,
@@ -11,8 +11,8 @@ from lifecycle.events import (
     PlatformRecord,
     ProbeFitRecord,
 )
-from lifecycle.gates import GateOutcome, Platform
-from lifecycle.plan import ProbeFit, WarmupPlan
+from lifecycle.core.gates import GateOutcome, Platform
+from lifecycle.core.plan import ProbeFit, WarmupPlan
 
 
 def platform_record(platform: Platform) -> PlatformRecord:

@@ -8,14 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lifecycle.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
-from lifecycle.comm import Comm
-from lifecycle.config import RankLayout, ServerArgs, Shape, SmokeRequest
-from lifecycle.device import MemoryMeter, probe_platform, release_cache
-from lifecycle.events import RequestFinished, RequestStarted, WarmupRecord
-from lifecycle.gates import Platform, calibration_skip_reason, evaluate_gates
-from lifecycle.pipeline import Pipeline, build_pipeline
-from lifecycle.plan import (
+from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
+from lifecycle.core.config import RankLayout, ServerArgs, Shape, SmokeRequest
+from lifecycle.core.events import RequestFinished, RequestStarted, WarmupRecord
+from lifecycle.core.gates import Platform, calibration_skip_reason, evaluate_gates
+from lifecycle.core.plan import (
     PROBE_DOES_NOT_FIT,
     Role,
     WarmupPlan,
@@ -25,10 +22,13 @@ from lifecycle.plan import (
     build_plan,
     fit_probe,
 )
-from lifecycle.recorder import Recorder
-from lifecycle.records import gate_decided, plan_built
-from lifecycle.request import RequestResult, run_request
-from lifecycle.states import State
+from lifecycle.core.records import gate_decided, plan_built
+from lifecycle.core.states import State
+from lifecycle.runtime.comm import Comm
+from lifecycle.runtime.device import MemoryMeter, probe_platform, release_cache
+from lifecycle.runtime.pipeline import Pipeline, build_pipeline
+from lifecycle.runtime.recorder import Recorder
+from lifecycle.runtime.request import RequestResult, run_request
 
 WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
 

@@ -7,8 +7,8 @@ from typing import Any, NoReturn
 
 from transitions import EventData, Machine, MachineError
 
-from lifecycle.errors import IllegalTransition
-from lifecycle.states import TRANSITIONS, Guard, State, Trigger, guard_holds
+from lifecycle.core.errors import IllegalTransition
+from lifecycle.core.states import TRANSITIONS, Guard, State, Trigger, guard_holds
 
 # Called with (trigger, source, dest) after the conditions pass and before the state changes.
 # Whatever it raises aborts the transition, so a transition that could not be journaled is

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from lifecycle.errors import ConfigError
-from lifecycle.faults import FaultKind, FaultSpec
-from lifecycle.states import State
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.faults import FaultKind, FaultSpec
+from lifecycle.core.states import State
 
 
 class PerformanceMode(StrEnum):
@@ -279,7 +279,7 @@ def args_to_json(args: ServerArgs) -> dict[str, Any]:
 
 def args_from_json(doc: dict[str, Any]) -> ServerArgs:
     """Rebuild a ServerArgs from `args_to_json` output; unknown keys are ignored."""
-    from lifecycle.faults import parse_fault
+    from lifecycle.core.faults import parse_fault
 
     try:
         model_doc = dict(doc["model"])

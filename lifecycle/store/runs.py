@@ -8,8 +8,8 @@ import socket
 import time
 
 from lifecycle import __version__
-from lifecycle.config import ServerArgs, args_to_json
-from lifecycle.journal import RunRow
+from lifecycle.core.config import ServerArgs, args_to_json
+from lifecycle.store.journal import RunRow
 
 
 def launch_command(argv: list[str]) -> str:

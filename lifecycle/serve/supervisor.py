@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from lifecycle.config import ServerArgs, args_to_json
-from lifecycle.errors import EXIT_UNJOURNALED
-from lifecycle.events import StoredEvent
-from lifecycle.fold import RankFold, RankView
-from lifecycle.journal import Journal, shown_location
-from lifecycle.progress import ProgressPrinter
-from lifecycle.runs import new_run_id, run_row
-from lifecycle.states import State
-from lifecycle.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
+from lifecycle.core.config import ServerArgs, args_to_json
+from lifecycle.core.errors import EXIT_UNJOURNALED
+from lifecycle.core.events import StoredEvent
+from lifecycle.core.fold import RankFold, RankView
+from lifecycle.core.states import State
+from lifecycle.serve.progress import ProgressPrinter
+from lifecycle.serve.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
+from lifecycle.store.journal import Journal, shown_location
+from lifecycle.store.runs import new_run_id, run_row
 
+WORKER_MODULE = "lifecycle.serve.worker"  # the entry of a spawned rank process
 POLL_S = 0.2
 # After the first rank settles (fails, exits, stops), the others get the process-group timeout
 # plus this margin to settle too before the launcher ends them.
@@ -99,7 +100,9 @@ class RankGroup:
         }
         for rank in range(self.args.num_ranks):
             env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "lifecycle.worker"], env=env))
+            self.procs.append(
+                subprocess.Popen([sys.executable, "-m", "lifecycle.serve.worker"], env=env)
+            )
 
     # -- following the journal -----------------------------------------------------------------
 

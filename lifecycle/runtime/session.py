@@ -19,11 +19,8 @@ import torch
 import torch.distributed as dist
 
 from lifecycle import __version__
-from lifecycle.actions import RankRuntime, StartupActions
-from lifecycle.comm import Comm, rendezvous_timeout
-from lifecycle.config import RankLayout, ServerArgs, fault_for
-from lifecycle.device import memory_meter, select_device
-from lifecycle.errors import (
+from lifecycle.core.config import RankLayout, ServerArgs, fault_for
+from lifecycle.core.errors import (
     EXIT_UNJOURNALED,
     InjectedFault,
     JournalError,
@@ -31,7 +28,7 @@ from lifecycle.errors import (
     RendezvousFailed,
     StartupTimeout,
 )
-from lifecycle.events import (
+from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
     Error,
@@ -40,12 +37,15 @@ from lifecycle.events import (
     Shutdown,
     Transition,
 )
-from lifecycle.faults import FaultKind, FaultSpec
-from lifecycle.heartbeat import HeartbeatThread
-from lifecycle.journal import Journal
-from lifecycle.machine import LifecycleMachine
-from lifecycle.recorder import Recorder
-from lifecycle.states import TERMINAL_STATES, State, Trigger
+from lifecycle.core.faults import FaultKind, FaultSpec
+from lifecycle.core.machine import LifecycleMachine
+from lifecycle.core.states import TERMINAL_STATES, State, Trigger
+from lifecycle.runtime.actions import RankRuntime, StartupActions
+from lifecycle.runtime.comm import Comm, rendezvous_timeout
+from lifecycle.runtime.device import memory_meter, select_device
+from lifecycle.runtime.heartbeat import HeartbeatThread
+from lifecycle.runtime.recorder import Recorder
+from lifecycle.store.journal import Journal
 
 FAULT_EXIT_CODE = 17
 EXIT_FAILED = 1

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import torch
 
-from lifecycle.comm import Comm
-from lifecycle.config import MODEL_PRESETS, ModelSpec, Shape
-from lifecycle.errors import ConfigError
+from lifecycle.core.config import MODEL_PRESETS, ModelSpec, Shape
+from lifecycle.core.errors import ConfigError
+from lifecycle.runtime.comm import Comm
 
 
 class Pipeline(Protocol):
@@ -45,7 +45,7 @@ PipelineFactory = Callable[[ModelSpec, Comm], Pipeline]
 
 
 def _tiny(spec: ModelSpec, comm: Comm) -> Pipeline:
-    from lifecycle.pipeline.tiny import TinyVideoPipeline
+    from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 
     return TinyVideoPipeline(spec, comm=comm)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from lifecycle.config import Shape
-from lifecycle.gates import GATES, GateOutcome
+from lifecycle.core.config import Shape
+from lifecycle.core.gates import GATES, GateOutcome
 
 
 def first_failed_gate(outcomes: Sequence[GateOutcome]) -> int:

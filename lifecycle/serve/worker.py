@@ -16,20 +16,21 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
 
-from lifecycle.config import ServerArgs, Shape, args_from_json, validate_shape
-from lifecycle.errors import EXIT_UNJOURNALED, JournalWriteFailed, LifecycleError
-from lifecycle.logs import configure_logging
-from lifecycle.signals import block_shutdown_signals, watch_shutdown_signals
-from lifecycle.states import State
+from lifecycle.core.config import ServerArgs, Shape, args_from_json, validate_shape
+from lifecycle.core.errors import EXIT_UNJOURNALED, JournalWriteFailed, LifecycleError
+from lifecycle.core.states import State
+from lifecycle.runtime.signals import block_shutdown_signals, watch_shutdown_signals
+from lifecycle.serve.logs import configure_logging
 
 if TYPE_CHECKING:
     import torch
 
-    from lifecycle.pipeline import Pipeline
-    from lifecycle.rank import RankSession
+    from lifecycle.runtime.pipeline import Pipeline
+    from lifecycle.runtime.session import RankSession
 
 # This module is the entry of rank processes and is imported by the launcher: it imports
-# torch (through lifecycle.rank) only inside functions, after the shutdown signals are blocked.
+# torch (through lifecycle.runtime.session) only inside functions, after the shutdown signals
+# are blocked.
 
 WORKER_ENV = "LIFECYCLE_WORKER"
 RUN_ID_ENV = "LIFECYCLE_RUN_ID"
@@ -99,7 +100,7 @@ def _agreed_run_id(
     env: Mapping[str, str], created_at: float, ranks: RankEnv, args: ServerArgs
 ) -> str:
     """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast."""
-    from lifecycle.runs import new_run_id
+    from lifecycle.store.runs import new_run_id
 
     if env.get(RUN_ID_ENV):
         return env[RUN_ID_ENV]
@@ -109,8 +110,8 @@ def _agreed_run_id(
     import torch
     import torch.distributed as dist
 
-    from lifecycle.comm import rendezvous_timeout
-    from lifecycle.device import select_device
+    from lifecycle.runtime.comm import rendezvous_timeout
+    from lifecycle.runtime.device import select_device
 
     # No shared id in the environment: join the group first and let rank 0 name the run.
     device = select_device(args.device, local_rank=int(env.get("LOCAL_RANK", ranks.rank)))
@@ -137,10 +138,10 @@ def run_rank_process(
     control: Connection | None = None,
 ) -> int:
     """One rank from start to exit; returns the process exit status."""
-    from lifecycle.journal import Journal
-    from lifecycle.rank import RankLaunch, RankSession, rendezvous_failure
-    from lifecycle.recorder import Recorder
-    from lifecycle.runs import launch_command, run_row
+    from lifecycle.runtime.recorder import Recorder
+    from lifecycle.runtime.session import RankLaunch, RankSession, rendezvous_failure
+    from lifecycle.store.journal import Journal
+    from lifecycle.store.runs import launch_command, run_row
 
     ranks = RankEnv.from_env(env)
     try:
@@ -274,8 +275,8 @@ PEER_STOP_GRACE_S = 2.0
 
 def _serve(session: RankSession, control: Connection) -> None:
     """Answer the launcher's requests until it says stop or the rank fails."""
-    from lifecycle.actions import StartupActions
-    from lifecycle.errors import CollectiveError, CollectiveTimeout
+    from lifecycle.core.errors import CollectiveError, CollectiveTimeout
+    from lifecycle.runtime.actions import StartupActions
 
     runtime = session.runtime
     assert runtime is not None and runtime.pipeline is not None
@@ -351,14 +352,14 @@ def _leave_process_group() -> None:
 
 
 def main() -> int:
-    """Entry of a rank process spawned by the launcher (`python -m lifecycle.worker`)."""
+    """Entry of a rank process spawned by the launcher (`python -m lifecycle.serve.worker`)."""
     created_at = time.time()
     block_shutdown_signals()
     spec = WorkerSpec.from_env(os.environ[WORKER_ENV])
     configure_logging(json=spec.json_logs, level=spec.log_level)
     try:
         if spec.pipeline:
-            from lifecycle.pipeline import load_plugin
+            from lifecycle.runtime.pipeline import load_plugin
 
             load_plugin(spec.pipeline)
         args = args_from_json(spec.config)

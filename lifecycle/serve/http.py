@@ -26,13 +26,20 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lifecycle.config import MAX_FRAMES, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, ServerArgs, Shape
-from lifecycle.config import validate_shape as check_shape
-from lifecycle.errors import ConfigError, LifecycleError
-from lifecycle.events import StoredEvent
-from lifecycle.fold import RankView
-from lifecycle.progress import ProgressPrinter
-from lifecycle.supervisor import POLL_S, LaunchOptions, RankGroup
+from lifecycle.core.config import (
+    MAX_FRAMES,
+    MAX_PROMPT_CHARS,
+    MAX_SIDE,
+    MAX_STEPS,
+    ServerArgs,
+    Shape,
+)
+from lifecycle.core.config import validate_shape as check_shape
+from lifecycle.core.errors import ConfigError, LifecycleError
+from lifecycle.core.events import StoredEvent
+from lifecycle.core.fold import RankView
+from lifecycle.serve.progress import ProgressPrinter
+from lifecycle.serve.supervisor import POLL_S, LaunchOptions, RankGroup
 
 MAX_BODY_BYTES = 64 * 1024
 # /generate requests that may wait behind the running one; more are refused with 503 at once,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
-from lifecycle.errors import CorruptEvent
+from lifecycle.core.errors import CorruptEvent
 
 # ---------------------------------------------------------------------------------------------
 # Nested records (part of the journal format: change them only with a version bump + upcaster)

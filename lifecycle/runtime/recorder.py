@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from lifecycle.events import (
+from lifecycle.core.events import (
     Event,
     GateDecided,
     PlanBuilt,
@@ -20,8 +20,8 @@ from lifecycle.events import (
     StoredEvent,
     WarmupRecord,
 )
-from lifecycle.journal import RankWriter
-from lifecycle.states import State
+from lifecycle.core.states import State
+from lifecycle.store.journal import RankWriter
 
 # Kinds that may wait in memory after `ready`, off the request path (see buffer_collectives).
 RING_KINDS = frozenset({"collective_started", "collective_finished"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lifecycle.events import (
+from lifecycle.core.events import (
     BuffersDropped,
     Error,
     FaultInjected,
@@ -13,7 +13,7 @@ from lifecycle.events import (
     Transition,
     WarmupRecord,
 )
-from lifecycle.states import State
+from lifecycle.core.states import State
 
 MIB = 2**20
 

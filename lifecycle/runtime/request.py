@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from lifecycle.config import Shape
-from lifecycle.device import MemoryMeter, synchronize
-from lifecycle.events import StageRecord
-from lifecycle.pipeline import Pipeline
+from lifecycle.core.config import Shape
+from lifecycle.core.events import StageRecord
+from lifecycle.runtime.device import MemoryMeter, synchronize
+from lifecycle.runtime.pipeline import Pipeline
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

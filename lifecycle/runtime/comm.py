@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lifecycle.config import RankLayout
-from lifecycle.errors import CollectiveError, CollectiveTimeout, RankDisagreement
-from lifecycle.events import (
+from lifecycle.core.config import RankLayout
+from lifecycle.core.errors import CollectiveError, CollectiveTimeout, RankDisagreement
+from lifecycle.core.events import (
     BuffersAllocated,
     BuffersDropped,
     CollectiveFinished,

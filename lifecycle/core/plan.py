@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from lifecycle.config import ModelSpec, ServerArgs, Shape, WarmupMode
+from lifecycle.core.config import ModelSpec, ServerArgs, Shape, WarmupMode
 
 # The bounded warmup request: the 480p bucket and 17 frames, as the field's video servers use.
 BOUNDED_WIDTH = 832

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lifecycle.config import (
+from lifecycle.core.config import (
     VISUAL_TASKS,
     DisaggRole,
     PerformanceMode,
     ServerArgs,
     WarmupMode,
 )
-from lifecycle.plan import bounded_shape
+from lifecycle.core.plan import bounded_shape
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lifecycle.comm import Comm, UlyssesAttention
-from lifecycle.config import ModelSpec, Shape
+from lifecycle.core.config import ModelSpec, Shape
+from lifecycle.runtime.comm import Comm, UlyssesAttention
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

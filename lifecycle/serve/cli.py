@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from lifecycle.config import (
+from lifecycle.core.config import (
     DEFAULT_STARTUP_TIMEOUT_S,
     MODEL_PRESETS,
     PerformanceMode,
@@ -17,9 +17,9 @@ from lifecycle.config import (
     SmokeRequest,
     WarmupMode,
 )
-from lifecycle.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
-from lifecycle.faults import parse_faults
-from lifecycle.logs import LEVELS, configure_logging
+from lifecycle.core.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
+from lifecycle.core.faults import parse_faults
+from lifecycle.serve.logs import LEVELS, configure_logging
 
 EXIT_READY = 0
 EXIT_FAILED = 1
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 def server_args(ns: argparse.Namespace) -> ServerArgs:
     """ServerArgs from parsed options and the environment; ConfigError on anything invalid."""
     if ns.pipeline:
-        from lifecycle.pipeline import load_plugin
+        from lifecycle.runtime.pipeline import load_plugin
 
         load_plugin(ns.pipeline)
     model = MODEL_PRESETS.get(ns.model)
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     created_at = time.time()
     ns = build_parser().parse_args(argv)
     if ns.command == "diagram":
-        from lifecycle.states import mermaid
+        from lifecycle.core.states import mermaid
 
         sys.stdout.write(mermaid())
         return 0
@@ -197,16 +197,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         return _fail_usage(str(exc))
     configure_logging(json=ns.json_logs, level=ns.log_level)
-    from lifecycle.worker import under_torchrun
+    from lifecycle.serve.worker import under_torchrun
 
     if ns.command == "boot" and (args.num_ranks == 1 or under_torchrun(os.environ)):
         # This process is a rank: block the shutdown signals before torch starts threads.
-        from lifecycle.signals import block_shutdown_signals
+        from lifecycle.runtime.signals import block_shutdown_signals
 
         block_shutdown_signals()
-    from lifecycle.launch import boot, serve
-    from lifecycle.runs import launch_command
-    from lifecycle.supervisor import LaunchOptions
+    from lifecycle.serve.launch import boot, serve
+    from lifecycle.serve.supervisor import LaunchOptions
+    from lifecycle.store.runs import launch_command
 
     options = LaunchOptions(
         pipeline=ns.pipeline,
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _db(ns: argparse.Namespace) -> int:
-    from lifecycle.journal import Journal, head_revision, journal_revision
+    from lifecycle.store.journal import Journal, head_revision, journal_revision
 
     try:
         if ns.db_command == "current":

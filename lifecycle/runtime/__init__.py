@@ -1,0 +1,1 @@
+"""One rank at work: session, actions, recorded collectives, device, heartbeat, pipelines."""

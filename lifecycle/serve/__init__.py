@@ -1,0 +1,1 @@
+"""The edges: launcher, supervisor, rank worker, HTTP server and the command line."""

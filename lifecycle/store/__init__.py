@@ -1,0 +1,1 @@
+"""The journal: a small store interface over SQLAlchemy, its backends, revisions and errors."""
