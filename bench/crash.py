@@ -26,6 +26,8 @@ HEARTBEAT_S = 0.05
 class KillResult:
     index: int
     ranks: int
+    db: Path
+    victim: int  # the rank that was killed (or was to be)
     killed: bool  # False when the startup finished before the kill landed
     delay_s: float
     integrity: str
@@ -103,12 +105,43 @@ def kill_once(zygote: Zygote, root: Path, index: int, *, ranks: int, seed: int) 
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    return check(db, index=index, ranks=ranks, victim=victim, killed=killed, delay=delay)
+    return check(
+        db,
+        index=index,
+        ranks=ranks,
+        victim=victim,
+        killed=killed,
+        delay=delay,
+        exit_code=proc.poll(),
+    )
+
+
+def _has_events(db: Path) -> bool:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return bool(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+    except sqlite3.Error:
+        return False
 
 
 def check(
-    db: Path, *, index: int, ranks: int, victim: int, killed: bool, delay: float
+    db: Path,
+    *,
+    index: int,
+    ranks: int,
+    victim: int,
+    killed: bool,
+    delay: float,
+    exit_code: int | None = None,
 ) -> KillResult:
+    if not _has_events(db):
+        # The startup ended before its first event: nothing was killed and nothing is left to
+        # check, which is itself a finding (its exit status says why).
+        return KillResult(
+            index=index, ranks=ranks, db=db, victim=victim, killed=False, delay_s=delay,
+            integrity="-", gapless=True, events=0, last_state=None, diagnosed_state=None,
+            outcome=None, culprits=(), problem=f"the startup wrote no event (exit {exit_code})",
+        )  # fmt: skip
     problems = []
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         integrity = str(conn.execute("PRAGMA integrity_check").fetchone()[0])
@@ -146,7 +179,8 @@ def check(
         if diagnosed != last_state:
             problems.append(f"diagnosed state {diagnosed}, journal says {last_state}")
     return KillResult(
-        index=index, ranks=ranks, killed=killed, delay_s=delay, integrity=integrity,
+        index=index, ranks=ranks, db=db, victim=victim, killed=killed, delay_s=delay,
+        integrity=integrity,
         gapless=gapless, events=len(events), last_state=last_state, diagnosed_state=diagnosed,
         outcome=outcome, culprits=culprits, problem="; ".join(problems) or None,
     )  # fmt: skip

@@ -48,7 +48,7 @@ def new_journal(path: Path, *, run_id: str, world_size: int) -> None:
 def raw_connection(path: Path) -> sqlite3.Connection:
     """The journal's connection settings, without the library: WAL, synchronous=NORMAL,
     foreign keys, the same busy timeout, autocommit so that BEGIN is ours."""
-    from lifecycle.store.journal import BUSY_TIMEOUT_S
+    from lifecycle.store.sqlite import BUSY_TIMEOUT_S
 
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
@@ -63,7 +63,8 @@ def raw_connection(path: Path) -> sqlite3.Connection:
 
 
 def latency_rows(settings: Settings) -> list[Row]:
-    from lifecycle.core.events import ActionStarted, encode
+    from lifecycle.core.codec import encode
+    from lifecycle.core.events import ActionStarted
     from lifecycle.store.journal import Journal
 
     pairs = 300 if settings.quick else 4000
@@ -303,7 +304,7 @@ def append_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from lifecycle.store.journal import known_revisions
+    from lifecycle.store.revisions import known_revisions
 
     known_revisions()  # import SQLAlchemy and Alembic before saying ready
     serve(append_task)

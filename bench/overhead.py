@@ -19,7 +19,7 @@ from lifecycle.core.events import Event, StoredEvent
 from lifecycle.core.plan import WarmupPlan
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
-from lifecycle.store.journal import RankWriter
+from lifecycle.store.writer import RankWriter
 
 RATIO_TARGET = 1.01
 PER_STATE_TARGET_S = 5e-3
@@ -178,10 +178,7 @@ def lifecycle_boot(args: ServerArgs, boots: list[Boot]) -> float:
     boots.append(
         Boot(
             work=Work(
-                requests=tuple(
-                    (w.role, f"{w.width}x{w.height}x{w.frames}", w.steps)
-                    for w in view.warmup_records
-                ),
+                requests=tuple((w.role.value, str(w.shape), w.steps) for w in view.warmup_records),
                 checksums=tuple(w.checksum for w in view.warmup_records),
             ),
             states=len(view.path) - 1 - view.path.count(State.STOPPED.value),

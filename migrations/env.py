@@ -9,7 +9,7 @@ from alembic import context
 from sqlalchemy import Connection, create_engine
 from sqlalchemy.pool import NullPool
 
-from lifecycle.store.journal import to_url
+from lifecycle.store.location import to_url
 from lifecycle.store.schema import metadata
 
 config = context.config

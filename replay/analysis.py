@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from lifecycle.core.events import CollectiveStarted, Heartbeat, Shutdown, StoredEvent
 from lifecycle.core.fold import RankFold, RankView
@@ -28,12 +29,22 @@ class Signature:
     input_splits: tuple[int, ...] | None
     output_splits: tuple[int, ...] | None
 
-    def describe(self) -> str:
-        shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
-        text = f"{self.op} {self.dtype} [{shapes}] ({self.purpose})"
-        if self.input_splits is not None:
-            text += f" splits in {list(self.input_splits)} out {list(self.output_splits or ())}"
-        return text
+
+class MismatchReason(StrEnum):
+    OPS = "different-ops"
+    TYPES_OR_SHAPES = "different-types-or-shapes"
+    SPLIT_LENGTHS = "split-lengths"  # all-to-all split lists of different lengths
+    SPLIT_SIZES = "split-sizes"  # what one member sends a peer is not what the peer expects
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitDisagreement:
+    """All-to-all: `sender` sends `sends` elements to `receiver`, which expects `expects`."""
+
+    sender: int
+    receiver: int
+    sends: int
+    expects: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +54,8 @@ class Mismatch:
     group: str
     group_seq: int
     by_rank: tuple[tuple[int, Signature], ...]
-    reason: str
+    reason: MismatchReason
+    split: SplitDisagreement | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,30 +160,34 @@ class _Book:
     def _check(self, key: tuple[str, int], members: tuple[int, ...]) -> None:
         signatures = self.open[key]
         distinct = {(s.op, s.purpose, s.dtype, s.shapes) for s in signatures.values()}
-        reason = ""
+        reason: MismatchReason | None = None
+        split = None
         if len(distinct) > 1:
             ops = {s.op for s in signatures.values()}
-            reason = "different ops" if len(ops) > 1 else "different types or shapes"
+            reason = MismatchReason.OPS if len(ops) > 1 else MismatchReason.TYPES_OR_SHAPES
         else:
-            reason = _split_mismatch(signatures, members)
-        if reason:
+            reason, split = _split_mismatch(signatures, members)
+        if reason is not None:
             self.mismatches.append(
                 Mismatch(
                     group=key[0],
                     group_seq=key[1],
                     by_rank=tuple(sorted(signatures.items())),
                     reason=reason,
+                    split=split,
                 )
             )
 
 
-def _split_mismatch(signatures: dict[int, Signature], members: tuple[int, ...]) -> str:
+def _split_mismatch(
+    signatures: dict[int, Signature], members: tuple[int, ...]
+) -> tuple[MismatchReason | None, SplitDisagreement | None]:
     """For all-to-all: what rank r sends to peer j must be what j expects from r."""
     splits = {(s.input_splits, s.output_splits) for s in signatures.values()}
     if len(splits) == 1:
         inputs, outputs = next(iter(splits))
         if inputs is None or (inputs == outputs and len(set(inputs)) <= 1):
-            return ""  # equal splits everywhere (the common case) pair by construction
+            return None, None  # equal splits everywhere (the common case) pair by construction
     index = {rank: i for i, rank in enumerate(members)}
     for rank, sig in signatures.items():
         if sig.input_splits is None:
@@ -183,13 +199,15 @@ def _split_mismatch(signatures: dict[int, Signature], members: tuple[int, ...]) 
             if j is None or r is None:
                 continue
             if j >= len(sig.input_splits) or r >= len(peer_sig.output_splits):
-                return "split lists of different lengths"
+                return MismatchReason.SPLIT_LENGTHS, None
             if sig.input_splits[j] != peer_sig.output_splits[r]:
-                return (
-                    f"rank {rank} sends {sig.input_splits[j]} elements to rank {peer},"
-                    f" which expects {peer_sig.output_splits[r]}"
+                return MismatchReason.SPLIT_SIZES, SplitDisagreement(
+                    sender=rank,
+                    receiver=peer,
+                    sends=sig.input_splits[j],
+                    expects=peer_sig.output_splits[r],
                 )
-    return ""
+    return None, None
 
 
 def analyze(

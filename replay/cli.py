@@ -7,22 +7,14 @@ instant; each command imports what it reads with.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
-import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from lifecycle.core.errors import ReplayError
-
 if TYPE_CHECKING:
-    from replay.analysis import RunAnalysis
     from replay.diagnose import Diagnosis
     from replay.load import Journals, RunInfo
 
@@ -36,20 +28,6 @@ DIAGNOSE_HELP = (
     " stopped: stopped from outside before ready; incomplete: the journals end before a"
     " verdict, e.g. a rank's journal is missing); 2 bad input"
 )
-# A process that started this long after a rank's first event cannot be that rank: its pid
-# was reused. The slack covers the whole seconds of /proc/stat's boot time.
-PID_START_SLACK_S = 2.0
-# Host names that many machines share: a pid recorded under one says nothing about this host.
-SHARED_HOST_NAMES = frozenset({"", "localhost", "localhost.localdomain"})
-
-
-class OutputRefused(ReplayError):
-    """`trace -o` names a file that replay will not write."""
-
-    def __init__(self, *, output: str, reason: str) -> None:
-        super().__init__(f"-o {output} {reason}")
-        self.output = output
-        self.reason = reason
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,6 +120,7 @@ def _dump(doc: object, out: IO[str]) -> None:
 def _diagnosis(journals: Journals, run: RunInfo, now: float) -> Diagnosis:
     from replay.analysis import analyze
     from replay.diagnose import diagnose
+    from replay.liveness import dead_ranks
 
     analysis = analyze(run, journals.events(run))
     return diagnose(analysis, now=now, dead_ranks=dead_ranks(analysis))
@@ -165,7 +144,7 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.analysis import analyze
     from replay.load import Journals
-    from replay.render import format_at, format_show, show_json
+    from replay.timeline import format_at, format_show, show_json
 
     with Journals.open(ns.journals) as journals:
         run = journals.resolve(ns.run)
@@ -217,6 +196,7 @@ def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.load import Journals
+    from replay.output import trace_target, write_replacing
     from replay.trace import build_trace
 
     target = None if ns.output == "-" else trace_target(ns.output, ns.journals)
@@ -256,166 +236,6 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     else:
         print(format_diff(a, b), file=out)
     return EXIT_OK
-
-
-# -- the edge: the files trace writes, the processes diagnose looks at ------------------------
-
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def journal_files(location: str) -> list[Path]:
-    """The files a journal given as a path or a SQLite URL lives in, sidecars included."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    from lifecycle.store.journal import to_url
-
-    try:
-        url = make_url(to_url(location))
-    except (ArgumentError, ValueError):
-        return []
-    if not url.drivername.startswith("sqlite") or url.database in (None, "", ":memory:"):
-        return []
-    path = Path(os.path.abspath(os.path.expanduser(url.database)))
-    return [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))]
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
-
-
-def trace_target(output: str, journals: Sequence[str]) -> Path:
-    """The file `trace -o` may replace: a regular file or a new path in a writable directory,
-    never a file of a journal being read, however it is named (link, URL, relative path)."""
-    named = Path(os.path.expanduser(output))
-    target = Path(os.path.realpath(named))
-    try:
-        # Through every link, to what a write would reach (a pipe behind /dev/stdout too).
-        status: os.stat_result | None = named.stat()
-    except FileNotFoundError:
-        status = None
-    except OSError as exc:
-        raise OutputRefused(output=output, reason=f"cannot be examined: {_reason(exc)}") from None
-    if status is not None:
-        kind = next((k for is_kind, k in _FILE_KINDS if is_kind(status.st_mode)), None)
-        if kind is not None or not stat.S_ISREG(status.st_mode):
-            raise OutputRefused(
-                output=output,
-                reason=f"is {kind or 'not a regular file'}; give a file to write, or - for stdout",
-            )
-        mine = (status.st_dev, status.st_ino)
-        for journal in journals:
-            if any(_identity(f) == mine for f in journal_files(journal)):
-                raise OutputRefused(
-                    output=output,
-                    reason=f"is one of the journals being read ({journal}); choose another file",
-                )
-    if not target.parent.is_dir():
-        raise OutputRefused(output=output, reason=f"is in {target.parent}, which does not exist")
-    return target
-
-
-def write_replacing(target: Path, trace: object, *, output: str) -> None:
-    """Write to a new file beside `target` and rename it into place, so that a reader never
-    sees half a trace and a failed write leaves the old file as it was."""
-    try:
-        mode = stat.S_IMODE(target.stat().st_mode)
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    try:
-        fd, temporary = tempfile.mkstemp(
-            dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
-        )
-    except OSError as exc:
-        raise OutputRefused(output=output, reason=f"cannot be written: {_reason(exc)}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(trace, fh)
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise OutputRefused(output=output, reason=f"cannot be written: {_reason(exc)}") from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
-def _reason(exc: OSError) -> str:
-    return os.strerror(exc.errno).lower() if exc.errno else str(exc)
-
-
-def dead_ranks(analysis: RunAnalysis) -> frozenset[int]:
-    """Ranks that ran on this host, journaled no end, and whose process is gone: what only the
-    reader's machine can tell, handed to the pure diagnosis as data."""
-    host = socket.gethostname()
-    if host in SHARED_HOST_NAMES or not Path("/proc/self/stat").exists():
-        return frozenset()
-    booted = _boot_time()
-    dead = set()
-    for rank, view in analysis.views.items():
-        started = view.run_started
-        if started is None or started.host != host or view.first_wall is None:
-            continue
-        if view.terminal or view.shutdown is not None:
-            continue
-        if not _alive_since(started.pid, view.first_wall, booted=booted):
-            dead.add(rank)
-    return frozenset(dead)
-
-
-def _boot_time() -> float | None:
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _alive_since(pid: int, first_wall: float, *, booted: float | None) -> bool:
-    """Whether `pid` is a live process that was already running at `first_wall` (a process
-    that started later only reuses the pid). When it cannot be told, alive."""
-    if pid <= 0:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    # Fields after the command name, which may itself hold spaces and parentheses: state is
-    # field 3, start time (clock ticks after boot) field 22.
-    fields = text.rpartition(")")[2].split()
-    if len(fields) < 20:
-        return True
-    if fields[0] in ("Z", "X", "x"):
-        return False
-    if booted is None:
-        return True
-    try:
-        started = booted + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (ValueError, OSError):
-        return True
-    return started <= first_wall + PID_START_SLACK_S
 
 
 class _Usage(Exception):

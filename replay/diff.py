@@ -52,7 +52,7 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
     warmup = tuple(
         WarmupLine(
             role=r.role,
-            shape=f"{r.width}x{r.height}x{r.frames}",
+            shape=str(r.shape),
             steps=r.steps,
             total_s=r.total_s,
             peak_bytes=r.peak_bytes,

@@ -1,18 +1,20 @@
-"""What replay prints: pure `format_*` functions for people and `*_json` ones for machines."""
+"""What replay prints of runs and verdicts: `format_*` for people, `*_json` for machines (pure)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from lifecycle.core.events import CollectiveStarted
-from lifecycle.core.fold import RankView
-from replay.analysis import RunAnalysis
-from replay.diagnose import Diagnosis, ErrorInfo, Outcome, PendingInfo, RankVerdict, Status
+from replay.diagnose import Diagnosis, Outcome
+from replay.evidence import Evidence, FirstError
 from replay.load import RunInfo
+from replay.status import PendingInfo, RankVerdict
+from replay.summary import mismatch_reason, rank_note, signature_text, summary
 
 # ANSI escape sequences and other control characters a journal must never smuggle into a
 # terminal (tab and newline are kept where the caller allows them).
@@ -155,201 +157,6 @@ def runs_json(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
     ]
 
 
-# -- show ---------------------------------------------------------------------------------------
-
-
-def format_show(analysis: RunAnalysis, *, ranks: Sequence[int] | None, style: Style) -> str:
-    run = analysis.run
-    out = [
-        style.bold(f"run {run.run_id}")
-        + f"  {when(run.created_at)}  host {clean(run.host)}  ranks {run.world_size}"
-        + f"  model {clean(run.model_name)}"
-    ]
-    if run.command:
-        out.append(f"command: {clean(run.command)}")
-    for rank, view in analysis.views.items():
-        if ranks is not None and rank not in ranks:
-            continue
-        out.append("")
-        out.extend(_rank_timeline(view, analysis, style))
-    if analysis.missing_ranks and ranks is None:
-        out.append("")
-        out.append("no events from rank " + ", ".join(map(str, analysis.missing_ranks)))
-    return "\n".join(out)
-
-
-def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[str]:
-    started = view.run_started
-    where = f"pid {started.pid}, {clean(started.device)}" if started else "no run_started"
-    lines = [style.bold(f"rank {view.rank}") + f"  ({where})  now {view.state}"]
-    details: dict[str, list[str]] = {}
-    if view.plan is not None:
-        reason = view.plan.skip_reason
-        probe = next((r for r in view.plan.requests if r.role == "probe"), None)
-        details.setdefault("gate-check", []).append(
-            f"calibration skipped: {clean(reason)}"
-            if reason
-            else f"calibration on, probe {probe.width}x{probe.height}x{probe.frames}"
-            if probe
-            else "calibration on"
-        )
-    rows = []
-    for span in view.spans:
-        duration = span.duration_s()
-        rows.append(
-            [
-                f"+{analysis.at(span.entered_at):.2f}",
-                span.state,
-                "..." if duration is None else f"{duration:.3f} s",
-                "; ".join(details.get(span.state, [])),
-            ]
-        )
-    lines.extend("  " + line for line in table(["at", "state", "for", ""], rows).splitlines())
-    fit = view.plan.probe_fit if view.plan is not None else None
-    for record in view.warmup_records:
-        stages = ", ".join(f"{s.name} {s.seconds:.2f}" for s in record.stages if s.ran)
-        grew = (
-            ""
-            if record.peak_bytes is None or record.baseline_bytes is None
-            else f" (+{mib(record.peak_bytes - record.baseline_bytes)}"
-            + (
-                f", estimated +{mib(fit.estimated_peak_bytes)}"
-                if record.role == "probe" and fit is not None
-                else ""
-            )
-            + ")"
-        )
-        lines.append(
-            f"  warmup {record.role:<7} {record.width}x{record.height}x{record.frames} at"
-            f" {record.steps} steps  {record.total_s:.2f} s  peak {mib(record.peak_bytes)}{grew}"
-            f" [{clean(record.memory_source or 'unmeasured')}]  {stages}"
-        )
-    for at, state, drop in view.buffer_drops:
-        lines.append(
-            f"  buffers dropped {drop.buffers} ({mib(drop.bytes_freed)}) in {state}"
-            f" at +{analysis.at(at):.2f}"
-        )
-    allocations: dict[str, list[float]] = {}
-    for _, state, alloc in view.buffer_allocations:
-        allocations.setdefault(state, []).append(alloc.bytes)
-    for state, sizes in allocations.items():
-        lines.append(f"  buffers allocated {len(sizes)} ({mib(int(sum(sizes)))}) in {state}")
-    for at, state, fault in view.faults:
-        lines.append(f"  fault  +{analysis.at(at):.2f} {state}: {clean(fault.fault)}")
-    for at, state, error in view.errors:
-        kind = "error" if error.fatal else "note "
-        lines.append(
-            f"  {kind}  +{analysis.at(at):.2f} {state}: {clean(error.error_type)}:"
-            f" {clean(error.message)}"
-        )
-    for at, state, stall in view.stalls:
-        lines.append(
-            f"  stall  +{analysis.at(at):.2f} {state}: {stall.in_state_s:.1f} s in state"
-            f" (deadline {stall.deadline_s:g} s), {len(stall.threads)} thread stacks"
-        )
-    if view.pending is not None:
-        p = view.pending.started
-        lines.append(
-            f"  pending {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
-            f" since +{analysis.at(view.pending.at):.2f}"
-        )
-    if view.unknown:
-        lines.append(f"  {len(view.unknown)} event(s) of unknown kind or undecodable payload")
-    if view.seq_gaps:
-        gaps = ", ".join(f"{g.expected}->{g.found}" for g in view.seq_gaps[:5])
-        lines.append(f"  sequence gaps: {gaps}")
-    return lines
-
-
-def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
-    wall = analysis.run.created_at + seconds
-    rows = []
-    for rank, view in analysis.views.items():
-        pending = view.pending
-        rows.append(
-            [
-                rank,
-                view.state,
-                f"{view.time_in_state_s(now=wall) or 0.0:.2f} s",
-                "-" if pending is None else _started_text(pending.started),
-                view.action.action if view.action else "-",
-            ]
-        )
-    header = f"run {analysis.run.run_id} at +{seconds:.2f} s"
-    return (
-        header + "\n" + table(["rank", "state", "in state", "pending collective", "action"], rows)
-    )
-
-
-def _started_text(started: CollectiveStarted) -> str:
-    return f"{started.op} #{started.group_seq} of {started.group}"
-
-
-def show_json(
-    analysis: RunAnalysis, *, ranks: Sequence[int] | None, at: float | None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"run_id": analysis.run.run_id, "ranks": []}
-    if at is not None:
-        out["at_s"] = at
-    for rank, view in analysis.views.items():
-        if ranks is not None and rank not in ranks:
-            continue
-        out["ranks"].append(
-            {
-                "rank": rank,
-                "state": view.state,
-                "path": list(view.path),
-                "spans": [
-                    {
-                        "state": s.state,
-                        "at_s": analysis.at(s.entered_at),
-                        "duration_s": s.duration_s(),
-                    }
-                    for s in view.spans
-                ],
-                "skip_reason": view.skip_reason,
-                "warmup_records": [
-                    {
-                        "role": r.role,
-                        "shape": f"{r.width}x{r.height}x{r.frames}",
-                        "steps": r.steps,
-                        "total_s": r.total_s,
-                        "peak_bytes": r.peak_bytes,
-                        "baseline_bytes": r.baseline_bytes,
-                        "memory_source": r.memory_source,
-                    }
-                    for r in view.warmup_records
-                ],
-                "buffer_drops": [
-                    {"state": s, "at_s": analysis.at(t), "bytes_freed": d.bytes_freed}
-                    for t, s, d in view.buffer_drops
-                ],
-                "buffer_allocations": [
-                    {"state": s, "at_s": analysis.at(t), "key": a.key, "bytes": a.bytes}
-                    for t, s, a in view.buffer_allocations
-                ],
-                "errors": [
-                    {
-                        "state": s,
-                        "at_s": analysis.at(t),
-                        "type": e.error_type,
-                        "message": e.message,
-                        "fatal": e.fatal,
-                    }
-                    for t, s, e in view.errors
-                ],
-                "pending_collective": None
-                if view.pending is None
-                else {
-                    "group": view.pending.started.group,
-                    "group_seq": view.pending.started.group_seq,
-                    "op": view.pending.started.op,
-                },
-            }
-        )
-    return out
-
-
 # -- diagnose -----------------------------------------------------------------------------------
 
 
@@ -370,7 +177,7 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
             f" {clean(e.error_type)}: {clean(e.message)}"
         )
     out.append("")
-    out.append(clean(d.summary))
+    out.append(clean(summary(d)))
     out.append("")
     rows = [
         [
@@ -397,8 +204,8 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
             rows.append([g.group, ",".join(map(str, g.members)), progress])
         out.append(table(["group", "members", "progress"], rows))
     for m in d.mismatches:
-        out.append(f"mismatch {m.group} #{m.group_seq}: {clean(m.reason)}")
-        out.extend(f"  rank {rank}: {sig.describe()}" for rank, sig in m.by_rank)
+        out.append(f"mismatch {m.group} #{m.group_seq}: {clean(mismatch_reason(m))}")
+        out.extend(f"  rank {rank}: {clean(signature_text(sig))}" for rank, sig in m.by_rank)
     for view in d.analysis.views.values():
         for at, state, stall in view.stalls:
             out.append("")
@@ -422,19 +229,20 @@ def _pending_text(pending: PendingInfo | None) -> str:
     return f"{pending.op} #{pending.group_seq} {pending.group} ({pending.purpose})"
 
 
-def _error_json(error: ErrorInfo | None) -> dict[str, Any] | None:
+def _error_json(error: FirstError | None) -> dict[str, Any] | None:
     if error is None:
         return None
     return {
         "rank": error.rank,
         "type": error.error_type,
+        "kind": error.kind.value,
         "message": error.message,
         "state": error.state,
         "at_s": error.at_s,
     }
 
 
-def _verdict_json(v: RankVerdict) -> dict[str, Any]:
+def _verdict_json(d: Diagnosis, v: RankVerdict) -> dict[str, Any]:
     p = v.pending
     return {
         "rank": v.rank,
@@ -456,8 +264,26 @@ def _verdict_json(v: RankVerdict) -> dict[str, Any]:
         "faults": list(v.faults),
         "stalls": v.stalls,
         "stop_signal": v.stop_signal,
-        "note": v.note,
+        "stop_reason": v.stop_reason,
+        "note": rank_note(d, v),
     }
+
+
+def _plain(value: object) -> object:
+    """A fact's field as JSON: enums by value, tuples as lists, records as objects."""
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(x) for x in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def evidence_json(item: Evidence) -> dict[str, Any]:
+    """An evidence item as a JSON object: its code, then its fields."""
+    fields = {f.name: _plain(getattr(item, f.name)) for f in dataclasses.fields(item)}
+    return {"code": item.code.value, **fields}
 
 
 def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
@@ -467,10 +293,11 @@ def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
         "culprit_ranks": list(d.culprit_ranks),
         "culprit_state": d.culprit_state,
         "first_error": _error_json(d.first_error),
-        "summary": d.summary,
+        "summary": summary(d),
         "startup_to_ready_s": d.startup_to_ready_s,
         "missing_ranks": list(d.missing_ranks),
-        "ranks": [_verdict_json(v) for v in d.ranks],
+        "ranks": [_verdict_json(d, v) for v in d.ranks],
+        "evidence": [evidence_json(item) for item in d.evidence],
         "groups": [
             {
                 "group": g.group,
@@ -484,8 +311,9 @@ def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
             {
                 "group": m.group,
                 "group_seq": m.group_seq,
-                "reason": m.reason,
-                "by_rank": {str(r): sig.describe() for r, sig in m.by_rank},
+                "reason": mismatch_reason(m),
+                "code": m.reason.value,
+                "by_rank": {str(r): signature_text(sig) for r, sig in m.by_rank},
             }
             for m in d.mismatches
         ],
@@ -501,7 +329,3 @@ def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
             for at, state, stall in v.stalls
         ],
     }
-
-
-def is_failure(status: Status) -> bool:
-    return status in (Status.FAILED, Status.CRASHED, Status.HUNG, Status.BLOCKED)

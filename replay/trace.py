@@ -88,7 +88,7 @@ def build_trace(run: RunInfo, events: Iterable[StoredEvent]) -> dict[str, Any]:
                     rank.action = None
             case RequestStarted():
                 rank.requests[event.request_id] = _Open(
-                    name=f"{event.source} {event.width}x{event.height}x{event.frames}",
+                    name=f"{event.source} {event.shape}",
                     ts=ts,
                     args={"steps": event.steps, "request_id": event.request_id},
                 )
@@ -128,7 +128,7 @@ def build_trace(run: RunInfo, events: Iterable[StoredEvent]) -> dict[str, Any]:
                 }))  # fmt: skip
                 rank.events.append(
                     _instant(stored.rank, ts, f"warmup {event.role}", REQUESTS_TID, "t", {
-                        "shape": f"{event.width}x{event.height}x{event.frames}",
+                        "shape": str(event.shape),
                         "steps": event.steps, "total_s": event.total_s,
                         "memory_source": event.memory_source,
                     })
@@ -152,7 +152,8 @@ def build_trace(run: RunInfo, events: Iterable[StoredEvent]) -> dict[str, Any]:
                     f"{event.pending.op} {event.pending.group}#{event.pending.group_seq}",
                 }))  # fmt: skip
             case Error():
-                args = {"message": event.message, "state": stored.state, "fatal": event.fatal}
+                args = {"message": event.message, "kind": event.error_kind, "state": stored.state,
+                        "fatal": event.fatal}  # fmt: skip
                 name = f"error {event.error_type}"
                 rank.events.append(_instant(stored.rank, ts, name, STATES_TID, "p", args))
             case FaultInjected():

@@ -10,8 +10,7 @@ from lifecycle.core.config import ServerArgs, WarmupMode, args_from_json
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.events import GateDecided, PlanBuilt, StoredEvent, Transition
 from lifecycle.core.gates import calibration_skip_reason, evaluate_gates
-from lifecycle.core.plan import WarmupPlan, build_plan, fit_probe
-from lifecycle.core.records import platform_from_record
+from lifecycle.core.plan import WarmupPlan, WarmupRequest, build_plan, fit_probe
 from lifecycle.core.states import State, Trigger, next_state
 from replay.load import RunInfo
 
@@ -48,12 +47,8 @@ def _collect(events: Iterable[StoredEvent]) -> dict[int, _RankRecord]:
     return ranks
 
 
-def _plan_tuples(plan: PlanBuilt) -> list[tuple[str, str, int]]:
-    return [(r.role, f"{r.width}x{r.height}x{r.frames}", r.steps) for r in plan.requests]
-
-
-def _today_tuples(plan: WarmupPlan) -> list[tuple[str, str, int]]:
-    return [(r.role.value, str(r.shape), r.steps) for r in plan.requests]
+def _requests(requests: tuple[WarmupRequest, ...]) -> str:
+    return "[" + ", ".join(f"{r.role} {r.shape} x{r.steps}" for r in requests) + "]"
 
 
 def _recorded_path(record: _RankRecord) -> str:
@@ -79,7 +74,7 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
     first_failed: list[int] = []
     for rank, record in sorted(decided.items()):
         assert record.gate is not None
-        platform = platform_from_record(record.gate.platform)
+        platform = record.gate.platform
         first_failed.append(first_failed_gate(evaluate_gates(args, platform)))
         local = calibration_skip_reason(args, platform)
         checked.append(f"rank {rank} gates")
@@ -102,10 +97,10 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
                     f" ({_reason(record.plan.skip_reason)}); today's gates"
                     f" {('skip: ' + plan.skip_reason) if plan.skip_reason else 'calibrate'}"
                 )
-            elif _plan_tuples(record.plan) != _today_tuples(plan):
+            elif record.plan.requests != plan.requests:
                 divergences.append(
-                    f"rank {rank}: recorded plan {_plan_tuples(record.plan)};"
-                    f" today's plan {_today_tuples(plan)}"
+                    f"rank {rank}: recorded plan {_requests(record.plan.requests)};"
+                    f" today's plan {_requests(plan.requests)}"
                 )
         divergences.extend(_walk(rank, record.transitions, plan.calibration_open))
         checked.append(f"rank {rank} transitions")

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,3 +126,13 @@ def run_unprivileged(cwd: Path, module: str, *args: str) -> Completed:
         timeout=180, check=False,
     )  # fmt: skip
     return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+
+def wait_until(condition: Callable[[], bool], *, within: float, what: str) -> None:
+    """Poll `condition` every 0.1 s; fail the test if it does not hold within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {within} s: {what}")

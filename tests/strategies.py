@@ -1,8 +1,10 @@
-"""Hypothesis strategies for journal events, derived from the event dataclasses' type hints."""
+"""Hypothesis strategies for journal events, derived from the event dataclasses' type hints
+(nested domain values such as Shape, and StrEnum fields, included)."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from typing import Any, Union
@@ -26,6 +28,8 @@ def for_type(tp: Any) -> st.SearchStrategy[Any]:
         return _float
     if tp is bool:
         return st.booleans()
+    if isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+        return st.sampled_from(tuple(tp))
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (Union, types.UnionType):

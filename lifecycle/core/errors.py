@@ -1,14 +1,58 @@
-"""The error families of lifecycle, all under one base, `LifecycleError`."""
+"""The error families of lifecycle, all under one base, `LifecycleError`, each of one kind."""
 
 from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+
+class ErrorKind(StrEnum):
+    """What went wrong, as the journal records it: decided where the error is raised, so that
+    nothing that reads a journal has to recognise class names or message text."""
+
+    COLLECTIVE_TIMEOUT = "collective-timeout"
+    PEER_GONE = "peer-gone"  # a collective broke because a peer's connection closed or reset
+    COLLECTIVE_FAILED = "collective-failed"
+    INJECTED_FAULT = "injected-fault"
+    ILLEGAL_TRANSITION = "illegal-transition"
+    STARTUP_TIMEOUT = "startup-timeout"
+    JOURNAL_WRITE = "journal-write"
+    JOURNAL = "journal"  # the journal cannot be opened, read or appended to as asked
+    CONFIG = "config"
+    RANK_DISAGREEMENT = "rank-disagreement"
+    RENDEZVOUS = "rendezvous"
+    REQUEST_ABORTED = "request-aborted"
+    EXCEPTION = "exception"  # anything else, lifecycle's own or not
+
+
+COLLECTIVE_KINDS = frozenset(
+    {ErrorKind.COLLECTIVE_TIMEOUT, ErrorKind.PEER_GONE, ErrorKind.COLLECTIVE_FAILED}
+)
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    """The kind of `exc`: its class's declared kind, or `exception` for a foreign one."""
+    return exc.error_kind if isinstance(exc, LifecycleError) else ErrorKind.EXCEPTION
+
+
+def recorded_kind(value: str) -> ErrorKind:
+    """A kind read back from a journal; one this lifecycle does not know is `exception`."""
+    try:
+        return ErrorKind(value)
+    except ValueError:
+        return ErrorKind.EXCEPTION
 
 
 class LifecycleError(Exception):
     """Base of every error lifecycle raises on purpose."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.EXCEPTION
+
 
 class ConfigError(LifecycleError):
     """A configuration value is out of range or inconsistent."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.CONFIG
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -26,6 +70,8 @@ class FaultSpecError(ConfigError):
 class IllegalTransition(LifecycleError):
     """A trigger that the transition table does not allow from the current state."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.ILLEGAL_TRANSITION
+
     def __init__(self, *, state: str, trigger: str, reason: str) -> None:
         super().__init__(f"trigger {trigger!r} is not allowed in state {state!r}: {reason}")
         self.state = state
@@ -36,9 +82,13 @@ class IllegalTransition(LifecycleError):
 class PlanError(LifecycleError):
     """The warmup plan cannot be built from the configuration."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.CONFIG
+
 
 class JournalError(LifecycleError):
     """Base of the journal's errors; the message is one line a person can act on."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.JOURNAL
 
 
 class NotAJournal(JournalError):
@@ -89,6 +139,8 @@ class JournalWriteFailed(JournalError):
     """A write to the journal failed (disk full, I/O error, lost connection): the record of the
     startup is incomplete from that point on, and a rank that cannot record must stop."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.JOURNAL_WRITE
+
     def __init__(self, *, location: str, reason: str) -> None:
         super().__init__(f"journal {location} could not be written: {reason}")
         self.location = location
@@ -107,6 +159,8 @@ class CorruptEvent(JournalError):
 class InjectedFault(LifecycleError):
     """A fault injected on purpose with `--fault` (kind `raise`)."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.INJECTED_FAULT
+
     def __init__(self, *, rank: int, state: str) -> None:
         super().__init__(f"fault injected on rank {rank} in state {state!r}")
         self.rank = rank
@@ -114,7 +168,9 @@ class InjectedFault(LifecycleError):
 
 
 class CollectiveError(LifecycleError):
-    """A recorded collective failed or timed out."""
+    """A recorded collective failed; its subclasses say how, where torch lets that be told."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.COLLECTIVE_FAILED
 
     def __init__(self, message: str, *, group: str, group_seq: int, op: str) -> None:
         super().__init__(message)
@@ -126,9 +182,19 @@ class CollectiveError(LifecycleError):
 class CollectiveTimeout(CollectiveError):
     """A recorded collective did not finish within the process-group timeout."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.COLLECTIVE_TIMEOUT
+
+
+class PeerGone(CollectiveError):
+    """A recorded collective broke because a peer's connection closed or was reset."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.PEER_GONE
+
 
 class StartupTimeout(LifecycleError):
     """A startup did not reach `ready` within `--startup-timeout`."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.STARTUP_TIMEOUT
 
     def __init__(self, *, timeout_s: float, state: str) -> None:
         super().__init__(
@@ -142,6 +208,8 @@ class StartupTimeout(LifecycleError):
 class RendezvousFailed(LifecycleError):
     """A rank cannot join its process group at MASTER_ADDR:MASTER_PORT."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.RENDEZVOUS
+
     def __init__(self, *, address: str, port: str, reason: str) -> None:
         super().__init__(
             f"cannot join the process group at {address}:{port} (MASTER_ADDR:MASTER_PORT): {reason}"
@@ -153,6 +221,8 @@ class RendezvousFailed(LifecycleError):
 
 class RankDisagreement(LifecycleError):
     """Ranks reached different decisions where they must agree."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.RANK_DISAGREEMENT
 
     def __init__(self, message: str, *, rank: int) -> None:
         super().__init__(message)

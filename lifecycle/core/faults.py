@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lifecycle.core.errors import FaultSpecError
-from lifecycle.core.states import State
+from lifecycle.core.states import ACTION_STATES, State
 
 
 class FaultKind(StrEnum):
@@ -16,15 +16,8 @@ class FaultKind(StrEnum):
     SKIP_COLLECTIVE = "skip-collective"
 
 
-# States that run an action on entry; a fault elsewhere would never fire.
-FAULTABLE_STATES = (
-    State.GATE_CHECK,
-    State.BOUNDED_WARM,
-    State.PROBE,
-    State.RE_WARM,
-    State.DROP_BUFFERS,
-    State.READY,
-)
+# A fault fires on entering a state that runs actions; anywhere else it would never fire.
+FAULTABLE_STATES = ACTION_STATES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

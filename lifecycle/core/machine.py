@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from transitions import EventData, Machine, MachineError
 
 from lifecycle.core.errors import IllegalTransition
-from lifecycle.core.states import TRANSITIONS, Guard, State, Trigger, guard_holds
+from lifecycle.core.states import TRANSITIONS, Edge, Guard, State, Trigger, guard_holds
 
 # Called with (trigger, source, dest) after the conditions pass and before the state changes.
 # Whatever it raises aborts the transition, so a transition that could not be journaled is
@@ -33,23 +34,37 @@ class LifecycleMachine:
         before: BeforeHook,
         on_illegal: IllegalHook,
         calibration_open: Callable[[], bool],
-        initial: State = State.CREATED,
+        table: tuple[Edge, ...] = TRANSITIONS,
+        initial: State | None = None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._before = before
         self._on_illegal = on_illegal
         self._calibration_open = calibration_open
+        self._clock_ns = clock_ns
+        self.table = table
+        self._states = {e.source.value: e.source for e in table} | {
+            e.dest.value: e.dest for e in table
+        }
         self._model = _Model()
         self._machine = Machine(
             model=self._model,
-            states=[s.value for s in State],
-            initial=initial.value,
-            transitions=[
-                self._edge_spec(e.trigger, e.source, e.dest, e.guard) for e in TRANSITIONS
-            ],
+            states=list(self._states),
+            initial=(initial or table[0].source).value,
+            transitions=[self._edge_spec(e.trigger, e.source, e.dest, e.guard) for e in table],
             auto_transitions=False,
             send_event=True,
             ignore_invalid_triggers=False,
+            after_state_change=[self._entered],
         )
+        self.entered_mono_ns = clock_ns()
+
+    def _entered(self, event: EventData) -> None:
+        self.entered_mono_ns = self._clock_ns()
+
+    def in_state_s(self) -> float:
+        """How long the machine has been in its current state."""
+        return (self._clock_ns() - self.entered_mono_ns) / 1e9
 
     def _edge_spec(
         self, trigger: Trigger, source: State, dest: State, guard: Guard | None
@@ -73,13 +88,17 @@ class LifecycleMachine:
 
     @property
     def state(self) -> State:
-        return State(self._model.state)
+        """The current state: the machine is the only holder of it."""
+        return self._states[self._model.state]
 
     def fire(self, trigger: Trigger) -> State:
         """Take `trigger`; return the new state, or raise IllegalTransition (state unchanged)."""
         state = self.state
+        event = self._machine.events.get(trigger.value)
+        if event is None:
+            self._reject(state, trigger, f"the table has no {trigger.value!r} trigger")
         try:
-            moved = self._machine.events[trigger.value].trigger(self._model)
+            moved = event.trigger(self._model)
         except MachineError:
             self._reject(state, trigger, f"the table has no {trigger.value!r} from {state.value!r}")
         if not moved:
@@ -101,6 +120,6 @@ class LifecycleMachine:
         state, open_ = self.state, self._calibration_open()
         return tuple(
             e.trigger
-            for e in TRANSITIONS
-            if e.source is state and guard_holds(e.guard, calibration_open=open_)
+            for e in self.table
+            if e.source == state and guard_holds(e.guard, calibration_open=open_)
         )

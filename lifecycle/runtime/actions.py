@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
 from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
 from lifecycle.core.config import RankLayout, ServerArgs, Shape, SmokeRequest
-from lifecycle.core.events import RequestFinished, RequestStarted, WarmupRecord
+from lifecycle.core.events import (
+    GateDecided,
+    PlanBuilt,
+    RequestFinished,
+    RequestStarted,
+    WarmupRecord,
+)
 from lifecycle.core.gates import Platform, calibration_skip_reason, evaluate_gates
 from lifecycle.core.plan import (
     PROBE_DOES_NOT_FIT,
@@ -22,7 +29,6 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
-from lifecycle.core.records import gate_decided, plan_built
 from lifecycle.core.states import State
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import MemoryMeter, probe_platform, release_cache
@@ -31,8 +37,6 @@ from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.request import RequestResult, run_request
 
 WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
-
-Action = tuple[str, Callable[[], None]]
 
 
 @dataclass
@@ -61,184 +65,201 @@ class RankRuntime:
         return self.plan is not None and self.plan.calibration_open
 
 
-class StartupActions:
-    """The actions of each state, in the order they run."""
+# -- gate-check ----------------------------------------------------------------------------
 
-    def __init__(self, rt: RankRuntime) -> None:
-        self.rt = rt
 
-    def for_state(self, state: State) -> tuple[Action, ...]:
-        table: dict[State, tuple[Action, ...]] = {
-            State.GATE_CHECK: (
-                ("load-pipeline", self.load_pipeline),
-                ("decide-path", self.decide_path),
-            ),
-            State.BOUNDED_WARM: (("bounded-warmup", self.bounded_warm),),
-            State.PROBE: (("probe", self.probe),),
-            State.RE_WARM: (("re-warmup", self.re_warm),),
-            State.DROP_BUFFERS: (("drop-buffers", self.drop_buffers),),
-            State.READY: (("mark-ready", self.ready),),
-        }
-        return table.get(state, ())
+def load_pipeline(rt: RankRuntime) -> None:
+    rt.pipeline = build_pipeline(rt.args.model, rt.comm)
 
-    # -- gate-check ----------------------------------------------------------------------------
 
-    def load_pipeline(self) -> None:
-        self.rt.pipeline = build_pipeline(self.rt.args.model, self.rt.comm)
-
-    def decide_path(self) -> None:
-        """Probe the platform, evaluate the gates, agree with every rank, build the plan."""
-        rt = self.rt
-        args, world = rt.args, rt.comm.world
-        platform = probe_platform(rt.device, rt.meter, local_ranks=rt.local_ranks)
-        rt.platform = platform
-        outcomes = evaluate_gates(args, platform)
-        local_reason = calibration_skip_reason(args, platform)
-        # Exchanging the minimum is enough: agreed_skip_reason takes the earliest failing gate.
-        decision = torch.tensor([first_failed_gate(outcomes)], dtype=torch.int64)
-        world.all_reduce(decision, op="min", purpose="gate-agree")
-        skip_reason = agreed_skip_reason([int(decision.item())])
-        rt.recorder.record(
-            gate_decided(
-                outcomes=outcomes,
-                platform=platform,
-                skip_reason=skip_reason,
-                local_skip_reason=local_reason,
-            )
+def decide_path(rt: RankRuntime) -> None:
+    """Probe the platform, evaluate the gates, agree with every rank, build the plan."""
+    args, world = rt.args, rt.comm.world
+    platform = probe_platform(rt.device, rt.meter, local_ranks=rt.local_ranks)
+    rt.platform = platform
+    outcomes = evaluate_gates(args, platform)
+    local_reason = calibration_skip_reason(args, platform)
+    # Exchanging the minimum is enough: agreed_skip_reason takes the earliest failing gate.
+    decision = torch.tensor([first_failed_gate(outcomes)], dtype=torch.int64)
+    world.all_reduce(decision, op="min", purpose="gate-agree")
+    skip_reason = agreed_skip_reason([int(decision.item())])
+    rt.recorder.record(
+        GateDecided(
+            gates=outcomes,
+            platform=platform,
+            skip_reason=skip_reason,
+            local_skip_reason=local_reason,
         )
-        fit = None
-        probe_shape: Shape | None = None
-        if skip_reason is None and args.warmup_mode.value == "server":
-            fit = fit_probe(args, free_bytes=platform.free_bytes, total_bytes=platform.total_bytes)
-            probe_shape = self._agree_probe_shape(fit.fitted)
-            if probe_shape is None:
-                skip_reason = PROBE_DOES_NOT_FIT
-        rt.plan = build_plan(args, skip_reason=skip_reason, fit=fit, probe_shape=probe_shape)
-        rt.recorder.record(plan_built(rt.plan))
-
-    def _agree_probe_shape(self, mine: Shape | None) -> Shape | None:
-        """The smallest fitted probe among all ranks; None when any rank fits none."""
-        world = self.rt.comm.world
-        local = torch.tensor(
-            [mine.width, mine.height, mine.frames] if mine else [0, 0, 0], dtype=torch.int64
+    )
+    fit = None
+    probe_shape: Shape | None = None
+    if skip_reason is None and args.warmup_mode.value == "server":
+        fit = fit_probe(args, free_bytes=platform.free_bytes, total_bytes=platform.total_bytes)
+        probe_shape = _agree_probe_shape(rt, fit.fitted)
+        if probe_shape is None:
+            skip_reason = PROBE_DOES_NOT_FIT
+    rt.plan = build_plan(args, skip_reason=skip_reason, fit=fit, probe_shape=probe_shape)
+    rt.recorder.record(
+        PlanBuilt(
+            skip_reason=rt.plan.skip_reason,
+            requests=rt.plan.requests,
+            probe_fit=rt.plan.probe_fit,
         )
-        everyone = torch.empty((world.size, 3), dtype=torch.int64)
-        world.all_gather(everyone, local, purpose="probe-agree")
-        return agreed_probe_shape(
-            Shape(width=int(w), height=int(h), frames=int(f)) for w, h, f in everyone.tolist()
-        )
+    )
 
-    # -- warmup --------------------------------------------------------------------------------
 
-    def _plan(self) -> WarmupPlan:
-        assert self.rt.plan is not None, "decide-path builds the plan before any warmup"
-        return self.rt.plan
+def _agree_probe_shape(rt: RankRuntime, mine: Shape | None) -> Shape | None:
+    """The smallest fitted probe among all ranks; None when any rank fits none."""
+    world = rt.comm.world
+    local = torch.tensor(
+        [mine.width, mine.height, mine.frames] if mine else [0, 0, 0], dtype=torch.int64
+    )
+    everyone = torch.empty((world.size, 3), dtype=torch.int64)
+    world.all_gather(everyone, local, purpose="probe-agree")
+    return agreed_probe_shape(
+        Shape(width=int(w), height=int(h), frames=int(f)) for w, h, f in everyone.tolist()
+    )
 
-    def _warm(self, request: WarmupRequest) -> None:
-        rt = self.rt
-        assert rt.pipeline is not None
-        result = run_request(
-            rt.pipeline,
-            prompt=WARMUP_PROMPT,
+
+# -- warmup --------------------------------------------------------------------------------
+
+
+def _plan(rt: RankRuntime) -> WarmupPlan:
+    assert rt.plan is not None, "decide-path builds the plan before any warmup"
+    return rt.plan
+
+
+def _warm(rt: RankRuntime, request: WarmupRequest) -> None:
+    assert rt.pipeline is not None
+    result = run_request(
+        rt.pipeline,
+        prompt=WARMUP_PROMPT,
+        shape=request.shape,
+        steps=request.steps,
+        seed=rt.args.seed,
+        meter=rt.meter,
+        device=rt.device,
+        decode=rt.decodes,
+    )
+    rt.recorder.record(
+        WarmupRecord(
+            role=request.role,
             shape=request.shape,
             steps=request.steps,
+            tokens=rt.args.model.tokens(request.shape),
+            total_s=result.total_s,
+            step_s=result.step_s,
+            stages=result.stages,
+            memory_source=result.memory_source,
+            baseline_bytes=result.baseline_bytes,
+            peak_bytes=result.peak_bytes,
+            checksum=result.checksum,
+        )
+    )
+
+
+def bounded_warm(rt: RankRuntime) -> None:
+    for request in _plan(rt).by_role(Role.BOUNDED):
+        _warm(rt, request)
+
+
+def probe(rt: RankRuntime) -> None:
+    for request in _plan(rt).by_role(Role.PROBE):
+        _warm(rt, request)
+
+
+def re_warm(rt: RankRuntime) -> None:
+    for request in _plan(rt).by_role(Role.REWARM):
+        _warm(rt, request)
+
+
+# -- drop-buffers and ready ----------------------------------------------------------------
+
+
+def drop_buffers(rt: RankRuntime) -> None:
+    rt.comm.staging.drop(release_cache=lambda: release_cache(rt.device))
+    rt.dropped_buffers = True
+
+
+def ready(rt: RankRuntime) -> None:
+    mode = rt.args.smoke_request
+    if mode is SmokeRequest.ON or (mode is SmokeRequest.AUTO and rt.dropped_buffers):
+        # The first request after drop-buffers creates the staging buffers again; run it
+        # before /health turns green so that a rank that cannot is caught at startup.
+        model = rt.args.model
+        generate(
+            rt,
+            prompt=WARMUP_PROMPT,
+            shape=bounded_shape(model),
+            steps=bounded_steps(model, calibration_open=False),
+            source="smoke",
+        )
+
+
+def generate(
+    rt: RankRuntime,
+    *,
+    prompt: str,
+    shape: Shape,
+    steps: int,
+    source: str,
+    after_step: Callable[[int], None] | None = None,
+) -> RequestResult:
+    """Run one request on this rank, journaled as request_started / request_finished;
+    `after_step` runs after each denoising step (see run_request)."""
+    assert rt.pipeline is not None
+    request_id = uuid.uuid4().hex[:12]
+    rt.recorder.record(
+        RequestStarted(
+            request_id=request_id,
+            source=source,
+            shape=shape,
+            steps=steps,
+            prompt_chars=len(prompt),
+        )
+    )
+    try:
+        result = run_request(
+            rt.pipeline,
+            prompt=prompt,
+            shape=shape,
+            steps=steps,
             seed=rt.args.seed,
             meter=rt.meter,
             device=rt.device,
             decode=rt.decodes,
+            after_step=after_step,
         )
-        rt.recorder.record(
-            WarmupRecord(
-                role=request.role.value,
-                width=request.shape.width,
-                height=request.shape.height,
-                frames=request.shape.frames,
-                steps=request.steps,
-                tokens=rt.args.model.tokens(request.shape),
-                total_s=result.total_s,
-                step_s=result.step_s,
-                stages=result.stages,
-                memory_source=result.memory_source,
-                baseline_bytes=result.baseline_bytes,
-                peak_bytes=result.peak_bytes,
-                checksum=result.checksum,
-            )
-        )
-
-    def bounded_warm(self) -> None:
-        for request in self._plan().by_role(Role.BOUNDED):
-            self._warm(request)
-
-    def probe(self) -> None:
-        for request in self._plan().by_role(Role.PROBE):
-            self._warm(request)
-
-    def re_warm(self) -> None:
-        for request in self._plan().by_role(Role.REWARM):
-            self._warm(request)
-
-    # -- drop-buffers and ready ----------------------------------------------------------------
-
-    def drop_buffers(self) -> None:
-        rt = self.rt
-        rt.comm.staging.drop(release_cache=lambda: release_cache(rt.device))
-        rt.dropped_buffers = True
-
-    def ready(self) -> None:
-        rt = self.rt
-        mode = rt.args.smoke_request
-        if mode is SmokeRequest.ON or (mode is SmokeRequest.AUTO and rt.dropped_buffers):
-            # The first request after drop-buffers creates the staging buffers again; run it
-            # before /health turns green so that a rank that cannot is caught at startup.
-            model = rt.args.model
-            self.generate(
-                prompt=WARMUP_PROMPT,
-                shape=bounded_shape(model),
-                steps=bounded_steps(model, calibration_open=False),
-                source="smoke",
-            )
-
-    def generate(self, *, prompt: str, shape: Shape, steps: int, source: str) -> RequestResult:
-        """Run one request on this rank, journaled as request_started / request_finished."""
-        rt = self.rt
-        assert rt.pipeline is not None
-        request_id = uuid.uuid4().hex[:12]
-        rt.recorder.record(
-            RequestStarted(
-                request_id=request_id,
-                source=source,
-                width=shape.width,
-                height=shape.height,
-                frames=shape.frames,
-                steps=steps,
-                prompt_chars=len(prompt),
-            )
-        )
-        try:
-            result = run_request(
-                rt.pipeline,
-                prompt=prompt,
-                shape=shape,
-                steps=steps,
-                seed=rt.args.seed,
-                meter=rt.meter,
-                device=rt.device,
-                decode=rt.decodes,
-            )
-        except Exception:
-            rt.recorder.record(
-                RequestFinished(
-                    request_id=request_id, ok=False, total_s=0.0, checksum=None, peak_bytes=None
-                )
-            )
-            raise
+    except Exception:
         rt.recorder.record(
             RequestFinished(
-                request_id=request_id,
-                ok=True,
-                total_s=result.total_s,
-                checksum=result.checksum,
-                peak_bytes=result.peak_bytes,
+                request_id=request_id, ok=False, total_s=0.0, checksum=None, peak_bytes=None
             )
         )
-        return result
+        raise
+    rt.recorder.record(
+        RequestFinished(
+            request_id=request_id,
+            ok=True,
+            total_s=result.total_s,
+            checksum=result.checksum,
+            peak_bytes=result.peak_bytes,
+        )
+    )
+    return result
+
+
+Action = Callable[[RankRuntime], None]
+
+# The actions each state runs on entry, in order, by name: declared once. A test holds this
+# to the states the transition table says run actions (ACTION_STATES).
+STARTUP_ACTIONS: Mapping[State, tuple[tuple[str, Action], ...]] = MappingProxyType(
+    {
+        State.GATE_CHECK: (("load-pipeline", load_pipeline), ("decide-path", decide_path)),
+        State.BOUNDED_WARM: (("bounded-warmup", bounded_warm),),
+        State.PROBE: (("probe", probe),),
+        State.RE_WARM: (("re-warmup", re_warm),),
+        State.DROP_BUFFERS: (("drop-buffers", drop_buffers),),
+        State.READY: (("mark-ready", ready),),
+    }
+)

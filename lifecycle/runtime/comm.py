@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lifecycle.core.config import RankLayout
-from lifecycle.core.errors import CollectiveError, CollectiveTimeout, RankDisagreement
+from lifecycle.core.errors import CollectiveError, CollectiveTimeout, PeerGone, RankDisagreement
 from lifecycle.core.events import (
     BuffersAllocated,
     BuffersDropped,
@@ -39,6 +39,9 @@ RENDEZVOUS_TIMEOUT_S = 120.0
 def rendezvous_timeout(timeout_s: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S))
 
+
+# What gloo (and the kernel, through it) says when a peer's end of the connection went away.
+PEER_GONE_MARKERS = ("closed by peer", "reset by peer", "connection closed", "connection reset")
 
 # Asked before each collective with (group, group_seq, op); True skips it (a `skip-collective`
 # fault), and the hook has journaled why.
@@ -121,23 +124,10 @@ class RecordedGroup:
             work = call()
             # gloo's all-to-all ignores the process-group timeout unless it is waited with one.
             if work is not None and not work.wait(timeout=self._timeout):
-                raise RuntimeError("wait returned false")
+                raise self._failure(op, seq, purpose, "wait returned false", timed_out=True)
         except RuntimeError as exc:
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if "timed out" in message.lower() or "timeout" in message.lower():
-                raise CollectiveTimeout(
-                    f"{op} #{seq} in group {self.name} did not finish within "
-                    f"{self._timeout_s:g} s ({purpose}): {message}",
-                    group=self.name,
-                    group_seq=seq,
-                    op=op,
-                ) from exc
-            raise CollectiveError(
-                f"{op} #{seq} in group {self.name} failed ({purpose}): {message}",
-                group=self.name,
-                group_seq=seq,
-                op=op,
-            ) from exc
+            raise self._failure(op, seq, purpose, message, timed_out=False) from exc
         finally:
             self._tracker.clear()
         self._sink.record(
@@ -149,6 +139,27 @@ class RecordedGroup:
             )
         )
         return True
+
+    def _failure(
+        self, op: str, seq: int, purpose: str, message: str, *, timed_out: bool
+    ) -> CollectiveError:
+        """The error a failed collective raises, its kind decided here once: torch says how it
+        failed only in its message text, and what reads the journal must not have to."""
+        where = f"{op} #{seq} in group {self.name}"
+        text = message.lower()
+        if timed_out or "timed out" in text or "timeout" in text:
+            return CollectiveTimeout(
+                f"{where} did not finish within {self._timeout_s:g} s ({purpose}): {message}",
+                group=self.name,
+                group_seq=seq,
+                op=op,
+            )
+        failure = (
+            PeerGone if any(marker in text for marker in PEER_GONE_MARKERS) else CollectiveError
+        )
+        return failure(
+            f"{where} failed ({purpose}): {message}", group=self.name, group_seq=seq, op=op
+        )
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, *, purpose: str) -> None:
         """Exchange equal dim-0 chunks of `inp` with every peer (rank j gets chunk j)."""

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from lifecycle.core.errors import JournalError, JournalWriteFailed
 from lifecycle.core.events import Heartbeat, PendingCollective, Stalled, ThreadStack
+from lifecycle.core.machine import LifecycleMachine
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
 
@@ -51,6 +52,7 @@ class HeartbeatThread:
         self,
         recorder: Recorder,
         *,
+        machine: LifecycleMachine,
         interval_s: float,
         deadline_s: float,
         pending: Callable[[], PendingCollective | None],
@@ -59,6 +61,7 @@ class HeartbeatThread:
         on_journal_lost: Callable[[JournalWriteFailed], None] = _ignore_lost_journal,
     ) -> None:
         self._recorder = recorder
+        self._machine = machine
         self._interval = interval_s
         self._deadline = deadline_s
         self._pending = pending
@@ -96,14 +99,14 @@ class HeartbeatThread:
         if self._startup_timeout is None or self._timed_out:
             return
         waited_s = time.monotonic() - self._started
-        if waited_s > self._startup_timeout and self._recorder.state not in STARTUP_OVER:
+        if waited_s > self._startup_timeout and self._machine.state not in STARTUP_OVER:
             self._timed_out = True
             self._on_startup_timeout(waited_s)
 
     def beat(self) -> None:
-        recorder = self._recorder
-        entered = recorder.state_entered_mono_ns
-        in_state_s = (recorder.clock.mono_ns() - entered) / 1e9
+        recorder, machine = self._recorder, self._machine
+        entered = machine.entered_mono_ns
+        in_state_s = machine.in_state_s()
         pending = self._pending()
         recorder.flush()
         recorder.record(

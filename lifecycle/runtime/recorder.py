@@ -21,7 +21,7 @@ from lifecycle.core.events import (
     WarmupRecord,
 )
 from lifecycle.core.states import State
-from lifecycle.store.journal import RankWriter
+from lifecycle.store.writer import RankWriter
 
 # Kinds that may wait in memory after `ready`, off the request path (see buffer_collectives).
 RING_KINDS = frozenset({"collective_started", "collective_finished"})
@@ -45,6 +45,10 @@ class SystemClock:
 
 
 Listener = Callable[[StoredEvent], None]
+
+
+def _not_started() -> State:
+    return State.CREATED
 
 
 class Recorder:
@@ -71,8 +75,7 @@ class Recorder:
         self._ring: deque[tuple[Event, str, float, int]] | None = None
         self.ring_dropped = 0
         self._listeners: list[Listener] = []
-        self.state = State.CREATED
-        self.state_entered_mono_ns = self._clock.mono_ns()
+        self._state_of: Callable[[], State] = _not_started
 
     @property
     def run_id(self) -> str:
@@ -86,12 +89,17 @@ class Recorder:
     def clock(self) -> Clock:
         return self._clock
 
+    def follow(self, state_of: Callable[[], State]) -> None:
+        """Stamp events with the state `state_of` reports (the rank's machine, which is the
+        only holder of its state)."""
+        self._state_of = state_of
+
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
     def record(self, event: Event, *, state: State | None = None) -> StoredEvent | None:
         """Commit one event (its envelope state is `state`, else the current state)."""
-        stamp = (state or self.state).value, self._clock.wall(), self._clock.mono_ns()
+        stamp = (state or self._state_of()).value, self._clock.wall(), self._clock.mono_ns()
         with self._lock:
             if self._ring is not None and event.kind in RING_KINDS:
                 if len(self._ring) == self._ring.maxlen:
@@ -100,11 +108,6 @@ class Recorder:
                 return None
             self._flush_locked()
             return self._append(event, *stamp)
-
-    def enter(self, state: State) -> None:
-        """The machine moved: later events carry the new state."""
-        self.state = state
-        self.state_entered_mono_ns = self._clock.mono_ns()
 
     def journal_cost(self) -> tuple[int, float]:
         """Events written so far and the seconds spent committing them."""
@@ -174,14 +177,12 @@ def log_fields(event: Event) -> dict[str, Any]:
         case PlanBuilt():
             return {
                 "skip_reason": event.skip_reason,
-                "requests": [
-                    f"{r.role} {r.width}x{r.height}x{r.frames} x{r.steps}" for r in event.requests
-                ],
+                "requests": [f"{r.role} {r.shape} x{r.steps}" for r in event.requests],
             }
         case WarmupRecord():
             return {
                 "role": event.role,
-                "shape": f"{event.width}x{event.height}x{event.frames}",
+                "shape": str(event.shape),
                 "steps": event.steps,
                 "total_s": round(event.total_s, 4),
                 "stages": {s.name: round(s.seconds, 4) for s in event.stages if s.ran},

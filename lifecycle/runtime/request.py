@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +38,13 @@ def run_request(
     meter: MemoryMeter,
     device: torch.device,
     decode: bool,
+    after_step: Callable[[int], None] | None = None,
 ) -> RequestResult:
     """Run text encoder, DiT and (when `decode`) the decoder; measure each as its own phase.
 
     Only the rank that returns the video decodes; the others record the decoder as not run.
+    `after_step` is called after each denoising step (progress, and where a stop may cut the
+    request short by raising).
     """
     stages: list[StageRecord] = []
     step_s: list[float] = []
@@ -74,6 +78,8 @@ def run_request(
         now = time.perf_counter()
         step_s.append(now - last_step[0])
         last_step[0] = now
+        if after_step is not None:
+            after_step(_step)
 
     latents = pipeline.denoise(embeds, shape, steps, seed=seed, on_step=on_step)
     end("dit", since)

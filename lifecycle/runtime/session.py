@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform as pyplatform
-import re
 import signal
 import socket
 import sys
@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from lifecycle import __version__
 from lifecycle.core.config import RankLayout, ServerArgs, fault_for
@@ -25,46 +24,30 @@ from lifecycle.core.errors import (
     InjectedFault,
     JournalError,
     JournalWriteFailed,
-    RendezvousFailed,
     StartupTimeout,
 )
 from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
-    Error,
     FaultInjected,
     RunStarted,
     Shutdown,
     Transition,
+    error_event,
 )
 from lifecycle.core.faults import FaultKind, FaultSpec
 from lifecycle.core.machine import LifecycleMachine
-from lifecycle.core.states import TERMINAL_STATES, State, Trigger
-from lifecycle.runtime.actions import RankRuntime, StartupActions
-from lifecycle.runtime.comm import Comm, rendezvous_timeout
+from lifecycle.core.states import TERMINAL_STATES, TRANSITIONS, Edge, State, Trigger, happy_trigger
+from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
+from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
 from lifecycle.runtime.heartbeat import HeartbeatThread
+from lifecycle.runtime.process_group import backend_for, join_process_group
 from lifecycle.runtime.recorder import Recorder
-from lifecycle.store.journal import Journal
 
 FAULT_EXIT_CODE = 17
 EXIT_FAILED = 1
 RING_CAPACITY = 4096
-
-_NEXT_TRIGGER = {
-    State.CREATED: Trigger.START,
-    State.GATE_CHECK: Trigger.WARM,
-    State.PROBE: Trigger.REWARM,
-    State.RE_WARM: Trigger.DROP,
-    State.DROP_BUFFERS: Trigger.FINISH,
-}
-
-
-def next_trigger(state: State, *, calibration_open: bool) -> Trigger | None:
-    """The trigger a healthy startup takes from `state`; None once it is ready or terminal."""
-    if state is State.BOUNDED_WARM:
-        return Trigger.CALIBRATE if calibration_open else Trigger.FINISH
-    return _NEXT_TRIGGER.get(state)
 
 
 def leave_process(status: int) -> None:
@@ -74,17 +57,6 @@ def leave_process(status: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(status)
-
-
-def rendezvous_failure(exc: BaseException, env: Mapping[str, str]) -> RendezvousFailed:
-    """torch's error from joining a process group, as one line: the address and the cause."""
-    text = str(exc)
-    detail = re.search(r"message: ([^\n]+)", text)
-    lines = text.strip().splitlines()
-    reason = detail.group(1).strip() if detail else lines[0] if lines else type(exc).__name__
-    return RendezvousFailed(
-        address=env.get("MASTER_ADDR", "?"), port=env.get("MASTER_PORT", "?"), reason=reason[:200]
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,11 +81,14 @@ class RankSession:
         launch: RankLaunch,
         recorder: Recorder,
         *,
+        actions: Mapping[State, tuple[tuple[str, Action], ...]] = STARTUP_ACTIONS,
+        table: tuple[Edge, ...] = TRANSITIONS,
         leave: Callable[[int], None] = leave_process,
     ) -> None:
         self.args = args
         self.launch = launch
         self.recorder = recorder
+        self.actions = actions
         self._leave = leave
         self._leaving = threading.Lock()
         self.layout = RankLayout(
@@ -126,9 +101,12 @@ class RankSession:
             before=self._journal_transition,
             on_illegal=self._journal_illegal,
             calibration_open=lambda: self.runtime is not None and self.runtime.calibration_open,
+            table=table,
         )
+        recorder.follow(lambda: self.machine.state)
         self.heartbeat = HeartbeatThread(
             recorder,
+            machine=self.machine,
             interval_s=args.heartbeat_interval_s,
             deadline_s=args.state_deadline_s,
             pending=lambda: self.runtime.comm.pending.snapshot() if self.runtime else None,
@@ -146,20 +124,12 @@ class RankSession:
 
     def _journal_illegal(self, error: Exception) -> None:
         self.recorder.record(
-            Error(
-                error_type=type(error).__name__,
-                message=str(error),
-                traceback="",
-                trigger=getattr(error, "trigger", None),
-                fatal=False,
-            )
+            error_event(error, fatal=False, trigger=getattr(error, "trigger", None), traceback="")
         )
 
     def fire(self, trigger: Trigger) -> State:
         with self._fire_lock:
-            state = self.machine.fire(trigger)
-            self.recorder.enter(state)
-            return state
+            return self.machine.fire(trigger)
 
     # -- startup -------------------------------------------------------------------------------
 
@@ -179,14 +149,23 @@ class RankSession:
                 torch_version=torch.__version__,
                 python_version=pyplatform.python_version(),
                 device=str(device),
-                dist_backend=_backend(device) if self.launch.distributed else None,
+                dist_backend=backend_for(device) if self.launch.distributed else None,
             )
         )
         self.heartbeat.start()
         if device.type == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.launch.local_ranks))
         if self.launch.distributed:
-            self._run_action("init-process-group", lambda: self._init_process_group(device))
+            self._run_action(
+                "init-process-group",
+                lambda: join_process_group(
+                    device=device,
+                    rank=self.launch.rank,
+                    world_size=self.args.num_ranks,
+                    dist_timeout_s=self.args.dist_timeout_s,
+                    env=os.environ,
+                ),
+            )
         comm = Comm(
             layout=self.layout,
             sink=self.recorder,
@@ -205,36 +184,23 @@ class RankSession:
             local_ranks=self.launch.local_ranks,
         )
 
-    def _init_process_group(self, device: torch.device) -> None:
-        if dist.is_initialized():
-            return  # joined earlier to agree on the run id (torchrun without one)
-        try:
-            dist.init_process_group(
-                backend=_backend(device),
-                init_method="env://",
-                rank=self.launch.rank,
-                world_size=self.args.num_ranks,
-                timeout=rendezvous_timeout(self.args.dist_timeout_s),
-            )
-        except (RuntimeError, ValueError) as exc:  # torch's DistError family, a bad port
-            raise rendezvous_failure(exc, os.environ) from exc
-
     def boot(self) -> State:
         """Walk the table to `ready`; on any error journal it and go to `failed`."""
         try:
             self.start()
-            assert self.runtime is not None
-            actions = StartupActions(self.runtime)
-            while True:
-                trigger = next_trigger(
-                    self.machine.state, calibration_open=self.runtime.calibration_open
+            runtime = self.runtime
+            assert runtime is not None
+            while (
+                trigger := happy_trigger(
+                    self.machine.state,
+                    calibration_open=runtime.calibration_open,
+                    table=self.machine.table,
                 )
-                if trigger is None:
-                    break
+            ) is not None:
                 state = self.fire(trigger)
                 self._inject_fault(state)
-                for name, action in actions.for_state(state):
-                    self._run_action(name, action)
+                for name, action in self.actions.get(state, ()):
+                    self._run_action(name, functools.partial(action, runtime))
         except JournalWriteFailed as exc:
             self.stop_unjournaled(exc)
         except Exception as exc:  # every failure of a startup step is journaled, then fails it
@@ -260,12 +226,11 @@ class RankSession:
         the traceback of an error that was not raised."""
         try:
             self.recorder.record(
-                Error(
-                    error_type=type(exc).__name__,
-                    message=str(exc),
-                    traceback=(where or "".join(traceback.format_exception(exc)))[-8000:],
-                    trigger=None,
+                error_event(
+                    exc,
                     fatal=True,
+                    trigger=None,
+                    traceback=(where or "".join(traceback.format_exception(exc)))[-8000:],
                 )
             )
             with self._fire_lock:
@@ -325,7 +290,7 @@ class RankSession:
 
     def _skip_collective(self, group: str, group_seq: int, op: str) -> bool:
         spec = self._skip_armed
-        if spec is None or self.recorder.state is not spec.state:
+        if spec is None or self.machine.state != spec.state:
             return False
         self._skip_armed = None
         self.recorder.record(
@@ -386,12 +351,3 @@ class RankSession:
             self.stop_unjournaled(exc)
         except JournalError:
             pass
-
-
-def _backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
-def open_rank_recorder(args: ServerArgs, *, run_id: str, rank: int) -> Recorder:
-    journal = Journal.open_for_write(args.db)
-    return Recorder(journal.writer(run_id=run_id, rank=rank))

@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _db(ns: argparse.Namespace) -> int:
-    from lifecycle.store.journal import Journal, head_revision, journal_revision
+    from lifecycle.store import Journal, head_revision, journal_revision
 
     try:
         if ns.db_command == "current":

@@ -15,8 +15,8 @@ from lifecycle.runtime.signals import watch_shutdown_signals
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.supervisor import LaunchOptions
 from lifecycle.serve.worker import under_torchrun
-from lifecycle.store.journal import Journal
-from lifecycle.store.runs import new_run_id, run_row
+from lifecycle.store import shown_location
+from lifecycle.store.runs import new_run_id, open_run
 
 EXIT_READY = 0
 EXIT_FAILED = 1
@@ -74,12 +74,14 @@ def _torchrun_env(env: Mapping[str, str]) -> str:
 def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     from lifecycle.runtime.session import RankLaunch, RankSession
 
-    journal = Journal.open_for_write(args.db)
     run_id = new_run_id(created_at)
-    journal.create_run(run_row(args, run_id=run_id, created_at=created_at, command=options.command))
+    journal = open_run(args, run_id=run_id, created_at=created_at, command=options.command)
     recorder = Recorder(journal.writer(run_id=run_id, rank=0))
     printer = ProgressPrinter(run_created_at=created_at)
-    print(f"run {run_id}  model {args.model.name}  ranks 1  journal {args.db}", flush=True)
+    print(
+        f"run {run_id}  model {args.model.name}  ranks 1  journal {shown_location(args.db)}",
+        flush=True,
+    )
 
     def show(stored: object) -> None:
         for line in printer.feed(stored):  # type: ignore[arg-type]

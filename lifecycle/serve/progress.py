@@ -13,6 +13,7 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
+from lifecycle.core.plan import Role
 from lifecycle.core.states import State
 
 MIB = 2**20
@@ -68,15 +69,13 @@ class ProgressPrinter:
                 if event.skip_reason is not None:
                     details.append(f"calibration skipped: {event.skip_reason}")
                 else:
-                    probe = next((r for r in event.requests if r.role == "probe"), None)
+                    probe = next((r for r in event.requests if r.role is Role.PROBE), None)
                     if probe is not None:
-                        details.append(
-                            f"calibration on: probe {probe.width}x{probe.height}x{probe.frames}"
-                        )
+                        details.append(f"calibration on: probe {probe.shape}")
             case WarmupRecord():
                 self._warmup_s[rank] = self._warmup_s.get(rank, 0.0) + event.total_s
                 details.append(
-                    f"{event.role} {event.width}x{event.height}x{event.frames} at {event.steps}"
+                    f"{event.role} {event.shape} at {event.steps}"
                     f" steps {event.total_s:.2f} s, peak {format_bytes(event.peak_bytes)}"
                     f" ({event.memory_source or 'unmeasured'})"
                 )

@@ -21,8 +21,8 @@ from lifecycle.core.fold import RankFold, RankView
 from lifecycle.core.states import State
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
-from lifecycle.store.journal import Journal, shown_location
-from lifecycle.store.runs import new_run_id, run_row
+from lifecycle.store import Journal, shown_location
+from lifecycle.store.runs import new_run_id, open_run
 
 WORKER_MODULE = "lifecycle.serve.worker"  # the entry of a spawned rank process
 POLL_S = 0.2
@@ -80,11 +80,7 @@ class RankGroup:
         }
         self.first_settled_at: float | None = None
         self.last_progress: dict[int, float] = {}  # monotonic time of each rank's last event
-        journal = Journal.open_for_write(args.db)
-        journal.create_run(
-            run_row(args, run_id=self.run_id, created_at=created_at, command=spec.command)
-        )
-        journal.close()
+        open_run(args, run_id=self.run_id, created_at=created_at, command=spec.command).close()
         self._reader = Journal.open_for_read(args.db)
 
     def start(self) -> None:
@@ -215,7 +211,7 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     printer = ProgressPrinter(run_created_at=created_at)
     print(
         f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
-        f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})  journal {args.db}",
+        f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})  journal {shown_location(args.db)}",
         flush=True,
     )
     interrupted: list[signal.Signals] = []

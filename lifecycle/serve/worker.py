@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import os
-import queue
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from lifecycle.core.config import ServerArgs, Shape, args_from_json, validate_shape
-from lifecycle.core.errors import EXIT_UNJOURNALED, JournalWriteFailed, LifecycleError
+from lifecycle.core.config import ServerArgs, args_from_json, validate_shape
+from lifecycle.core.errors import EXIT_UNJOURNALED, ErrorKind, JournalWriteFailed, LifecycleError
 from lifecycle.core.states import State
 from lifecycle.runtime.signals import block_shutdown_signals, watch_shutdown_signals
+from lifecycle.serve.control import (
+    ControlInbox,
+    Hello,
+    Progress,
+    Ready,
+    Result,
+    Stop,
+)
 from lifecycle.serve.logs import configure_logging
 
 if TYPE_CHECKING:
-    import torch
-
-    from lifecycle.runtime.pipeline import Pipeline
     from lifecycle.runtime.session import RankSession
 
 # This module is the entry of rank processes and is imported by the launcher: it imports
@@ -107,22 +109,24 @@ def _agreed_run_id(
     elastic = env.get("TORCHELASTIC_RUN_ID", "none")
     if elastic and elastic != "none":
         return f"{time.strftime('%Y%m%d', time.gmtime(created_at))}-{elastic}"[:64]
+    if ranks.world_size == 1:
+        return new_run_id(created_at)
     import torch
     import torch.distributed as dist
 
-    from lifecycle.runtime.comm import rendezvous_timeout
     from lifecycle.runtime.device import select_device
+    from lifecycle.runtime.process_group import join_process_group
 
     # No shared id in the environment: join the group first and let rank 0 name the run.
     device = select_device(args.device, local_rank=int(env.get("LOCAL_RANK", ranks.rank)))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo",
-        init_method="env://",
+    join_process_group(
+        device=device,
         rank=ranks.rank,
         world_size=ranks.world_size,
-        timeout=rendezvous_timeout(args.dist_timeout_s),
+        dist_timeout_s=args.dist_timeout_s,
+        env=env,
     )
     named = [new_run_id(created_at) if ranks.rank == 0 else ""]
     dist.broadcast_object_list(named, src=0)
@@ -138,20 +142,14 @@ def run_rank_process(
     control: Connection | None = None,
 ) -> int:
     """One rank from start to exit; returns the process exit status."""
+    from lifecycle.runtime.process_group import leave_process_group
     from lifecycle.runtime.recorder import Recorder
-    from lifecycle.runtime.session import RankLaunch, RankSession, rendezvous_failure
-    from lifecycle.store.journal import Journal
-    from lifecycle.store.runs import launch_command, run_row
+    from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.store.runs import launch_command, open_run
 
     ranks = RankEnv.from_env(env)
-    try:
-        run_id = _agreed_run_id(env, created_at, ranks, args)
-    except (RuntimeError, ValueError) as exc:  # torch's DistError family, a bad port
-        raise rendezvous_failure(exc, env) from None
-    journal = Journal.open_for_write(args.db)
-    journal.create_run(
-        run_row(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
-    )
+    run_id = _agreed_run_id(env, created_at, ranks, args)
+    journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
     recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank))
     launch = RankLaunch(
         run_id=run_id,
@@ -174,7 +172,7 @@ def run_rank_process(
         else:
             session.stop(reason="boot complete")
         session.close()
-        _leave_process_group()
+        leave_process_group()
         return 0 if session.machine.state is State.STOPPED else 1
     if ranks.world_size > 1:
         session.linger(args.dist_timeout_s + LINGER_MARGIN_S, until=stop)
@@ -185,86 +183,13 @@ def run_rank_process(
 class RequestAborted(LifecycleError):
     """A request given up between denoising steps because the launcher asked the rank to stop."""
 
+    error_kind: ClassVar[ErrorKind] = ErrorKind.REQUEST_ABORTED
+
     def __init__(self, *, request_id: str, step: int, reason: str) -> None:
         super().__init__(f"request {request_id} given up after step {step}: {reason}")
         self.request_id = request_id
         self.step = step
         self.reason = reason
-
-
-class ControlInbox:
-    """The launcher's messages, read by a thread of their own, so that a stop reaches a rank
-    that is busy in a request. A closed connection reads as a stop."""
-
-    def __init__(self, control: Connection) -> None:
-        self._control = control
-        self._messages: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._stop_requested = threading.Event()
-        self.stop_message: dict[str, Any] = {}
-        threading.Thread(target=self._read, name="lifecycle-control", daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self._control.recv()
-            except (EOFError, OSError):
-                message = {"op": "stop", "reason": "launcher went away", "signal": None}
-            if message.get("op") == "stop":
-                self.stop_message = message
-                self._stop_requested.set()
-                self._messages.put(message)
-                return
-            self._messages.put(message)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop_requested.is_set()
-
-    def wait_for_stop(self, timeout: float) -> bool:
-        return self._stop_requested.wait(timeout)
-
-    def next(self) -> dict[str, Any]:
-        return self._messages.get()
-
-    @property
-    def stop_reason(self) -> str:
-        return str(self.stop_message.get("reason") or "stop requested")
-
-
-class ServingPipeline:
-    """A pipeline whose every denoising step also calls `after_step` (progress, and the
-    place where a stop cuts a request short); the rest goes to the pipeline it wraps."""
-
-    def __init__(self, inner: Pipeline, *, after_step: Callable[[int], None]) -> None:
-        self._inner = inner
-        self._after_step = after_step
-        self.spec = inner.spec
-        self.components = inner.components
-
-    @property
-    def parameter_bytes(self) -> int:
-        return self._inner.parameter_bytes
-
-    def encode_prompt(self, prompt: str) -> Any:
-        return self._inner.encode_prompt(prompt)
-
-    def denoise(
-        self,
-        embeds: Any,
-        shape: Shape,
-        steps: int,
-        *,
-        seed: int,
-        on_step: Callable[[int], None],
-    ) -> torch.Tensor:
-        def step_done(step: int) -> None:
-            on_step(step)
-            self._after_step(step)
-
-        return self._inner.denoise(embeds, shape, steps, seed=seed, on_step=step_done)
-
-    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
-        return self._inner.decode(latents, shape)
 
 
 # A peer that gave up a request for a stop hangs up on the collective this rank waits in;
@@ -276,56 +201,53 @@ PEER_STOP_GRACE_S = 2.0
 def _serve(session: RankSession, control: Connection) -> None:
     """Answer the launcher's requests until it says stop or the rank fails."""
     from lifecycle.core.errors import CollectiveError, CollectiveTimeout
-    from lifecycle.runtime.actions import StartupActions
+    from lifecycle.runtime.actions import generate
 
     runtime = session.runtime
-    assert runtime is not None and runtime.pipeline is not None
-    pipeline = runtime.pipeline
+    assert runtime is not None
     rank = session.launch.rank
     inbox = ControlInbox(control)
     session.serve_collectives_from_ring()
-    control.send({"op": "ready", "rank": rank})
+    inbox.send(Ready(rank=rank))
     while True:
         message = inbox.next()
-        if message.get("op") == "stop":
-            session.stop(reason=inbox.stop_reason, signal_name=message.get("signal"))
+        if isinstance(message, Stop):
+            session.stop(reason=message.reason, signal_name=message.signal)
             return
-        if message.get("op") != "generate" or inbox.stopping:
+        if inbox.stopping:
             continue
-        request_id = str(message["id"])
+        request_id = message.request_id
 
         def after_step(step: int, request_id: str = request_id) -> None:
             if inbox.stopping:
-                raise RequestAborted(request_id=request_id, step=step, reason=inbox.stop_reason)
-            # A launcher that went away is the inbox's to notice, as a stop.
-            with contextlib.suppress(OSError):
-                control.send({"op": "progress", "id": request_id, "rank": rank, "step": step})
+                raise RequestAborted(
+                    request_id=request_id, step=step, reason=inbox.stop_message.reason
+                )
+            inbox.send(Progress(request_id=request_id, rank=rank, step=step))
 
-        serving: Pipeline = ServingPipeline(pipeline, after_step=after_step)
-        actions = StartupActions(dataclasses.replace(runtime, pipeline=serving))
-        reply: dict[str, Any] = {"op": "result", "id": request_id, "rank": rank}
         try:
-            shape = Shape(
-                width=message["width"], height=message["height"], frames=message["frames"]
+            validate_shape(session.args.model, message.shape, message.steps)
+            result = generate(
+                runtime,
+                prompt=message.prompt,
+                shape=message.shape,
+                steps=message.steps,
+                source="http",
+                after_step=after_step,
             )
-            validate_shape(session.args.model, shape, message["steps"])
-            result = actions.generate(
-                prompt=message["prompt"], shape=shape, steps=message["steps"], source="http"
+            inbox.send(
+                Result(
+                    request_id=request_id,
+                    rank=rank,
+                    ok=True,
+                    checksum=result.checksum,
+                    total_s=result.total_s,
+                    step_s=result.step_s,
+                    stages=result.stages,
+                    peak_bytes=result.peak_bytes,
+                    memory_source=result.memory_source,
+                )
             )
-            reply.update(
-                ok=True,
-                checksum=result.checksum,
-                total_s=result.total_s,
-                step_s=list(result.step_s),
-                stages=[
-                    {"name": s.name, "ran": s.ran, "seconds": s.seconds, "peak_bytes": s.peak_bytes}
-                    for s in result.stages
-                ],
-                peak_bytes=result.peak_bytes,
-                memory_source=result.memory_source,
-            )
-            with contextlib.suppress(OSError):
-                control.send(reply)
         except Exception as exc:  # the request failed on this rank: journal it, fail, report
             hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
             stopped = (
@@ -335,20 +257,13 @@ def _serve(session: RankSession, control: Connection) -> None:
             )
             if stopped:
                 # Given up for a stop, here or on a peer: a shutdown, not a failure.
-                session.stop(reason=inbox.stop_reason, signal_name=inbox.stop_message.get("signal"))
+                stop = inbox.stop_message
+                session.stop(reason=stop.reason, signal_name=stop.signal)
                 return
             session.fail(exc)
-            reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(OSError):
-                control.send(reply)
+            error = f"{type(exc).__name__}: {exc}"
+            inbox.send(Result(request_id=request_id, rank=rank, ok=False, error=error))
             return
-
-
-def _leave_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def main() -> int:
@@ -370,7 +285,7 @@ def main() -> int:
                 (spec.control_host, spec.control_port),
                 authkey=bytes.fromhex(spec.control_authkey),
             )
-            control.send({"op": "hello", "rank": int(os.environ.get("RANK", "0"))})
+            control.send(Hello(rank=int(os.environ.get("RANK", "0"))))
         status = run_rank_process(
             args, mode=spec.mode, env=os.environ, created_at=created_at, control=control
         )

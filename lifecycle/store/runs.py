@@ -9,7 +9,7 @@ import time
 
 from lifecycle import __version__
 from lifecycle.core.config import ServerArgs, args_to_json
-from lifecycle.store.journal import RunRow
+from lifecycle.store.journal import Journal, RunRow
 
 
 def launch_command(argv: list[str]) -> str:
@@ -34,3 +34,17 @@ def run_row(
         lifecycle_version=__version__,
         command=command,
     )
+
+
+def open_run(
+    args: ServerArgs, *, run_id: str, created_at: float, command: str | None = None
+) -> Journal:
+    """Open the journal for writing and record the run (a no-op when another rank already
+    did): the one way a startup begins its journal."""
+    journal = Journal.open_for_write(args.db)
+    try:
+        journal.create_run(run_row(args, run_id=run_id, created_at=created_at, command=command))
+    except BaseException:
+        journal.close()
+        raise
+    return journal

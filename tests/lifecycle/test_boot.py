@@ -39,7 +39,7 @@ def test_auto_mode_boots_on_one_bounded_request(
     path = [e.event.dest for e in events if isinstance(e.event, Transition)]
     assert path == ["gate-check", "bounded-warm", "ready", "stopped"]
     records = [e.event for e in events if isinstance(e.event, WarmupRecord)]
-    assert [(r.role, r.width, r.height, r.frames, r.steps) for r in records] == [
+    assert [(r.role, r.shape.width, r.shape.height, r.shape.frames, r.steps) for r in records] == [
         ("bounded", 832, 480, 17, 2)
     ]
     record = records[0]
@@ -68,7 +68,7 @@ def test_calibrate_runs_the_full_path_with_three_warmup_records(
         "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready", "stopped"
     ]  # fmt: skip
     records = [e.event for e in events if isinstance(e.event, WarmupRecord)]
-    assert [(r.role, f"{r.width}x{r.height}x{r.frames}", r.steps) for r in records] == [
+    assert [(r.role, str(r.shape), r.steps) for r in records] == [
         ("bounded", "832x480x17", 4),
         ("probe", "1280x720x81", 4),
         ("rewarm", "832x480x17", 4),

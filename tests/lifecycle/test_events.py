@@ -2,30 +2,35 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
+import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lifecycle.core import codec
 from lifecycle.core import events as ev
-from lifecycle.core.errors import CorruptEvent
+from lifecycle.core.codec import decode, decode_or_unknown, encode
+from lifecycle.core.errors import CorruptEvent, PeerGone
 from lifecycle.core.events import (
     EVENT_TYPES,
+    Error,
     Event,
     Heartbeat,
     PendingCollective,
     Transition,
     UnknownEvent,
-    decode,
-    decode_or_unknown,
-    encode,
+    error_event,
 )
+from lifecycle.store.journal import Journal, RunRow
 from tests.strategies import events
+
+T0 = 1_800_000_000.0
 
 DESIGN_KINDS = {
     "run_started", "gate_decided", "plan_built", "transition", "action_started",
@@ -101,12 +106,24 @@ def test_a_newer_payload_version_is_refused() -> None:
         decode("transition", 2, encode(Transition(trigger="a", source="b", dest="c")))
 
 
+def assert_decodes_faithfully(kind: str, version: int, text: str) -> None:
+    """`text` is refused as CorruptEvent, or decodes to the kind's class and that event
+    survives its own payload unchanged."""
+    try:
+        event = decode(kind, version, text)
+    except CorruptEvent:
+        return
+    assert type(event) is EVENT_TYPES[kind]
+    assert decode(kind, event.version, encode(event)) == event
+
+
 @given(text=st.text(max_size=200))
 def test_decoder_never_raises_anything_but_corrupt_event(text: str) -> None:
-    """Arbitrary text as a payload yields an event or CorruptEvent, nothing else."""
-    for kind in EVENT_TYPES:
-        with contextlib.suppress(CorruptEvent):
-            decode(kind, 1, text)
+    """Arbitrary text as a payload, at every kind's first and current version, is refused as
+    CorruptEvent or decodes to an event of that kind that re-encodes to itself."""
+    for kind, cls in EVENT_TYPES.items():
+        for version in {1, cls.version}:
+            assert_decodes_faithfully(kind, version, text)
 
 
 @given(payload=st.recursive(
@@ -115,11 +132,32 @@ def test_decoder_never_raises_anything_but_corrupt_event(text: str) -> None:
     max_leaves=20,
 ))  # fmt: skip
 def test_decoder_survives_any_json_value(payload: object) -> None:
-    """Any JSON value, for any kind, decodes or is refused as CorruptEvent."""
+    """Any JSON value, for any kind and version, is refused as CorruptEvent or decodes to an
+    event of that kind that re-encodes to itself."""
     text = json.dumps(payload)
-    for kind in EVENT_TYPES:
-        with contextlib.suppress(CorruptEvent):
-            decode(kind, 1, text)
+    for kind, cls in EVENT_TYPES.items():
+        for version in {1, cls.version}:
+            assert_decodes_faithfully(kind, version, text)
+
+
+@given(event=events(), field_index=st.integers(min_value=0), value=st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    | st.sampled_from(["bounded", "probe", "rewarm"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["width", "height", "frames", "role", "shape", "steps", "name"]),
+        inner, max_size=4),
+    max_leaves=8,
+))  # fmt: skip
+def test_a_payload_with_one_field_replaced_decodes_faithfully_or_not_at_all(
+    event: Event, field_index: int, value: object
+) -> None:
+    """A real payload with one field set to any JSON value is refused as CorruptEvent, or
+    decodes to an event of its kind that re-encodes to itself."""
+    payload = json.loads(encode(event))
+    if payload:
+        name = sorted(payload)[field_index % len(payload)]
+        payload[name] = value
+    assert_decodes_faithfully(event.kind, event.version, json.dumps(payload))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,7 +177,7 @@ def test_old_payloads_are_upcast_on_read(monkeypatch: pytest.MonkeyPatch) -> Non
         return {"duration_s": payload["elapsed"], "unit": "s"}
 
     monkeypatch.setitem(ev.EVENT_TYPES, Renamed.kind, Renamed)
-    monkeypatch.setitem(ev.UPCASTERS, (Renamed.kind, 1), upcast_v1_to_v2)
+    monkeypatch.setitem(codec.UPCASTERS, (Renamed.kind, 1), upcast_v1_to_v2)
     assert decode("test_renamed", 1, '{"elapsed": 2.5}') == Renamed(duration_s=2.5, unit="s")
     assert decode("test_renamed", 2, encode(Renamed(duration_s=1.0, unit="s"))) == Renamed(
         duration_s=1.0, unit="s"
@@ -157,3 +195,74 @@ def test_nan_cannot_be_encoded() -> None:
     """NaN is not JSON; encoding it is refused rather than written."""
     with pytest.raises(CorruptEvent, match="cannot encode"):
         encode(Heartbeat(uptime_s=float("nan"), in_state_s=0.0, pending=None))
+
+
+V1_ERRORS = [
+    ("CollectiveTimeout", "all_to_all #3 in group ulysses0 did not finish within 600 s",
+     "collective-timeout"),
+    ("CollectiveError", "all_to_all #3 in group ulysses0 failed (ulysses-qkv): [pair.cc:534]"
+     " Connection closed by peer [127.0.0.1]:29500", "peer-gone"),
+    ("CollectiveError", "all_to_all #3 in group ulysses0 failed (ulysses-qkv): Read error"
+     " [127.0.0.1]:29500: Connection reset by peer", "peer-gone"),
+    ("CollectiveError", "all_reduce_max #0 in group world failed (gate-decision): bad op",
+     "collective-failed"),
+    ("InjectedFault", "fault injected on rank 1 in state 'probe'", "injected-fault"),
+    ("IllegalTransition", "trigger 'warm' is not allowed in state 'ready': no edge",
+     "illegal-transition"),
+    ("StartupTimeout", "startup did not reach ready within 30 s", "startup-timeout"),
+    ("OutOfMemoryError", "CUDA out of memory", "exception"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("error_type", "message", "kind"), V1_ERRORS)
+def test_a_v1_error_row_in_a_journal_reads_with_its_kind(
+    tmp_path: Path, error_type: str, message: str, kind: str
+) -> None:
+    """An `error` row stored at version 1, before `error_kind` existed, reads back from a real
+    SQLite journal as version 2 with the kind its class name and message imply."""
+    db = tmp_path / "j.db"
+    journal = Journal.open_for_write(str(db))
+    journal.create_run(
+        RunRow(run_id="run-v1", created_at=T0, host="h", world_size=1, config={},
+               lifecycle_version="0.1.0")
+    )  # fmt: skip
+    writer = journal.writer(run_id="run-v1", rank=0)
+    writer.append(
+        Transition(trigger="start", source="created", dest="gate-check"),
+        state="gate-check", wall_time=T0 + 1, mono_ns=1,
+    )  # fmt: skip
+    writer.close()
+    journal.close()
+    v1 = {"error_type": error_type, "message": message, "traceback": "", "trigger": None,
+          "fatal": True}  # fmt: skip
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state,"
+            " data) VALUES ('run-v1', 0, 1, ?, 2, 'error', 1, 'gate-check', ?)",
+            (T0 + 2, json.dumps(v1)),
+        )
+    reader = Journal.open_for_read(str(db))
+    try:
+        stored = list(reader.read(run_id="run-v1", rank=0))
+    finally:
+        reader.close()
+    assert stored[-1].event == Error(
+        error_type=error_type, error_kind=kind, message=message, traceback="", trigger=None,
+        fatal=True,
+    )  # fmt: skip
+
+
+def test_the_v1_upcaster_keeps_a_payload_it_cannot_read_for_the_decoder_to_refuse() -> None:
+    """A v1 error payload missing its fields is refused as CorruptEvent, not crashed on."""
+    with pytest.raises(CorruptEvent, match="missing field 'error_type'"):
+        decode("error", 1, '{"message": 3}')
+
+
+def test_errors_are_written_at_version_2_with_their_kind() -> None:
+    """An error recorded now carries the kind its exception declares, at payload version 2."""
+    event = error_event(
+        PeerGone("all_to_all #0 in group world failed", group="world", group_seq=0, op="a2a"),
+        fatal=True, trigger=None, traceback="",
+    )  # fmt: skip
+    assert (event.version, event.error_kind, event.error_type) == (2, "peer-gone", "PeerGone")
+    assert json.loads(encode(event))["error_kind"] == "peer-gone"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from lifecycle.core.errors import JournalConflict, JournalNotFound, NotAJournal, SchemaMismatch
 from lifecycle.core.events import ActionStarted, StoredEvent, Transition
 from lifecycle.core.fold import fold_run
-from lifecycle.store.journal import (
+from lifecycle.store import (
     Journal,
     RunRow,
     head_revision,

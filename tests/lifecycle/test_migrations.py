@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 from alembic import command
 
-from lifecycle.store.journal import (
-    Journal,
-    alembic_config,
-    head_revision,
-    journal_revision,
-    known_revisions,
-    to_url,
-)
+from lifecycle.store import Journal, head_revision, journal_revision, known_revisions, to_url
+from lifecycle.store.revisions import alembic_config
 from tests.conftest import Completed, file_digest
 
 EARLIER = known_revisions()[:-1]

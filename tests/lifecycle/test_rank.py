@@ -11,10 +11,11 @@ from lifecycle.core.config import MODEL_PRESETS, ServerArgs
 from lifecycle.core.errors import IllegalTransition
 from lifecycle.core.events import ActionStarted, Error, Transition
 from lifecycle.core.fold import fold_run
-from lifecycle.core.states import State, Trigger
+from lifecycle.core.states import ACTION_STATES, State, Trigger
+from lifecycle.runtime.actions import STARTUP_ACTIONS
 from lifecycle.runtime.pipeline import register_pipeline
 from lifecycle.runtime.recorder import Recorder
-from lifecycle.runtime.session import RankLaunch, RankSession, next_trigger
+from lifecycle.runtime.session import RankLaunch, RankSession
 from lifecycle.store.journal import Journal
 from lifecycle.store.runs import new_run_id, run_row
 from tests import plugins
@@ -85,8 +86,39 @@ def test_illegal_trigger_is_journaled_and_changes_nothing(tmp_path: Path) -> Non
     assert fold_run(events)[0].state == "created"
 
 
-def test_next_trigger_follows_the_gate() -> None:
-    """The driver takes calibrate or finish from bounded-warm as the gate says."""
-    assert next_trigger(State.BOUNDED_WARM, calibration_open=True) is Trigger.CALIBRATE
-    assert next_trigger(State.BOUNDED_WARM, calibration_open=False) is Trigger.FINISH
-    assert next_trigger(State.READY, calibration_open=True) is None
+def test_the_actions_cover_exactly_the_states_that_run_actions() -> None:
+    """The one declaration of actions names every state the table says runs actions, and no
+    other."""
+    assert set(STARTUP_ACTIONS) == set(ACTION_STATES)
+    assert all(STARTUP_ACTIONS[state] for state in ACTION_STATES)
+
+
+def test_the_boot_path_logs_each_step_bound_to_run_rank_and_state(tmp_path: Path) -> None:
+    """structlog's capture_logs sees, in order, the transitions and actions of a bounded
+    startup as log events named by their kind, each bound to the run id, rank and state."""
+    from structlog.testing import capture_logs
+
+    args = ServerArgs(model=MODEL_PRESETS["micro-video"], db=str(tmp_path / "j.db"))
+    with capture_logs() as logs:
+        session, journal, run_id = session_for(args)
+        assert session.boot() is State.READY
+        session.stop(reason="boot complete")
+        session.close()
+    journal.close()
+    steps = [
+        (log["event"], log["state"], log.get("action") or log.get("dest"))
+        for log in logs
+        if log["event"] in ("transition", "action_started")
+    ]
+    assert steps == [
+        ("transition", "gate-check", "gate-check"),
+        ("action_started", "gate-check", "load-pipeline"),
+        ("action_started", "gate-check", "decide-path"),
+        ("transition", "bounded-warm", "bounded-warm"),
+        ("action_started", "bounded-warm", "bounded-warmup"),
+        ("transition", "ready", "ready"),
+        ("action_started", "ready", "mark-ready"),
+        ("transition", "stopped", "stopped"),
+    ]
+    assert {(log["run_id"], log["rank"]) for log in logs} == {(run_id, 0)}
+    assert {log["event"] for log in logs} >= {"run_started", "gate_decided", "plan_built"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -121,15 +120,14 @@ def test_the_fields_failure_is_reproduced(
     process-group timeout, journal the timeout, and the launcher exits 1 within the timeout
     plus a bounded margin."""
     timeout = 5
-    started = time.monotonic()
+    # Bounded: the launcher must end the run within the timeout plus a margin, or the
+    # command's own timeout fails the test.
     result = lifecycle_cli(
         "boot", *MICRO, "--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2",
         "--calibrate", "--fault", "1:drop-buffers:raise", "--dist-timeout", str(timeout),
-        timeout=180,
+        timeout=60 + timeout,
     )  # fmt: skip
-    elapsed = time.monotonic() - started
     assert result.returncode == 1
-    assert elapsed < 60 + timeout, elapsed
     ranks = by_rank(run_events(tmp_path / "j.db"))
     culprit = fold_run(ranks[1])[1]
     assert culprit.state == "failed"

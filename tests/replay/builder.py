@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from lifecycle.core.events import (
     PendingCollective,
     Transition,
 )
-from lifecycle.store.journal import Journal, RankWriter, RunRow
+from lifecycle.store import Journal, RankWriter, RunRow
 
 T0 = 1_800_000_000.0
 # Hand-built journals are judged as read while they were written: `--now` at their start
@@ -113,11 +114,29 @@ def beat(pending: CollectiveStarted | None = None) -> Heartbeat:
     )
 
 
-def timeout_error(group: str, seq: int) -> Error:
+def timeout_error(
+    group: str, seq: int, *, error_type: str = "CollectiveTimeout", kind: str = "collective-timeout"
+) -> Error:
     return Error(
-        error_type="CollectiveTimeout",
+        error_type=error_type,
+        error_kind=kind,
         message=f"all_to_all #{seq} in group {group} did not finish within 600 s",
         traceback="",
         trigger=None,
         fatal=True,
     )
+
+
+def append_raw(
+    db: Path, *, rank: int, at: float, kind: str, version: int, state: str, data: str
+) -> None:
+    """One row appended to a rank's stream as an older lifecycle wrote it, bypassing the codec."""
+    with sqlite3.connect(db) as conn:
+        (seq,) = conn.execute(
+            "SELECT coalesce(max(seq), -1) + 1 FROM events WHERE rank = ?", (rank,)
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state,"
+            " data) VALUES ('run-hand-built', ?, ?, ?, ?, ?, ?, ?, ?)",
+            (rank, seq, T0 + at, int(at * 1e9), kind, version, state, data),
+        )

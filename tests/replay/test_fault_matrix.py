@@ -40,7 +40,8 @@ def test_diagnosis_names_the_faulty_rank_state_and_outcome(
     fault_matrix: dict[str, Produced], name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Rank 1 is the culprit, in the state the fault was injected in, with the outcome the
-    fault produces; the peer is shown failed or blocked, and the exit status is 1."""
+    fault produces; the peer is shown failed or blocked, its error of the kind the fault
+    leads to, and the exit status is 1."""
     produced = fault_matrix[name]
     assert produced.returncode == 1, produced.log[-2000:]
     status = main(["diagnose", "latest", str(produced.db), "--json"])
@@ -56,7 +57,13 @@ def test_diagnosis_names_the_faulty_rank_state_and_outcome(
     if produced.case.kind is FaultKind.RAISE:
         assert doc["first_error"]["rank"] == 1
         assert doc["first_error"]["type"] == "InjectedFault"
+        assert doc["first_error"]["kind"] == "injected-fault"
         assert ranks[1]["status"] == "failed"
+    peer_error = ranks[0]["first_error"]
+    if peer_error is not None and produced.case.kind in (FaultKind.EXIT, FaultKind.HANG):
+        # The peer's collective broke on a closed connection, or ran out its time.
+        gone = produced.case.kind is FaultKind.EXIT
+        assert peer_error["kind"] == ("peer-gone" if gone else "collective-timeout")
     if produced.case.kind is FaultKind.HANG:
         assert ranks[1]["status"] == "hung"
     if produced.case.kind is FaultKind.EXIT:

@@ -168,8 +168,9 @@ def test_a_plain_error_is_failed_with_its_rank(
     b = JournalBuilder(tmp_path / "j.db", world_size=1)
     s = b.rank(0)
     s.walk(0.1, "gate-check")
-    s.add(0.5, Error(error_type="OutOfMemoryError", message="CUDA out of memory", traceback="",
-                     trigger=None, fatal=True))  # fmt: skip
+    s.add(0.5, Error(error_type="OutOfMemoryError", error_kind="exception",
+                     message="CUDA out of memory", traceback="", trigger=None,
+                     fatal=True))  # fmt: skip
     s.walk(0.6, "failed")
     b.close()
     status, doc = diagnose(tmp_path / "j.db", capsys)
@@ -186,8 +187,9 @@ def test_control_sequences_in_journal_text_are_not_printed(
     b = JournalBuilder(tmp_path / "j.db", world_size=1)
     s = b.rank(0)
     s.walk(0.1, "gate-check")
-    s.add(0.5, Error(error_type="Boom\x1b]0;pwned\x07", message="\x1b[31mred\x1b[0m\x1b[2J text",
-                     traceback="", trigger=None, fatal=True))  # fmt: skip
+    s.add(0.5, Error(error_type="Boom\x1b]0;pwned\x07", error_kind="exception",
+                     message="\x1b[31mred\x1b[0m\x1b[2J text", traceback="", trigger=None,
+                     fatal=True))  # fmt: skip
     s.walk(0.6, "failed")
     b.close()
     for command in (["diagnose", "latest"], ["show", "latest"]):

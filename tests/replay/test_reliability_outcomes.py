@@ -9,8 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 from lifecycle.core.config import MODEL_PRESETS
-from tests.conftest import REPO, Completed, run_cli
+from tests.conftest import REPO, Completed, run_cli, wait_until
 
 if TYPE_CHECKING:
     from lifecycle.core.config import ModelSpec
@@ -56,15 +55,6 @@ def diagnose(cwd: Path, db: Path) -> tuple[Completed, dict[str, Any]]:
     result = run_cli("replay", ["diagnose", "latest", str(db), "--json"], cwd=cwd, timeout=60)
     assert "Traceback" not in result.stderr, result.stderr
     return result, json.loads(result.stdout)
-
-
-def wait_until(condition: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within} s: {what}")
 
 
 def count(db: Path, sql: str) -> int:

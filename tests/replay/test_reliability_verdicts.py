@@ -90,6 +90,7 @@ def test_a_collective_broken_by_the_stop_itself_is_no_failure(tmp_path: Path) ->
     b.rank(0).add(1.2, signalled())
     broken = Error(
         error_type="CollectiveError",
+        error_kind="peer-gone",
         message="all_to_all #0 in group ulysses0 failed: Connection closed by peer",
         traceback="",
         trigger=None,

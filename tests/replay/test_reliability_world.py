@@ -41,8 +41,9 @@ def ready_and_stopped(stream: RankStream, world_size: int) -> None:
 def failing(stream: RankStream, world_size: int) -> None:
     joined(stream, world_size)
     stream.walk(0.1, "gate-check")
-    stream.add(0.5, Error(error_type="OutOfMemoryError", message="out of memory", traceback="",
-                          trigger=None, fatal=True))  # fmt: skip
+    stream.add(0.5, Error(error_type="OutOfMemoryError", error_kind="exception",
+                          message="out of memory", traceback="", trigger=None,
+                          fatal=True))  # fmt: skip
     stream.walk(0.6, "failed")
 
 

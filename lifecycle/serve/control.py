@@ -1,0 +1,292 @@
+"""The control channel between `lifecycle serve` and its rank processes: typed messages and
+both ends of the loopback connection that carries them."""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Listener
+
+from lifecycle.core.config import Shape
+from lifecycle.core.errors import LifecycleError
+from lifecycle.core.events import StageRecord
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    """A rank process connected; the first message on its link."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready:
+    """The rank finished its startup and serves requests."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generate:
+    """Run one request; every rank gets the same one."""
+
+    request_id: str
+    prompt: str
+    shape: Shape
+    steps: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """A rank finished a denoising step of a request: it is alive and working on it."""
+
+    request_id: str
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    """A rank's answer to a request: its timing and checksum, or why it failed."""
+
+    request_id: str
+    rank: int
+    ok: bool
+    error: str | None = None
+    checksum: str | None = None
+    total_s: float | None = None
+    step_s: tuple[float, ...] = ()
+    stages: tuple[StageRecord, ...] = ()
+    peak_bytes: int | None = None
+    memory_source: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stop:
+    """Stop serving: journal the stop (with the launcher's signal, if any) and leave."""
+
+    reason: str
+    signal: str | None = None
+
+
+ToRank = Generate | Stop
+FromRank = Hello | Ready | Progress | Result
+
+# -- the launcher's end ------------------------------------------------------------------------
+
+
+class ServiceUnavailable(LifecycleError):
+    """/generate cannot run now: the ranks are starting, failed, or the server is stopping."""
+
+    def __init__(self, *, status: str, detail: str, retry_after_s: int | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class RequestFailed(LifecycleError):
+    """A rank answered a request with an error, went away, or stopped making progress."""
+
+    def __init__(self, *, request_id: str, failures: dict[int, str]) -> None:
+        super().__init__("; ".join(f"rank {r}: {e}" for r, e in sorted(failures.items())))
+        self.request_id = request_id
+        self.failures = failures
+
+
+class RequestInFlight:
+    """One request sent to every rank: each rank's result and its last sign of progress,
+    matched to the request by id."""
+
+    def __init__(self, *, request_id: str, ranks: Iterable[int]) -> None:
+        self.request_id = request_id
+        now = time.monotonic()
+        self._last_progress = dict.fromkeys(ranks, now)
+        self._results: dict[int, Result] = {}
+        self._abandoned: str | None = None
+        self._changed = threading.Condition()
+
+    def progress(self, rank: int) -> None:
+        with self._changed:
+            if rank in self._last_progress:
+                self._last_progress[rank] = time.monotonic()
+
+    def deliver(self, result: Result) -> None:
+        with self._changed:
+            self._results.setdefault(result.rank, result)
+            self._changed.notify_all()
+
+    def fail_rank(self, rank: int, error: str) -> None:
+        self.deliver(Result(request_id=self.request_id, rank=rank, ok=False, error=error))
+
+    def abandon(self, reason: str) -> None:
+        with self._changed:
+            self._abandoned = reason
+            self._changed.notify_all()
+
+    def wait(self, *, silence_s: float) -> dict[int, Result]:
+        """Every rank's result; raise at the first failed one, at the first rank silent for
+        `silence_s`, or when the request is abandoned."""
+        with self._changed:
+            while True:
+                if self._abandoned is not None:
+                    raise ServiceUnavailable(status="stopping", detail=self._abandoned)
+                failures = {r: str(m.error) for r, m in self._results.items() if not m.ok}
+                if failures:
+                    raise RequestFailed(request_id=self.request_id, failures=failures)
+                waiting = {r: t for r, t in self._last_progress.items() if r not in self._results}
+                if not waiting:
+                    return dict(self._results)
+                now = time.monotonic()
+                silent = {r: t for r, t in waiting.items() if now - t > silence_s}
+                if silent:
+                    raise RequestFailed(
+                        request_id=self.request_id,
+                        failures={r: f"no progress for {now - t:.0f} s" for r, t in silent.items()},
+                    )
+                self._changed.wait(timeout=max(0.05, min(waiting.values()) + silence_s - now))
+
+
+@dataclass
+class RankLink:
+    """The control connection to one rank process."""
+
+    connection: Connection
+    ready: threading.Event = field(default_factory=threading.Event)
+    alive: bool = True
+
+    def send(self, message: ToRank) -> bool:
+        """Send `message`; False when the rank's end is gone."""
+        try:
+            self.connection.send(message)
+        except OSError:
+            return False
+        return True
+
+
+class ControlChannel:
+    """A loopback listener the rank processes connect to, authenticated by a random key."""
+
+    def __init__(self) -> None:
+        self.authkey = secrets.token_bytes(32)
+        self.listener = Listener(("127.0.0.1", 0), authkey=self.authkey)
+        host, port = self.listener.address
+        self.host, self.port = str(host), int(port)
+        self.links: dict[int, RankLink] = {}
+        self._lock = threading.Lock()
+        self._request: RequestInFlight | None = None
+
+    def accept(self, count: int) -> None:
+        """Accept `count` ranks (each says hello with its rank); runs in its own thread."""
+        for _ in range(count):
+            try:
+                connection = self.listener.accept()
+                hello = connection.recv()
+            except (OSError, EOFError):
+                return
+            if not isinstance(hello, Hello):
+                connection.close()
+                continue
+            link = RankLink(connection=connection)
+            with self._lock:
+                self.links[hello.rank] = link
+            threading.Thread(
+                target=self._read, args=(hello.rank, link), name=f"rank-{hello.rank}-link",
+                daemon=True,
+            ).start()  # fmt: skip
+
+    def _read(self, rank: int, link: RankLink) -> None:
+        while True:
+            try:
+                message = link.connection.recv()
+            except (EOFError, OSError):
+                link.alive = False
+                with self._lock:
+                    request = self._request
+                if request is not None:
+                    request.fail_rank(rank, "rank process went away")
+                return
+            if isinstance(message, Ready):
+                link.ready.set()
+                continue
+            with self._lock:
+                request = self._request
+            # A result or progress for any other request is late: that request was already
+            # answered (failed or abandoned), and its result must not answer the next one.
+            if not isinstance(message, Progress | Result) or request is None:
+                continue
+            if message.request_id != request.request_id:
+                continue
+            if isinstance(message, Progress):
+                request.progress(rank)
+            else:
+                request.deliver(message)
+
+    def begin(self, request: RequestInFlight) -> None:
+        with self._lock:
+            self._request = request
+
+    def end(self, request: RequestInFlight) -> None:
+        with self._lock:
+            if self._request is request:
+                self._request = None
+
+    def snapshot(self) -> dict[int, RankLink]:
+        with self._lock:
+            return dict(self.links)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+# -- the rank's end ----------------------------------------------------------------------------
+
+
+class ControlInbox:
+    """The launcher's messages, read by a thread of their own, so that a stop reaches a rank
+    that is busy in a request. A closed connection reads as a stop."""
+
+    def __init__(self, control: Connection) -> None:
+        self._control = control
+        self._messages: queue.Queue[ToRank] = queue.Queue()
+        self._stop_requested = threading.Event()
+        self.stop_message = Stop(reason="stop requested")
+        threading.Thread(target=self._read, name="lifecycle-control", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._control.recv()
+            except (EOFError, OSError):
+                message = Stop(reason="launcher went away")
+            if isinstance(message, Stop):
+                self.stop_message = message
+                self._stop_requested.set()
+                self._messages.put(message)
+                return
+            if isinstance(message, Generate):
+                self._messages.put(message)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def wait_for_stop(self, timeout: float) -> bool:
+        return self._stop_requested.wait(timeout)
+
+    def next(self) -> ToRank:
+        return self._messages.get()
+
+    def send(self, message: FromRank) -> None:
+        """Send to the launcher; a launcher that went away is noticed by the reader, as a
+        stop."""
+        try:
+            self._control.send(message)
+        except OSError:
+            return

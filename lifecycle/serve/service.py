@@ -1,0 +1,283 @@
+"""What `lifecycle serve` knows and does behind its endpoints: the ranks' folded journal, their
+health, and one request at a time sent to every rank."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from lifecycle.core.config import ServerArgs, Shape
+from lifecycle.core.events import StoredEvent
+from lifecycle.core.fold import RankView
+from lifecycle.serve.control import (
+    ControlChannel,
+    Generate,
+    RankLink,
+    RequestFailed,
+    RequestInFlight,
+    Result,
+    ServiceUnavailable,
+)
+from lifecycle.serve.progress import ProgressPrinter
+from lifecycle.serve.supervisor import POLL_S, RankGroup
+
+# /generate requests that may wait behind the running one; more are refused with 503 at once,
+# so that waiting requests cannot take every worker thread.
+MAX_QUEUED_REQUESTS = 8
+RETRY_AFTER_S = 5
+# Every collective is bounded by the process-group timeout, so a rank that has shown no
+# progress (a denoising step, its reply) for that long plus this margin is stuck in its own
+# compute. The bound is on silence, not on the request's length: a large request that keeps
+# stepping is never cut short.
+REQUEST_MARGIN_S = 120.0
+
+
+class Service:
+    """What the endpoints read and do: the ranks, their folded journal, their control links."""
+
+    def __init__(self, args: ServerArgs, group: RankGroup, control: ControlChannel) -> None:
+        self.args = args
+        self.group = group
+        self.control = control
+        self.views: dict[int, RankView] = {}
+        self.exit_codes: list[int | None] = []
+        self.failure: str | None = None  # sticky: once set, /health stays 503
+        self.stopping: str | None = None
+        self._lock = threading.Lock()  # the fields above; never held across a request
+        self._line = threading.Condition()  # /generate: the request running and those waiting
+        self._in_line = 0
+        self._running: RequestInFlight | None = None
+        self._stop = threading.Event()
+        self.printer = ProgressPrinter(run_created_at=group.created_at)
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    def follow(self) -> None:
+        """Fold the journal every poll interval until told to stop."""
+        told: str | None = None
+        while not self._stop.is_set():
+            events = self.group.poll()
+            self._print(events)
+            views, codes = self.group.views(), self.group.exit_codes()
+            with self._lock:
+                self.views, self.exit_codes = views, codes
+            failed = [v for v in views.values() if v.state == "failed"]
+            if failed:
+                self.fail(f"rank {failed[0].rank} failed")
+            self._check_ranks()
+            if self.failure is not None and told is None:
+                # Printed here, not where the failure is seen: the probes must not wait on I/O.
+                told = self.failure
+                print(f"failed: {told}", flush=True)
+            self._stop.wait(POLL_S)
+
+    def _print(self, events: list[StoredEvent]) -> None:
+        for stored in events:
+            for line in self.printer.feed(stored):
+                if stored.rank == 0 or "error" in line or "fault" in line or "failed" in line:
+                    print(line, flush=True)
+
+    def stop_following(self) -> None:
+        self._stop.set()
+
+    def fail(self, reason: str) -> None:
+        """Mark the ranks failed for good (the first reason is kept); refuse waiting requests."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+        with self._line:
+            self._line.notify_all()
+
+    def begin_stop(self, reason: str) -> None:
+        """Refuse new requests and answer the running and waiting ones: the server stops."""
+        with self._lock:
+            if self.stopping is None:
+                self.stopping = reason
+        with self._line:
+            running = self._running
+            self._line.notify_all()
+        if running is not None:
+            running.abandon(f"server stopping ({reason})")
+
+    def _check_ranks(self) -> None:
+        """A rank process that ended, or whose control connection closed, while the server
+        was not stopping has failed, whatever its journal last said (SIGKILL leaves nothing)."""
+        if self.stopping is not None or self.failure is not None:
+            return
+        for rank, code in enumerate(self.group.exit_codes()):
+            if code is not None:
+                self.fail(f"rank {rank} process ended with status {code}")
+                return
+        for rank, link in sorted(self.control.snapshot().items()):
+            if not link.alive:
+                self.fail(f"rank {rank} closed its control connection")
+                return
+
+    def health(self) -> tuple[bool, str]:
+        self._check_ranks()
+        with self._lock:
+            if self.failure is not None:
+                return False, "failed"
+            if self.stopping is not None:
+                return False, "stopping"
+            views = self.views
+        links = self.control.snapshot()
+        ready = (
+            len(views) == self.args.num_ranks
+            and all(v.healthy for v in views.values())
+            and len(links) == self.args.num_ranks
+            and all(link.ready.is_set() and link.alive for link in links.values())
+        )
+        return ready, "ready" if ready else "starting"
+
+    def lifecycle(self) -> dict[str, Any]:
+        now = time.time()
+        healthy, status = self.health()
+        with self._lock:
+            views = dict(self.views)
+            codes = list(self.exit_codes)
+            failure = self.failure
+        return {
+            "run_id": self.group.run_id,
+            "status": status,
+            "healthy": healthy,
+            "failure": failure,
+            "ranks": [
+                rank_json(view, now=now, exit_code=_at(codes, r)) for r, view in views.items()
+            ],
+        }
+
+    def _refusal(self) -> ServiceUnavailable | None:
+        with self._lock:
+            if self.failure is not None:
+                return ServiceUnavailable(status="failed", detail=f"failed: {self.failure}")
+            if self.stopping is not None:
+                return ServiceUnavailable(
+                    status="stopping", detail=f"server stopping ({self.stopping})"
+                )
+        return None
+
+    @contextlib.contextmanager
+    def place_in_line(self) -> Iterator[None]:
+        """Hold a place among the requests running or waiting; refuse at once when the line
+        is full."""
+        with self._line:
+            if self._in_line > MAX_QUEUED_REQUESTS:
+                raise ServiceUnavailable(
+                    status="busy",
+                    detail=f"busy: {self._in_line} requests running or waiting",
+                    retry_after_s=RETRY_AFTER_S,
+                )
+            self._in_line += 1
+        try:
+            yield
+        finally:
+            with self._line:
+                self._in_line -= 1
+
+    def generate(self, *, prompt: str, shape: Shape, steps: int) -> dict[str, Any]:
+        """Run one request on every rank once the one running now is done; rank 0's result
+        (it decodes) is the answer."""
+        with self._line:
+            while self._running is not None and self._refusal() is None:
+                self._line.wait()
+            refusal = self._refusal()
+            if refusal is not None:
+                raise refusal
+            links = self.control.snapshot()
+            request = RequestInFlight(request_id=uuid.uuid4().hex[:12], ranks=links)
+            self._running = request
+        try:
+            replies = self._run(request, links, prompt=prompt, shape=shape, steps=steps)
+        finally:
+            with self._line:
+                self._running = None
+                self._line.notify_all()
+        lead = replies[0]
+        return {
+            "request_id": request.request_id,
+            "checksum": lead.checksum,
+            "total_s": lead.total_s,
+            "step_s": list(lead.step_s),
+            "stages": [dataclasses.asdict(stage) for stage in lead.stages],
+            "peak_bytes": lead.peak_bytes,
+            "memory_source": lead.memory_source,
+            "width": shape.width,
+            "height": shape.height,
+            "frames": shape.frames,
+            "steps": steps,
+        }
+
+    def _run(
+        self,
+        request: RequestInFlight,
+        links: dict[int, RankLink],
+        *,
+        prompt: str,
+        shape: Shape,
+        steps: int,
+    ) -> dict[int, Result]:
+        message = Generate(request_id=request.request_id, prompt=prompt, shape=shape, steps=steps)
+        self.control.begin(request)
+        try:
+            for rank, link in sorted(links.items()):
+                if not link.send(message):
+                    request.fail_rank(rank, "control connection closed")
+            try:
+                return request.wait(silence_s=self.args.dist_timeout_s + REQUEST_MARGIN_S)
+            except RequestFailed as exc:
+                # A rank that fails a request has failed (it journals so and leaves), and one
+                # that went silent is stuck in it: neither can serve the next request.
+                self.fail(f"request {request.request_id} failed: {exc}")
+                raise
+        finally:
+            self.control.end(request)
+
+
+def _at(codes: list[int | None], index: int) -> int | None:
+    return codes[index] if index < len(codes) else None
+
+
+def rank_json(view: RankView, *, now: float, exit_code: int | None) -> dict[str, Any]:
+    """One rank's folded state as /lifecycle shows it."""
+    pending = view.pending
+    first_error = view.errors[0] if view.errors else None
+    return {
+        "rank": view.rank,
+        "state": view.state,
+        "healthy": view.healthy,
+        "time_in_state_s": view.time_in_state_s(now=now),
+        "path": list(view.path),
+        "skip_reason": view.skip_reason,
+        "calibrated": view.calibrated,
+        "pending_collective": None
+        if pending is None
+        else {
+            "group": pending.started.group,
+            "group_seq": pending.started.group_seq,
+            "op": pending.started.op,
+            "purpose": pending.started.purpose,
+            "waiting_s": now - pending.at,
+        },
+        "last_heartbeat_age_s": None
+        if view.last_heartbeat_wall is None
+        else now - view.last_heartbeat_wall,
+        "first_error": None
+        if first_error is None
+        else {
+            "state": first_error[1],
+            "type": first_error[2].error_type,
+            "message": first_error[2].message,
+        },
+        "live_buffer_bytes": view.live_buffer_bytes,
+        "requests": view.requests_finished,
+        "exit_code": exit_code,
+    }

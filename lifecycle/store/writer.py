@@ -1,0 +1,137 @@
+"""The rank writer: one rank's gapless appends, each committed before it returns."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from lifecycle.core.codec import encode
+from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
+from lifecycle.core.events import Event, StoredEvent
+from lifecycle.store.backend import Backend
+from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
+from lifecycle.store.schema import events
+
+# A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):
+# tried again a few times, briefly, before the write counts as failed.
+LOCKED_RETRIES = 5
+_COLUMN_ORDER = (
+    "run_id", "rank", "seq", "wall_time", "mono_ns", "kind", "version", "state", "data"
+)  # fmt: skip
+
+
+class RankWriter:
+    """Appends one rank's events with gapless sequence numbers, each committed before return.
+
+    Thread-safe: the rank's main thread and its heartbeat thread share one writer.
+    """
+
+    def __init__(self, *, engine: Engine, backend: Backend, run_id: str, rank: int) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self._location = backend.location
+        self._lock = threading.Lock()
+        self._failure: JournalWriteFailed | None = None
+        try:
+            self._conn = engine.connect()
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self._location) from None
+        compiled = events.insert().compile(dialect=engine.dialect)
+        self._positional = bool(compiled.positional)
+        self._order = tuple(compiled.positiontup or ())
+        try:
+            existing = self._conn.execute(
+                select(events.c.seq)
+                .where(events.c.run_id == run_id, events.c.rank == rank)
+                .limit(1)
+            ).first()
+            self._conn.rollback()
+            self._appender = backend.appender(self._conn, str(compiled))
+        except DATABASE_ERRORS as exc:
+            self._conn.close()
+            raise journal_error(exc, self._location) from None
+        if existing is not None:
+            self._appender.close()
+            self._conn.close()
+            raise JournalConflict(run_id=run_id, rank=rank, seq=0)
+        self._next_seq = 0
+        self._closed = False
+        self.write_s = 0.0  # time spent committing appends, for the shutdown record
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def append(self, event: Event, *, state: str, wall_time: float, mono_ns: int) -> StoredEvent:
+        """Append one event; it is committed when this returns."""
+        return self.append_batch([(event, state, wall_time, mono_ns)])[0]
+
+    def append_batch(self, items: list[tuple[Event, str, float, int]]) -> list[StoredEvent]:
+        """Append (event, state, wall_time, mono_ns) items in one transaction: a reader sees
+        all of them or none."""
+        payloads = [encode(item[0]) for item in items]
+        with self._lock:
+            if self._failure is not None:
+                # A write failed: appending past it would leave a hole that the gapless
+                # sequence numbers hide, so this writer records nothing more.
+                raise JournalWriteFailed(location=self._location, reason=self._failure.reason)
+            if self._closed:
+                raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
+            first = self._next_seq
+            rows: list[Any] = []
+            stored = []
+            for offset, ((event, state, wall_time, mono_ns), payload) in enumerate(
+                zip(items, payloads, strict=True)
+            ):
+                row = (self.run_id, self.rank, first + offset, wall_time, mono_ns, event.kind,
+                       event.version, state, payload)  # fmt: skip
+                if self._positional and self._order == _COLUMN_ORDER:
+                    rows.append(row)
+                else:
+                    values = dict(zip(_COLUMN_ORDER, row, strict=True))
+                    rows.append(
+                        tuple(values[k] for k in self._order) if self._positional else values
+                    )
+                stored.append(
+                    StoredEvent(
+                        run_id=self.run_id,
+                        rank=self.rank,
+                        seq=first + offset,
+                        wall_time=wall_time,
+                        mono_ns=mono_ns,
+                        state=state,
+                        event=event,
+                    )
+                )
+            started = time.perf_counter()
+            self._insert(rows, first)
+            self.write_s += time.perf_counter() - started
+            self._next_seq = first + len(rows)
+        return stored
+
+    def _insert(self, rows: list[Any], seq: int) -> None:
+        for attempt in range(LOCKED_RETRIES + 1):
+            try:
+                self._appender.insert(rows)
+                return
+            except DATABASE_ERRORS as exc:
+                self._appender.rollback()
+                if is_retryable(exc) and attempt < LOCKED_RETRIES:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                error = append_error(
+                    exc, location=self._location, run_id=self.run_id, rank=self.rank, seq=seq
+                )
+                if isinstance(error, JournalWriteFailed):
+                    self._failure = error
+                raise error from None
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._appender.close()
+                self._conn.close()

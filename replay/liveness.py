@@ -1,0 +1,76 @@
+"""Whether a rank's process is still alive, as only the reader's own host can tell from its pid
+and the process's start time; handed to the pure diagnosis as data."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from replay.analysis import RunAnalysis
+
+# A process that started this long after a rank's first event cannot be that rank: its pid
+# was reused. The slack covers the whole seconds of /proc/stat's boot time.
+PID_START_SLACK_S = 2.0
+# Host names that many machines share: a pid recorded under one says nothing about this host.
+SHARED_HOST_NAMES = frozenset({"", "localhost", "localhost.localdomain"})
+
+
+def dead_ranks(analysis: RunAnalysis) -> frozenset[int]:
+    """Ranks that ran on this host, journaled no end, and whose process is gone: what only the
+    reader's machine can tell, handed to the pure diagnosis as data."""
+    host = socket.gethostname()
+    if host in SHARED_HOST_NAMES or not Path("/proc/self/stat").exists():
+        return frozenset()
+    booted = _boot_time()
+    dead = set()
+    for rank, view in analysis.views.items():
+        started = view.run_started
+        if started is None or started.host != host or view.first_wall is None:
+            continue
+        if view.terminal or view.shutdown is not None:
+            continue
+        if not _alive_since(started.pid, view.first_wall, booted=booted):
+            dead.add(rank)
+    return frozenset(dead)
+
+
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _alive_since(pid: int, first_wall: float, *, booted: float | None) -> bool:
+    """Whether `pid` is a live process that was already running at `first_wall` (a process
+    that started later only reuses the pid). When it cannot be told, alive."""
+    if pid <= 0:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    # Fields after the command name, which may itself hold spaces and parentheses: state is
+    # field 3, start time (clock ticks after boot) field 22.
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 20:
+        return True
+    if fields[0] in ("Z", "X", "x"):
+        return False
+    if booted is None:
+        return True
+    try:
+        started = booted + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):
+        return True
+    return started <= first_wall + PID_START_SLACK_S

@@ -1,0 +1,190 @@
+"""Per-rank status: the rules that say whether a rank is ready, running, blocked, hung,
+crashed, stopped or failed, and the record of one rank's verdict (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from lifecycle.core.errors import COLLECTIVE_KINDS
+from lifecycle.core.fold import RankView
+from lifecycle.core.states import State
+from replay.analysis import RunAnalysis
+from replay.evidence import CutOff, FirstError
+
+# A wait in a collective is a hang only once it outlasts this many heartbeat intervals (and
+# HANG_FLOOR_S): a shorter one is a peer that is behind, or whose start is not journaled yet.
+HANG_INTERVALS = 5
+HANG_FLOOR_S = 2.0
+
+
+class Status(StrEnum):
+    READY = "ready"  # reached ready (and may have stopped cleanly since)
+    FAILED = "failed"
+    BLOCKED = "blocked"  # alive, waiting in a collective
+    HUNG = "hung"  # alive, no progress, not in a collective
+    CRASHED = "crashed"  # the journal ends: no heartbeat after its last event
+    STOPPED = "stopped"  # shut down before ready
+    RUNNING = "running"  # alive and progressing when the journal ends
+    ABSENT = "absent"  # no event at all in the journals given
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingInfo:
+    group: str
+    group_seq: int
+    op: str
+    purpose: str
+    since_s: float  # run time at which it started
+    waited_s: float  # until the error that ended it, else until the rank's last event
+    waiting_for: tuple[int, ...]  # members that never started it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankVerdict:
+    rank: int
+    last_state: str
+    status: Status
+    pending: PendingInfo | None
+    last_heartbeat_age_s: float | None
+    first_error: FirstError | None
+    faults: tuple[str, ...]  # the fault specs it journaled
+    stalls: int
+    stop_signal: str | None  # the signal it journaled its shutdown for, if one
+    stop_reason: str | None  # the reason it journaled its shutdown with; None for no shutdown
+
+
+def rank_status(
+    view: RankView, analysis: RunAnalysis, *, now: float | None, dead: frozenset[int]
+) -> Status:
+    interval = analysis.heartbeat_interval_s
+    # Silent for three heartbeat intervals (never less than half a second, for a thread that
+    # waited on the GIL) means the process is gone.
+    quiet = max(3 * interval, 0.5)
+    last = view.last_wall or analysis.run.created_at
+    current_stalled = bool(view.spans) and any(
+        at >= view.spans[-1].entered_at for at, _, _ in view.stalls
+    )
+    progress = analysis.last_progress.get(view.rank, last)
+    idle = last - progress > max(analysis.state_deadline_s, 10 * interval)
+    if view.state == State.FAILED:
+        return Status.FAILED
+    ended = view.shutdown is not None or view.state == State.STOPPED
+    if ended and view.ready_action_done:
+        return Status.READY
+    if ended:
+        # Stopped from outside before it was healthy: stuck first (a collective it had waited
+        # in too long, a stall in this state, no progress for long), or simply stopped.
+        if stuck(view, analysis, until=last):
+            return Status.BLOCKED
+        return Status.HUNG if current_stalled or idle else Status.STOPPED
+    reference = analysis.end_wall if now is None else max(now, analysis.end_wall)
+    # Dead: its process is gone (seen by the reader on this host), silent for several
+    # heartbeat intervals, or silent while peers heartbeat on (a live rank writes one every
+    # interval from its own thread, blocked or not).
+    if (
+        view.rank in dead
+        or reference - last > quiet
+        or analysis.heartbeats_after(last, besides=view.rank) >= 2
+    ):
+        return Status.CRASHED
+    if view.ready_action_done and view.state == State.READY:
+        # Serving: its collective records reach the journal in batches, so peers running
+        # ahead of it are no sign of a cut-off journal.
+        return Status.READY
+    # Its peers finished collectives with it that it never journaled, and went on writing for
+    # longer than a heartbeat interval: its journal was cut off. (Within that, each rank's
+    # stream read a moment apart from the others' can show a peer a little ahead.)
+    if analysis.end_wall - last > quiet and cut_off(view, analysis) is not None:
+        return Status.CRASHED
+    if view.pending is not None:
+        # Alive: it is still waiting now, as far as the reader can tell.
+        return Status.BLOCKED if stuck(view, analysis, until=reference) else Status.RUNNING
+    if current_stalled or idle:
+        return Status.HUNG
+    return Status.RUNNING
+
+
+def hang_after_s(analysis: RunAnalysis) -> float:
+    """How long a wait in a collective may last before it counts as a hang."""
+    return max(HANG_INTERVALS * analysis.heartbeat_interval_s, HANG_FLOOR_S)
+
+
+def stuck(view: RankView, analysis: RunAnalysis, *, until: float) -> bool:
+    """Waiting in a collective that cannot complete (its members disagree on it), or, until
+    `until`, for longer than a peer that is merely behind would take."""
+    pending = view.pending
+    if pending is None:
+        return False
+    started = pending.started
+    if any(
+        m.group == started.group and m.group_seq == started.group_seq for m in analysis.mismatches
+    ):
+        return True
+    return until - pending.at > hang_after_s(analysis)
+
+
+def cut_off(view: RankView, analysis: RunAnalysis) -> CutOff | None:
+    """A peer finished a collective with this rank that it never journaled starting: with
+    write-ahead that only happens when the rank's journal lost its end."""
+    for group in analysis.groups.values():
+        if view.rank not in group.members:
+            continue
+        mine = group.started_by(view.rank)
+        for member in group.members:
+            if member != view.rank and group.finished_by(member) > mine:
+                return CutOff(
+                    rank=view.rank,
+                    group=group.group,
+                    started=mine,
+                    peer=member,
+                    peer_finished=group.finished_by(member),
+                )
+    return None
+
+
+def pending_info(view: RankView, analysis: RunAnalysis) -> PendingInfo | None:
+    pending = view.pending
+    if pending is None:
+        return None
+    started = pending.started
+    evidence = analysis.groups.get(started.group)
+    waiting_for: tuple[int, ...] = ()
+    if evidence is not None:
+        waiting_for = tuple(
+            m
+            for m in evidence.members
+            if m != view.rank and evidence.started_by(m) < started.group_seq
+        )
+    ended = next((at for at, _, e in view.errors if e.fatal and at >= pending.at), None)
+    return PendingInfo(
+        group=started.group,
+        group_seq=started.group_seq,
+        op=started.op,
+        purpose=started.purpose,
+        since_s=analysis.at(pending.at),
+        waited_s=(ended or view.last_wall or pending.at) - pending.at,
+        waiting_for=waiting_for,
+    )
+
+
+def blocked(verdict: RankVerdict) -> bool:
+    """Waiting in a collective at the end, or failed because one timed out or broke."""
+    if verdict.pending is None or verdict.status is Status.STOPPED:
+        return False
+    if verdict.status is Status.BLOCKED:
+        return True
+    return verdict.first_error is not None and verdict.first_error.kind in COLLECTIVE_KINDS
+
+
+def where(view: RankView) -> str:
+    """The state a rank was last working in (before a stop from outside moved it on)."""
+    if view.state == State.STOPPED and len(view.path) > 1:
+        return view.path[-2]
+    return view.state
+
+
+def stop_signal(view: RankView | None) -> str | None:
+    if view is None or view.shutdown is None:
+        return None
+    return view.shutdown.signal

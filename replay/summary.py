@@ -1,0 +1,220 @@
+"""The sentences a person reads about a verdict, made from its facts: the summary paragraph,
+each rank's note, and the text of a collective mismatch (pure)."""
+
+from __future__ import annotations
+
+from replay.analysis import Mismatch, MismatchReason, Signature, SplitDisagreement
+from replay.diagnose import Diagnosis, Outcome
+from replay.evidence import (
+    Blocked,
+    BrokenByStop,
+    ConnectionBroke,
+    CrashedSilent,
+    CutOff,
+    FirstError,
+    LateArrival,
+    Mismatched,
+    NeverEntered,
+    NoProgress,
+    PidDead,
+    RankEvidence,
+    ShutDown,
+    StoppedBySignal,
+    WaitEnd,
+)
+from replay.status import PendingInfo, RankVerdict, Status
+
+_MISMATCH_REASONS = {
+    MismatchReason.OPS: "different ops",
+    MismatchReason.TYPES_OR_SHAPES: "different types or shapes",
+    MismatchReason.SPLIT_LENGTHS: "split lists of different lengths",
+}
+
+
+def mismatch_text(reason: MismatchReason, split: SplitDisagreement | None) -> str:
+    if split is not None:
+        return (
+            f"rank {split.sender} sends {split.sends} elements to rank {split.receiver},"
+            f" which expects {split.expects}"
+        )
+    return _MISMATCH_REASONS.get(reason, str(reason))
+
+
+def mismatch_reason(mismatch: Mismatch) -> str:
+    return mismatch_text(mismatch.reason, mismatch.split)
+
+
+def signature_text(sig: Signature) -> str:
+    shapes = " ".join("x".join(map(str, s)) for s in sig.shapes)
+    text = f"{sig.op} {sig.dtype} [{shapes}] ({sig.purpose})"
+    if sig.input_splits is not None:
+        text += f" splits in {list(sig.input_splits)} out {list(sig.output_splits or ())}"
+    return text
+
+
+def _pending_note(p: PendingInfo) -> str:
+    who = (
+        "waiting for " + ", ".join(f"rank {m}" for m in p.waiting_for)
+        if p.waiting_for
+        else "every member entered it"
+    )
+    return f"in {p.op} #{p.group_seq} of {p.group} ({p.purpose}) since +{p.since_s:.2f} s, {who}"
+
+
+def _stop_cause(signal: str | None, reason: str | None) -> str:
+    if signal:
+        return f"by {signal}"
+    return f"({reason})" if reason is not None else "from outside"
+
+
+def _item_note(item: RankEvidence) -> str | None:
+    """The part of a rank's note that `item` makes; None for items told elsewhere."""
+    match item:
+        case FirstError():
+            return f"{item.error_type} in {item.state}: {item.message}"
+        case CrashedSilent():
+            return f"journal ends at +{item.last_event_s:.2f} s with no heartbeat after"
+        case PidDead():
+            return f"its process (pid {item.pid}) is gone"
+        case CutOff():
+            return "its peers finished collectives with it that it never journaled"
+        case StoppedBySignal():
+            return f"stopped {_stop_cause(item.signal, None)} in {item.state}"
+        case ShutDown():
+            return f"stopped {_stop_cause(None, item.reason)} in {item.state}"
+        case NoProgress():
+            return f"no progress in {item.state}, heartbeats go on"
+        case ConnectionBroke():
+            return f"its connection broke under rank {item.peer}"
+        case NeverEntered():
+            return (
+                f"rank {item.peer} waited for it in {item.group} #{item.group_seq},"
+                " which it never entered"
+            )
+        case BrokenByStop():
+            return "its collective broke once the run was being stopped"
+        case _:
+            return None
+
+
+def rank_note(d: Diagnosis, verdict: RankVerdict) -> str:
+    """One line on a rank: where it waits, its error, and what the evidence says of it."""
+    parts = [] if verdict.pending is None else [_pending_note(verdict.pending)]
+    parts.extend(text for item in d.about(verdict.rank) if (text := _item_note(item)))
+    return "; ".join(parts)
+
+
+def _stopped_text(verdict: RankVerdict) -> str:
+    if verdict.status is Status.READY:
+        return f"rank {verdict.rank} ready"
+    if verdict.status is Status.STOPPED:
+        cause = _stop_cause(verdict.stop_signal, verdict.stop_reason)
+        return f"rank {verdict.rank} {cause} in {verdict.last_state}"
+    return f"rank {verdict.rank} {verdict.status} in {verdict.last_state}"
+
+
+def _running_text(verdict: RankVerdict) -> str:
+    if verdict.status is not Status.RUNNING:
+        return f"rank {verdict.rank} {verdict.status}"
+    text = f"rank {verdict.rank} in {verdict.last_state}"
+    p = verdict.pending
+    if p is not None:
+        text += f" ({p.op} #{p.group_seq} of {p.group} for {p.waited_s:.1f} s)"
+    return text
+
+
+def _opening(d: Diagnosis) -> list[str]:
+    if d.outcome is Outcome.READY:
+        return [f"every rank reached ready in {d.startup_to_ready_s or 0.0:.2f} s"]
+    if d.outcome is Outcome.STOPPED:
+        return ["stopped from outside before ready: " + ", ".join(map(_stopped_text, d.ranks))]
+    if d.outcome is Outcome.RUNNING:
+        return ["still starting: " + ", ".join(map(_running_text, d.ranks))]
+    if d.outcome is Outcome.INCOMPLETE:
+        states = ", ".join(f"rank {v.rank} {v.last_state} ({v.status})" for v in d.ranks)
+        return [f"the journal ends before a verdict: {states}"]
+    return []
+
+
+def _culprit_text(d: Diagnosis, rank: int, late: dict[int, LateArrival]) -> list[str]:
+    verdict = next((v for v in d.ranks if v.rank == rank), None)
+    if verdict is None:
+        return [f"rank {rank} left no journal"]
+    if rank in late:
+        lag = late[rank]
+        text = (
+            f"rank {rank} came late to {lag.group} #{lag.group_seq}: it entered at"
+            f" +{lag.entered_s:.2f} s, after rank {lag.peer} had given up waiting there at"
+            f" +{lag.peer_gave_up_s:.2f} s"
+        )
+    elif verdict.first_error is not None:
+        e = verdict.first_error
+        first = d.first_error is not None and d.first_error.rank == rank
+        text = (
+            f"rank {rank} failed {'first, ' if first else ''}in {e.state} at"
+            f" +{e.at_s:.2f} s: {e.error_type}: {e.message}"
+        )
+    elif verdict.status is Status.CRASHED:
+        text = f"rank {rank} crashed in {verdict.last_state} ({rank_note(d, verdict)})"
+    elif verdict.status is Status.HUNG:
+        text = f"rank {rank} hung in {verdict.last_state}, heartbeats going on"
+    elif verdict.pending is not None:
+        p = verdict.pending
+        text = (
+            f"rank {rank} went on to {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
+            " while its peers waited for it in an earlier collective"
+        )
+    else:
+        text = f"rank {rank} in {verdict.last_state}"
+    if verdict.faults:
+        return [text, f"(fault injected: {', '.join(verdict.faults)})"]
+    return [text]
+
+
+def _blocked_text(item: Blocked, blocked: set[int], error: FirstError | None) -> str:
+    waits = (
+        "waiting for rank "
+        + ", ".join(f"{m} (itself blocked)" if m in blocked else str(m) for m in item.waiting_for)
+        if item.waiting_for
+        else "every member had entered it"
+    )
+    if item.ended is WaitEnd.WAITING:
+        ended = f"still waiting after {item.waited_s:.1f} s"
+    elif item.ended is WaitEnd.TIMED_OUT:
+        ended = f"timed out after {item.waited_s:.1f} s"
+    else:
+        cause = f" ({error.error_type})" if error is not None else ""
+        ended = f"broke after {item.waited_s:.1f} s{cause}"
+    return (
+        f"rank {item.rank} in {item.op} #{item.group_seq} of {item.group} ({item.purpose}),"
+        f" {waits}, {ended}"
+    )
+
+
+def summary(d: Diagnosis) -> str:
+    """One paragraph a person reads first."""
+    parts = _opening(d)
+    late = (
+        {e.rank: e for e in d.evidence if isinstance(e, LateArrival)}
+        if d.outcome is Outcome.HUNG
+        else {}
+    )
+    for rank in d.culprit_ranks:
+        parts.extend(_culprit_text(d, rank, late))
+    waiting = [e for e in d.evidence if isinstance(e, Blocked)]
+    blocked = {e.rank for e in waiting}
+    errors = {v.rank: v.first_error for v in d.ranks}
+    lines = [
+        _blocked_text(e, blocked, errors.get(e.rank))
+        for e in waiting
+        if e.rank not in d.culprit_ranks
+    ]
+    if lines:
+        parts.append("then blocked: " + "; ".join(lines))
+    mismatched = [e for e in d.evidence if isinstance(e, Mismatched)]
+    if mismatched:
+        m = mismatched[0]
+        parts.append(f"mismatch at {m.group} #{m.group_seq}: {mismatch_text(m.reason, m.split)}")
+    if d.missing_ranks:
+        parts.append("no journal for rank " + ", ".join(map(str, d.missing_ranks)))
+    return f"{d.outcome.value}: " + "; ".join(parts)

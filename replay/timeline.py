@@ -1,0 +1,205 @@
+"""What `replay show` prints: each rank's timeline and records, or every rank at one moment."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lifecycle.core.events import CollectiveStarted
+from lifecycle.core.fold import RankView
+from lifecycle.core.plan import Role
+from replay.analysis import RunAnalysis
+from replay.render import Style, clean, mib, table, when
+
+
+def format_show(analysis: RunAnalysis, *, ranks: Sequence[int] | None, style: Style) -> str:
+    run = analysis.run
+    out = [
+        style.bold(f"run {run.run_id}")
+        + f"  {when(run.created_at)}  host {clean(run.host)}  ranks {run.world_size}"
+        + f"  model {clean(run.model_name)}"
+    ]
+    if run.command:
+        out.append(f"command: {clean(run.command)}")
+    for rank, view in analysis.views.items():
+        if ranks is not None and rank not in ranks:
+            continue
+        out.append("")
+        out.extend(_rank_timeline(view, analysis, style))
+    if analysis.missing_ranks and ranks is None:
+        out.append("")
+        out.append("no events from rank " + ", ".join(map(str, analysis.missing_ranks)))
+    return "\n".join(out)
+
+
+def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[str]:
+    started = view.run_started
+    where = f"pid {started.pid}, {clean(started.device)}" if started else "no run_started"
+    lines = [style.bold(f"rank {view.rank}") + f"  ({where})  now {view.state}"]
+    details: dict[str, list[str]] = {}
+    if view.plan is not None:
+        reason = view.plan.skip_reason
+        probe = next((r for r in view.plan.requests if r.role is Role.PROBE), None)
+        details.setdefault("gate-check", []).append(
+            f"calibration skipped: {clean(reason)}"
+            if reason
+            else f"calibration on, probe {probe.shape}"
+            if probe
+            else "calibration on"
+        )
+    rows = []
+    for span in view.spans:
+        duration = span.duration_s()
+        rows.append(
+            [
+                f"+{analysis.at(span.entered_at):.2f}",
+                span.state,
+                "..." if duration is None else f"{duration:.3f} s",
+                "; ".join(details.get(span.state, [])),
+            ]
+        )
+    lines.extend("  " + line for line in table(["at", "state", "for", ""], rows).splitlines())
+    fit = view.plan.probe_fit if view.plan is not None else None
+    for record in view.warmup_records:
+        stages = ", ".join(f"{s.name} {s.seconds:.2f}" for s in record.stages if s.ran)
+        grew = (
+            ""
+            if record.peak_bytes is None or record.baseline_bytes is None
+            else f" (+{mib(record.peak_bytes - record.baseline_bytes)}"
+            + (
+                f", estimated +{mib(fit.estimated_peak_bytes)}"
+                if record.role is Role.PROBE and fit is not None
+                else ""
+            )
+            + ")"
+        )
+        lines.append(
+            f"  warmup {record.role:<7} {record.shape} at"
+            f" {record.steps} steps  {record.total_s:.2f} s  peak {mib(record.peak_bytes)}{grew}"
+            f" [{clean(record.memory_source or 'unmeasured')}]  {stages}"
+        )
+    for at, state, drop in view.buffer_drops:
+        lines.append(
+            f"  buffers dropped {drop.buffers} ({mib(drop.bytes_freed)}) in {state}"
+            f" at +{analysis.at(at):.2f}"
+        )
+    allocations: dict[str, list[float]] = {}
+    for _, state, alloc in view.buffer_allocations:
+        allocations.setdefault(state, []).append(alloc.bytes)
+    for state, sizes in allocations.items():
+        lines.append(f"  buffers allocated {len(sizes)} ({mib(int(sum(sizes)))}) in {state}")
+    for at, state, fault in view.faults:
+        lines.append(f"  fault  +{analysis.at(at):.2f} {state}: {clean(fault.fault)}")
+    for at, state, error in view.errors:
+        kind = "error" if error.fatal else "note "
+        lines.append(
+            f"  {kind}  +{analysis.at(at):.2f} {state}: {clean(error.error_type)}:"
+            f" {clean(error.message)}"
+        )
+    for at, state, stall in view.stalls:
+        lines.append(
+            f"  stall  +{analysis.at(at):.2f} {state}: {stall.in_state_s:.1f} s in state"
+            f" (deadline {stall.deadline_s:g} s), {len(stall.threads)} thread stacks"
+        )
+    if view.pending is not None:
+        p = view.pending.started
+        lines.append(
+            f"  pending {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
+            f" since +{analysis.at(view.pending.at):.2f}"
+        )
+    if view.unknown:
+        lines.append(f"  {len(view.unknown)} event(s) of unknown kind or undecodable payload")
+    if view.seq_gaps:
+        gaps = ", ".join(f"{g.expected}->{g.found}" for g in view.seq_gaps[:5])
+        lines.append(f"  sequence gaps: {gaps}")
+    return lines
+
+
+def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
+    wall = analysis.run.created_at + seconds
+    rows = []
+    for rank, view in analysis.views.items():
+        pending = view.pending
+        rows.append(
+            [
+                rank,
+                view.state,
+                f"{view.time_in_state_s(now=wall) or 0.0:.2f} s",
+                "-" if pending is None else _started_text(pending.started),
+                view.action.action if view.action else "-",
+            ]
+        )
+    header = f"run {analysis.run.run_id} at +{seconds:.2f} s"
+    return (
+        header + "\n" + table(["rank", "state", "in state", "pending collective", "action"], rows)
+    )
+
+
+def _started_text(started: CollectiveStarted) -> str:
+    return f"{started.op} #{started.group_seq} of {started.group}"
+
+
+def show_json(
+    analysis: RunAnalysis, *, ranks: Sequence[int] | None, at: float | None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"run_id": analysis.run.run_id, "ranks": []}
+    if at is not None:
+        out["at_s"] = at
+    for rank, view in analysis.views.items():
+        if ranks is not None and rank not in ranks:
+            continue
+        out["ranks"].append(
+            {
+                "rank": rank,
+                "state": view.state,
+                "path": list(view.path),
+                "spans": [
+                    {
+                        "state": s.state,
+                        "at_s": analysis.at(s.entered_at),
+                        "duration_s": s.duration_s(),
+                    }
+                    for s in view.spans
+                ],
+                "skip_reason": view.skip_reason,
+                "warmup_records": [
+                    {
+                        "role": r.role,
+                        "shape": str(r.shape),
+                        "steps": r.steps,
+                        "total_s": r.total_s,
+                        "peak_bytes": r.peak_bytes,
+                        "baseline_bytes": r.baseline_bytes,
+                        "memory_source": r.memory_source,
+                    }
+                    for r in view.warmup_records
+                ],
+                "buffer_drops": [
+                    {"state": s, "at_s": analysis.at(t), "bytes_freed": d.bytes_freed}
+                    for t, s, d in view.buffer_drops
+                ],
+                "buffer_allocations": [
+                    {"state": s, "at_s": analysis.at(t), "key": a.key, "bytes": a.bytes}
+                    for t, s, a in view.buffer_allocations
+                ],
+                "errors": [
+                    {
+                        "state": s,
+                        "at_s": analysis.at(t),
+                        "type": e.error_type,
+                        "kind": e.error_kind,
+                        "message": e.message,
+                        "fatal": e.fatal,
+                    }
+                    for t, s, e in view.errors
+                ],
+                "pending_collective": None
+                if view.pending is None
+                else {
+                    "group": view.pending.started.group,
+                    "group_seq": view.pending.started.group_seq,
+                    "op": view.pending.started.op,
+                },
+            }
+        )
+    return out

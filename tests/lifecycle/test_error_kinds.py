@@ -1,0 +1,77 @@
+"""Error kinds: each error class declares what went wrong, and classify reads it off."""
+
+from __future__ import annotations
+
+import pytest
+
+from lifecycle.core.errors import (
+    CollectiveError,
+    CollectiveTimeout,
+    ConfigError,
+    CorruptEvent,
+    ErrorKind,
+    FaultSpecError,
+    IllegalTransition,
+    InjectedFault,
+    JournalConflict,
+    JournalWriteFailed,
+    NotAJournal,
+    PeerGone,
+    PlanError,
+    RankDisagreement,
+    RendezvousFailed,
+    StartupTimeout,
+    classify,
+    recorded_kind,
+)
+from lifecycle.serve.worker import RequestAborted
+
+
+def in_ulysses0(cls: type[CollectiveError], message: str) -> CollectiveError:
+    return cls(message, group="ulysses0", group_seq=4, op="all_to_all")
+
+
+KINDS = [
+    (in_ulysses0(CollectiveTimeout, "timed out"), ErrorKind.COLLECTIVE_TIMEOUT),
+    (in_ulysses0(PeerGone, "closed by peer"), ErrorKind.PEER_GONE),
+    (in_ulysses0(CollectiveError, "failed"), ErrorKind.COLLECTIVE_FAILED),
+    (InjectedFault(rank=1, state="probe"), ErrorKind.INJECTED_FAULT),
+    (IllegalTransition(state="ready", trigger="warm", reason="no edge"),
+     ErrorKind.ILLEGAL_TRANSITION),
+    (StartupTimeout(timeout_s=30.0, state="probe"), ErrorKind.STARTUP_TIMEOUT),
+    (JournalWriteFailed(location="j.db", reason="disk full"), ErrorKind.JOURNAL_WRITE),
+    (JournalConflict(run_id="r", rank=0, seq=3), ErrorKind.JOURNAL),
+    (NotAJournal(location="j.db", reason="empty"), ErrorKind.JOURNAL),
+    (CorruptEvent(kind="error", reason="not JSON"), ErrorKind.JOURNAL),
+    (RankDisagreement("differs", rank=0), ErrorKind.RANK_DISAGREEMENT),
+    (RendezvousFailed(address="h", port="1", reason="refused"), ErrorKind.RENDEZVOUS),
+    (RequestAborted(request_id="q", step=2, reason="stop"), ErrorKind.REQUEST_ABORTED),
+    (ConfigError("bad"), ErrorKind.CONFIG),
+    (FaultSpecError("bad", spec="x"), ErrorKind.CONFIG),
+    (PlanError("bad"), ErrorKind.CONFIG),
+    (ValueError("foreign"), ErrorKind.EXCEPTION),
+    (KeyboardInterrupt(), ErrorKind.EXCEPTION),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("exc", "kind"), KINDS, ids=lambda v: type(v).__name__)
+def test_each_error_is_classified_by_the_kind_its_class_declares(
+    exc: BaseException, kind: ErrorKind
+) -> None:
+    """classify gives an error's declared kind, and `exception` for anything foreign."""
+    assert classify(exc) is kind
+
+
+def test_a_subclass_without_a_kind_of_its_own_takes_its_familys() -> None:
+    """A collective error subclassed elsewhere is still a collective failure."""
+
+    class Renamed(CollectiveTimeout):
+        pass
+
+    assert classify(in_ulysses0(Renamed, "late")) is ErrorKind.COLLECTIVE_TIMEOUT
+
+
+def test_a_kind_this_lifecycle_does_not_know_reads_as_exception() -> None:
+    """A journal written by a newer lifecycle may name a kind this one lacks."""
+    assert recorded_kind("peer-gone") is ErrorKind.PEER_GONE
+    assert recorded_kind("cosmic-ray") is ErrorKind.EXCEPTION
