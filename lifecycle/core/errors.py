@@ -79,12 +79,6 @@ class IllegalTransition(LifecycleError):
         self.reason = reason
 
 
-class PlanError(LifecycleError):
-    """The warmup plan cannot be built from the configuration."""
-
-    error_kind: ClassVar[ErrorKind] = ErrorKind.CONFIG
-
-
 class JournalError(LifecycleError):
     """Base of the journal's errors; the message is one line a person can act on."""
 

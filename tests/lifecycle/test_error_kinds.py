@@ -17,7 +17,6 @@ from lifecycle.core.errors import (
     JournalWriteFailed,
     NotAJournal,
     PeerGone,
-    PlanError,
     RankDisagreement,
     RendezvousFailed,
     StartupTimeout,
@@ -48,7 +47,6 @@ KINDS = [
     (RequestAborted(request_id="q", step=2, reason="stop"), ErrorKind.REQUEST_ABORTED),
     (ConfigError("bad"), ErrorKind.CONFIG),
     (FaultSpecError("bad", spec="x"), ErrorKind.CONFIG),
-    (PlanError("bad"), ErrorKind.CONFIG),
     (ValueError("foreign"), ErrorKind.EXCEPTION),
     (KeyboardInterrupt(), ErrorKind.EXCEPTION),
 ]  # fmt: skip
