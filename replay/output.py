@@ -32,6 +32,9 @@ _FILE_KINDS = (
 )
 
 
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
 def journal_files(location: str) -> list[Path]:
     """The files a journal given as a path or a SQLite URL lives in, sidecars included."""
     from sqlalchemy.engine import make_url
@@ -45,8 +48,13 @@ def journal_files(location: str) -> list[Path]:
         return []
     if not url.drivername.startswith("sqlite") or url.database in (None, "", ":memory:"):
         return []
-    path = Path(os.path.abspath(os.path.expanduser(url.database)))
-    return [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))]
+    given = Path(os.path.abspath(os.path.expanduser(url.database)))
+    # SQLite names its sidecars after the file a link leads to; a new one may appear while the
+    # trace is written, so both spellings count.
+    files: list[Path] = []
+    for path in dict.fromkeys((given, Path(os.path.realpath(given)))):
+        files += [path, *(path.with_name(path.name + s) for s in SIDECARS)]
+    return files
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -82,6 +90,14 @@ def trace_target(output: str, journals: Sequence[str]) -> Path:
                 raise OutputRefused(
                     output=output,
                     reason=f"is one of the journals being read ({journal}); choose another file",
+                )
+    else:
+        # A new path may still be a journal's sidecar that does not exist right now.
+        for journal in journals:
+            if any(Path(os.path.realpath(f)) == target for f in journal_files(journal)):
+                raise OutputRefused(
+                    output=output,
+                    reason=f"is a file of a journal being read ({journal}); choose another file",
                 )
     if not target.parent.is_dir():
         raise OutputRefused(output=output, reason=f"is in {target.parent}, which does not exist")

@@ -96,6 +96,20 @@ def test_trace_refuses_the_write_ahead_log_of_a_journal_it_reads(tmp_path: Path)
         writer.close()
 
 
+def test_trace_refuses_a_sidecar_name_that_does_not_exist_yet(tmp_path: Path) -> None:
+    """-o naming the -wal or -shm of a journal read through a link, while no such file
+    exists: refused in one line, and nothing is created under that name."""
+    make_journal(tmp_path / "j.db")
+    os.symlink("j.db", tmp_path / "link.db")
+    for sidecar in ("j.db-wal", "j.db-shm", "link.db-wal"):
+        (tmp_path / sidecar).unlink(missing_ok=True)
+        result = replay_cli(tmp_path, "trace", "latest", "link.db", "-o", sidecar)
+        assert "is a file of a journal being read" in one_error_line(result)
+        assert not (tmp_path / sidecar).is_file() or not (
+            tmp_path / sidecar
+        ).read_bytes().startswith(b"{")
+
+
 def test_trace_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
     """A directory, a FIFO, a character device, and a link to any of them: exit 2 in one line,
     and each is left what it was (no link replaced by a file, no FIFO opened)."""
