@@ -117,6 +117,18 @@ def fit_probe(args: ServerArgs, *, free_bytes: int, total_bytes: int) -> ProbeFi
     def estimate(s: Shape) -> int:
         return model.memory.estimate(tokens=-(-model.tokens(s) // args.ulysses), pixels=s.pixels)
 
+    def fitted(fit: Shape | None, measured: Shape) -> ProbeFit:
+        return ProbeFit(
+            default=model.default_shape,
+            fitted=fit,
+            estimated_peak_bytes=estimate(measured),
+            budget_bytes=budget,
+            free_bytes=free_bytes,
+            reserve_bytes=reserve,
+            frame_shrinks=frame_shrinks,
+            area_shrinks=area_shrinks,
+        )
+
     while estimate(shape) > budget:
         if shape.frames > floor.frames:
             frames = _valid_frames(model, shape.frames - model.frame_multiple)
@@ -127,28 +139,10 @@ def fit_probe(args: ServerArgs, *, free_bytes: int, total_bytes: int) -> ProbeFi
         height = _round_down(shape.height * 0.9, model.spatial_multiple)
         candidate = Shape(width=width, height=height, frames=shape.frames)
         if candidate.area <= floor.area or candidate == shape:
-            return ProbeFit(
-                default=model.default_shape,
-                fitted=None,
-                estimated_peak_bytes=estimate(candidate),
-                budget_bytes=budget,
-                free_bytes=free_bytes,
-                reserve_bytes=reserve,
-                frame_shrinks=frame_shrinks,
-                area_shrinks=area_shrinks,
-            )
+            return fitted(None, candidate)
         shape = candidate
         area_shrinks += 1
-    return ProbeFit(
-        default=model.default_shape,
-        fitted=shape,
-        estimated_peak_bytes=estimate(shape),
-        budget_bytes=budget,
-        free_bytes=free_bytes,
-        reserve_bytes=reserve,
-        frame_shrinks=frame_shrinks,
-        area_shrinks=area_shrinks,
-    )
+    return fitted(shape, shape)
 
 
 def build_plan(
