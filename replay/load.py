@@ -7,7 +7,6 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from lifecycle.core.config import MAX_RANKS
 from lifecycle.core.errors import AmbiguousRun, JournalError, ReplayError, RunNotFound
@@ -20,16 +19,10 @@ DATA_ERRORS = (ValueError, TypeError, RecursionError, OverflowError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunInfo:
-    """One run as recorded in one or more journals."""
+class RunInfo(RunRow):
+    """One run as recorded in one or more journals: its row, settled across them, and where
+    it was found."""
 
-    run_id: str
-    created_at: float
-    host: str
-    world_size: int
-    config: dict[str, Any]
-    lifecycle_version: str
-    command: str | None
     sources: tuple[str, ...]
     # What the journals disagree on about this run, said once the run is read.
     notes: tuple[str, ...] = ()

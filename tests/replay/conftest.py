@@ -48,9 +48,10 @@ def bounded_and_calibrated(tmp_path_factory: pytest.TempPathFactory) -> Journale
 
 @pytest.fixture(scope="session")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Journaled:
-    """A calibrated 2-rank run that reached ready."""
+    """A calibrated 2-rank run that reached ready, heartbeating often enough that even a
+    startup of a second on a quiet machine journals heartbeats."""
     db = tmp_path_factory.mktemp("two") / "j.db"
-    boot(db, "--num-ranks", "2", "--calibrate")
+    boot(db, "--num-ranks", "2", "--calibrate", "--heartbeat-interval", "0.1")
     return Journaled(db=db, run_ids=run_ids(db))
 
 
