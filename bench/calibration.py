@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.compare import compared_seconds
 from bench.stats import median
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds
+from bench.table import Row
 
 BOOT_TIMEOUT_S = {True: 180.0, False: 600.0}  # quick, full
 FOUR_RANKS = ("--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2")
@@ -166,21 +167,18 @@ def _rows_for(settings: Settings, *, model: str, ranks: int, pairs: int) -> list
         f" [--calibrate] --log-level warning` subprocesses, {pairs} interleaved pair(s),"
         f" medians; read back from the journal (fold_run), slowest rank; {work}"
     )
-    rows = []
-    for figure in FIGURES:
-        value = median([figure.of(b) for b in calibrated])
-        baseline = median([figure.of(b) for b in bounded])
-        rows.append(
-            Row(
-                figure=f"calibration cost, {figure.name}, {layout}",
-                value=f"{format_seconds(value)} calibrated",
-                baseline=f"{format_seconds(baseline)} bounded",
-                ratio=format_ratio(value / baseline),
-                target=f"no target; field {figure.field_ratio:.3f} ({figure.field_quoted})",
-                how=f"{figure.measured}; {how}",
-            )
+    return [
+        compared_seconds(
+            figure=f"calibration cost, {figure.name}, {layout}",
+            value_s=median([figure.of(b) for b in calibrated]),
+            baseline_s=median([figure.of(b) for b in bounded]),
+            value_note=" calibrated",
+            baseline_note=" bounded",
+            target=f"no target; field {figure.field_ratio:.3f} ({figure.field_quoted})",
+            how=f"{figure.measured}; {how}",
         )
-    return rows
+        for figure in FIGURES
+    ]
 
 
 def measure(settings: Settings) -> list[Row]:

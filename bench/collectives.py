@@ -9,11 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.compare import compared_seconds
 from bench.journal import new_journal
 from bench.procs import Pool, serve
 from bench.stats import median
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds
+from bench.table import Row, format_seconds
 
 WORLD = 2
 PG_TIMEOUT_S = 60.0
@@ -31,13 +32,33 @@ class Sized:
     iters: int  # collectives per block and mode
 
 
+# Each figure: the timed mode, its label, and what the timing covers.
+RECORDINGS = (
+    (
+        "durable",
+        "durable (startup)",
+        "RecordedGroup.all_to_all through a Recorder: collective_started and collective_finished"
+        " each committed to SQLite (WAL, one journal file for both ranks); against"
+        " dist.all_to_all_single unrecorded",
+    ),
+    (
+        "ring",
+        "ring (after ready)",
+        "RecordedGroup.all_to_all through a Recorder: collective_started and collective_finished"
+        " into the ring (Recorder.buffer_collectives), flushed between blocks outside the"
+        " timing; against dist.all_to_all_single unrecorded",
+    ),
+    (
+        "flush",
+        "ring flush (deferred)",
+        "Recorder.flush() of one ring block (2 records per collective, one batch transaction),"
+        " per collective: the cost the heartbeat thread pays off the request path",
+    ),
+)
+
+
 def _sized(settings: Settings) -> Sized:
     return Sized(blocks=6, iters=60) if settings.quick else Sized(blocks=30, iters=300)
-
-
-def _paired_extra(recorded: list[float], plain: list[float]) -> float:
-    """The median over blocks of (recorded - plain), both per collective."""
-    return median([r - p for r, p in zip(recorded, plain, strict=True)])
 
 
 def measure(settings: Settings) -> list[Row]:
@@ -86,49 +107,27 @@ def measure(settings: Settings) -> list[Row]:
         f" modes interleaved block by block in rotating order; rank 0's medians of the"
         f" per-block means; every record read back from the journal"
     )
-    rows = []
-    for mode, label in (
-        ("durable", "durable (startup)"),
-        ("ring", "ring (after ready)"),
-    ):
-        value = median(rank0[mode])
-        extra = _paired_extra(rank0[mode], rank0["plain"])
-        rows.append(
-            Row(
-                figure=f"collective recording, {label}",
-                value=f"{format_seconds(value)}/collective (+{format_seconds(extra)})",
-                baseline=f"{format_seconds(plain)} unrecorded",
-                ratio=format_ratio(value / plain),
-                target="no target given",
-                how=(
-                    "RecordedGroup.all_to_all through a Recorder: collective_started and"
-                    " collective_finished "
-                    + (
-                        "each committed to SQLite (WAL, one journal file for both ranks)"
-                        if mode == "durable"
-                        else "into the ring (Recorder.buffer_collectives), flushed between"
-                        " blocks outside the timing"
-                    )
-                    + f"; against dist.all_to_all_single unrecorded; {how}"
-                ),
-            )
-        )
-    flush = median(rank0["flush"])
-    rows.append(
-        Row(
-            figure="collective recording, ring flush (deferred)",
-            value=f"{format_seconds(flush)}/collective",
-            baseline=f"{format_seconds(plain)} unrecorded",
-            ratio=format_ratio(flush / plain),
+    return [
+        compared_seconds(
+            figure=f"collective recording, {label}",
+            value_s=median(rank0[mode]),
+            baseline_s=plain,
+            value_note=f"/collective{_extra(mode, rank0)}",
+            baseline_note=" unrecorded",
             target="no target given",
-            how=(
-                "Recorder.flush() of one ring block (2 records per collective, one batch"
-                " transaction), per collective: the cost the heartbeat thread pays off the"
-                f" request path; {how}"
-            ),
+            how=f"{method}; {how}",
         )
-    )
-    return rows
+        for mode, label, method in RECORDINGS
+    ]
+
+
+def _extra(mode: str, rank0: dict[str, list[float]]) -> str:
+    """The median over blocks of (recorded - plain), both per collective; a flush is the
+    ring's deferred write, not a recorded call beside a plain one, and has none."""
+    if mode == "flush":
+        return ""
+    extra = median([r - p for r, p in zip(rank0[mode], rank0["plain"], strict=True)])
+    return f" (+{format_seconds(extra)})"
 
 
 BENCHMARK = Benchmark(name="collectives", measure=measure)

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.compare import compared_seconds
 from bench.procs import Pool, serve
 from bench.stats import interleave, median, percentile
 from bench.suite import Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_ratio, verdict
 
 RATIO_TARGET = 2.0
 PROCESS_COUNTS = (1, 2, 4, 8)
@@ -125,14 +126,12 @@ def latency_rows(settings: Settings) -> list[Row]:
     rows = []
     for name, pick in (("median", median), ("p99", lambda s: percentile(s, 99))):
         value, floor = pick(paired.a), pick(paired.b)
-        ratio = value / floor
         rows.append(
-            Row(
+            compared_seconds(
                 figure=f"journal append latency, {name}",
-                value=format_seconds(value),
-                baseline=format_seconds(floor),
-                ratio=format_ratio(ratio),
-                target=verdict(f"<= {RATIO_TARGET:g}x raw", met=ratio <= RATIO_TARGET),
+                value_s=value,
+                baseline_s=floor,
+                target=verdict(f"<= {RATIO_TARGET:g}x raw", met=value / floor <= RATIO_TARGET),
                 how=how,
             )
         )
@@ -145,6 +144,9 @@ def latency_rows(settings: Settings) -> list[Row]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Throughput:
+    """One round of appends from N processes: its rate, and its appends as counted by the
+    workers and as read back from the journal files."""
+
     events_per_s: float
     appended: int
     read_back: int

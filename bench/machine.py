@@ -72,25 +72,23 @@ def filesystem_of(directory: str) -> str:
     return fs_type
 
 
+def _git(repo: Path, *args: str) -> str:
+    """The stripped output of a read-only git command in `repo`."""
+    return subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=GIT_TIMEOUT_S,
+        check=True,
+    ).stdout.strip()
+
+
 def git_commit(repo: Path) -> str:
     """HEAD, and whether the working tree differs from it (read-only git commands)."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=GIT_TIMEOUT_S,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=GIT_TIMEOUT_S,
-            check=True,
-        ).stdout.strip()
+        head = _git(repo, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head} (tracked files modified)" if dirty else head

@@ -113,7 +113,7 @@ class Worker:
         return text.splitlines()[-1][:300] if text else "(no stderr)"
 
 
-class Pool:
+class Pool(contextlib.AbstractContextManager["Pool"]):
     """Worker processes started once and reused for every round; closed on exit."""
 
     def __init__(self, module: str, *, size: int, workdir: Path, timeout_s: float) -> None:
@@ -148,9 +148,6 @@ class Pool:
     def close(self) -> None:
         for worker in self.workers:
             worker.close()
-
-    def __enter__(self) -> Pool:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from lifecycle.core.events import CollectiveStarted, Heartbeat, Shutdown, StoredEvent
-from lifecycle.core.fold import RankFold, RankView
+from lifecycle.core.events import StoredEvent
+from lifecycle.core.fold import RankFold, RankView, Signature
 from replay.load import RunInfo
-
-# How many of each member's latest collectives per group keep their start time: enough to
-# tell, at the end of a run, which member came late to the collective another gave up on.
-RECENT_STARTS = 8
-# Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
-RECENT_HEARTBEATS = 4
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Signature:
-    """What must match across the members of a collective at one sequence number."""
-
-    op: str
-    purpose: str
-    dtype: str
-    shapes: tuple[tuple[int, ...], ...]
-    input_splits: tuple[int, ...] | None
-    output_splits: tuple[int, ...] | None
 
 
 class MismatchReason(StrEnum):
@@ -119,64 +100,52 @@ class RunAnalysis:
         return wall - self.run.created_at
 
 
-@dataclass
-class _Book:
-    """Collective signatures per (group, seq) until every member has reported one."""
+def _mismatches(
+    views: Mapping[int, RankView], members: dict[str, tuple[int, ...]]
+) -> list[Mismatch]:
+    """Members of a group whose latest collectives differ at one sequence number.
 
-    members: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    open: dict[tuple[str, int], dict[int, Signature]] = field(default_factory=dict)
-    mismatches: list[Mismatch] = field(default_factory=list)
-    recent: dict[tuple[str, int], deque[tuple[int, float]]] = field(default_factory=dict)
-    interned: dict[Signature, Signature] = field(default_factory=dict)
+    Compared over what each fold keeps of its rank's latest collectives per group
+    (RECENT_STARTS): the mismatch that explains how a run ended is at its end, and a check
+    whose cost does not grow with the run's length is one a fold summary can answer too.
+    """
+    found: list[Mismatch] = []
+    for name, ranks in sorted(members.items()):
+        by_seq: dict[int, dict[int, Signature]] = {}
+        for rank, view in views.items():
+            for group, starts in view.recent_starts:
+                if group == name:
+                    for start in starts:
+                        by_seq.setdefault(start.seq, {})[rank] = start.signature
+        for seq, signatures in sorted(by_seq.items()):
+            if len(signatures) > 1:
+                mismatch = _check(name, seq, signatures, ranks)
+                if mismatch is not None:
+                    found.append(mismatch)
+    return found
 
-    def add(self, rank: int, event: CollectiveStarted, wall: float) -> None:
-        self.members.setdefault(event.group, event.group_ranks)
-        starts = self.recent.get((event.group, rank))
-        if starts is None:
-            starts = self.recent[(event.group, rank)] = deque(maxlen=RECENT_STARTS)
-        starts.append((event.group_seq, wall))
-        key = (event.group, event.group_seq)
-        signatures = self.open.setdefault(key, {})
-        signature = Signature(
-            op=event.op,
-            purpose=event.purpose,
-            dtype=event.dtype,
-            shapes=event.shapes,
-            input_splits=event.input_splits,
-            output_splits=event.output_splits,
+
+def _check(
+    group: str, seq: int, signatures: dict[int, Signature], members: tuple[int, ...]
+) -> Mismatch | None:
+    distinct = {(s.op, s.purpose, s.dtype, s.shapes) for s in signatures.values()}
+    split = None
+    if len(distinct) > 1:
+        ops = {s.op for s in signatures.values()}
+        reason: MismatchReason | None = (
+            MismatchReason.OPS if len(ops) > 1 else MismatchReason.TYPES_OR_SHAPES
         )
-        # Members of a healthy collective share one signature object.
-        signatures[rank] = self.interned.setdefault(signature, signature)
-        if len(signatures) == len(self.members[event.group]):
-            self._check(key, self.members[event.group])
-            del self.open[key]
-
-    def finish(self) -> None:
-        for key in list(self.open):
-            if len(self.open[key]) > 1:
-                self._check(key, self.members[key[0]])
-        self.open.clear()
-
-    def _check(self, key: tuple[str, int], members: tuple[int, ...]) -> None:
-        signatures = self.open[key]
-        distinct = {(s.op, s.purpose, s.dtype, s.shapes) for s in signatures.values()}
-        reason: MismatchReason | None = None
-        split = None
-        if len(distinct) > 1:
-            ops = {s.op for s in signatures.values()}
-            reason = MismatchReason.OPS if len(ops) > 1 else MismatchReason.TYPES_OR_SHAPES
-        else:
-            reason, split = _split_mismatch(signatures, members)
-        if reason is not None:
-            self.mismatches.append(
-                Mismatch(
-                    group=key[0],
-                    group_seq=key[1],
-                    by_rank=tuple(sorted(signatures.items())),
-                    reason=reason,
-                    split=split,
-                )
-            )
+    else:
+        reason, split = _split_mismatch(signatures, members)
+    if reason is None:
+        return None
+    return Mismatch(
+        group=group,
+        group_seq=seq,
+        by_rank=tuple(sorted(signatures.items())),
+        reason=reason,
+        split=split,
+    )
 
 
 def _split_mismatch(
@@ -213,16 +182,11 @@ def _split_mismatch(
 def analyze(
     run: RunInfo, events: Iterable[StoredEvent], *, until: float | None = None
 ) -> RunAnalysis:
-    """Fold every rank and collect the collective evidence, in one pass over the events.
+    """Fold every rank, in one pass over the events, and combine the folds.
 
     `until` keeps only events written at or before that wall time.
     """
     folds: dict[int, RankFold] = {}
-    book = _Book()
-    last_progress: dict[int, float] = {}
-    heartbeats: dict[int, deque[float]] = {}
-    shutdowns: dict[int, float] = {}
-    end_wall = run.created_at
     count = 0
     for stored in events:
         if until is not None and stored.wall_time > until:
@@ -232,50 +196,51 @@ def analyze(
         if fold is None:
             fold = folds[stored.rank] = RankFold(run_id=run.run_id, rank=stored.rank)
         fold.apply(stored)
-        end_wall = max(end_wall, stored.wall_time)
-        event = stored.event
-        if isinstance(event, Heartbeat):
-            beats = heartbeats.get(stored.rank)
-            if beats is None:
-                beats = heartbeats[stored.rank] = deque(maxlen=RECENT_HEARTBEATS)
-            beats.append(stored.wall_time)
-        elif isinstance(event, Shutdown):
-            # Being told to stop is not progress: a rank stopped while stuck stays stuck.
-            shutdowns.setdefault(stored.rank, stored.wall_time)
-        else:
-            last_progress[stored.rank] = stored.wall_time
-        if isinstance(event, CollectiveStarted):
-            book.add(stored.rank, event, stored.wall_time)
-    book.finish()
-    views = {rank: fold.view() for rank, fold in sorted(folds.items())}
+    return combine(run, {rank: fold.view() for rank, fold in folds.items()})
+
+
+def combine(run: RunInfo, views: Mapping[int, RankView]) -> RunAnalysis:
+    """The evidence across ranks, from each rank's view alone: whether the views come from
+    every event or from a summary and the events after it, the analysis is the same."""
+    views = dict(sorted(views.items()))
+    members: dict[str, tuple[int, ...]] = {}
+    for each in views.values():
+        for progress in each.groups:
+            if progress.ranks and progress.group not in members:
+                members[progress.group] = progress.ranks
     groups: dict[str, GroupEvidence] = {}
-    for name, members in sorted(book.members.items()):
+    view: RankView | None
+    for name, ranks in sorted(members.items()):
         started, finished = [], []
-        for rank in members:
-            progress = {g.group: g for g in views[rank].groups} if rank in views else {}
-            mine = progress.get(name)
+        recent: list[tuple[int, int, float]] = []
+        for rank in ranks:
+            view = views.get(rank)
+            mine = next((g for g in view.groups if g.group == name), None) if view else None
             started.append((rank, mine.started if mine else -1))
             finished.append((rank, mine.finished if mine else -1))
-        recent = tuple(
-            (rank, seq, wall) for rank in members for seq, wall in book.recent.get((name, rank), ())
-        )
+            starts = dict(view.recent_starts).get(name, ()) if view else ()
+            recent.extend((rank, start.seq, start.at) for start in starts)
         groups[name] = GroupEvidence(
             group=name,
-            members=members,
+            members=ranks,
             started=tuple(started),
             finished=tuple(finished),
-            recent_starts=recent,
+            recent_starts=tuple(recent),
         )
-    missing = tuple(r for r in range(run.world_size) if r not in views)
+    end_wall = max(
+        [run.created_at, *(v.last_wall for v in views.values() if v.last_wall is not None)]
+    )
     return RunAnalysis(
         run=run,
         views=views,
         groups=groups,
-        mismatches=tuple(book.mismatches),
-        last_progress=last_progress,
+        mismatches=tuple(_mismatches(views, members)),
+        last_progress={r: v.last_progress for r, v in views.items() if v.last_progress is not None},
         end_wall=end_wall,
-        missing_ranks=missing,
-        events=count,
-        recent_heartbeats={rank: tuple(beats) for rank, beats in heartbeats.items()},
-        shutdown_walls=shutdowns,
+        missing_ranks=tuple(r for r in range(run.world_size) if r not in views),
+        events=sum(v.events for v in views.values()),
+        recent_heartbeats={r: v.recent_heartbeats for r, v in views.items() if v.recent_heartbeats},
+        shutdown_walls={
+            r: v.shutdown_wall for r, v in views.items() if v.shutdown_wall is not None
+        },
     )

@@ -8,10 +8,19 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from lifecycle.core.checkpoint import FOLD_VERSION, restore
 from lifecycle.core.config import MAX_RANKS
-from lifecycle.core.errors import AmbiguousRun, JournalError, ReplayError, RunNotFound
+from lifecycle.core.errors import (
+    AmbiguousRun,
+    CorruptEvent,
+    JournalError,
+    ReplayError,
+    RunNotFound,
+)
 from lifecycle.core.events import RunStarted, StoredEvent
+from lifecycle.core.fold import RankFold, RankView
 from lifecycle.store.journal import Journal, RunRow
+from lifecycle.store.summaries import Summary
 
 # What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
 # past the recursion limit, a number out of range): the journal is bad input, not a bug here.
@@ -52,6 +61,8 @@ class Journals:
     sources: list[Journal] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     _ranks: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    # Per journal (by id) whose summaries were all read at once: run id -> rank -> summary.
+    _summaries: dict[int, dict[str, dict[int, Summary]]] = field(default_factory=dict)
 
     @classmethod
     def open(cls, locations: Sequence[str]) -> Journals:
@@ -158,8 +169,35 @@ class Journals:
             )
         return world
 
+    def prefetch_summaries(self) -> None:
+        """Read every run's summary rows at once, for commands that look at every run."""
+        for journal in self.sources:
+            try:
+                rows = journal.summaries()
+            except JournalError as exc:
+                self.problems.append(str(exc))
+                continue
+            by_run: dict[str, dict[int, Summary]] = {}
+            for row in rows:
+                by_run.setdefault(row.run_id, {})[row.rank] = row
+            self._summaries[id(journal)] = by_run
+
+    def _summaries_of(self, journal: Journal, run_id: str) -> dict[int, Summary]:
+        cached = self._summaries.get(id(journal))
+        if cached is not None:
+            return cached.get(run_id, {})
+        try:
+            return {row.rank: row for row in journal.summaries([run_id])}
+        except JournalError as exc:
+            self.problems.append(str(exc))
+            return {}
+
     def _ranks_of(self, journal: Journal, run_id: str) -> list[int]:
         key = (id(journal), run_id)
+        summarized = self._summaries.get(id(journal), {}).get(run_id)
+        if summarized and key not in self._ranks:
+            # A writer inserts its summary row with its first event: the ranks with events.
+            self._ranks[key] = sorted(summarized)
         if key not in self._ranks:
             try:
                 self._ranks[key] = journal.ranks(run_id)
@@ -218,8 +256,56 @@ class Journals:
         readers' memory bounded: a collective is complete, and forgotten, soon after its last
         member started it.
         """
-        self.problems.extend(run.notes)
-        streams: list[Iterator[StoredEvent]] = []
+        streams = [
+            self._guarded(journal, run.run_id, r) for r, journal in self._rank_sources(run, rank)
+        ]
+        yield from heapq.merge(*streams, key=lambda e: (e.wall_time, e.rank, e.seq))
+        self._malformed()
+
+    def views(self, run: RunInfo, *, check: bool = True) -> dict[int, RankView]:
+        """Each rank's view from its summary row and the events after that row's checkpoint:
+        what a verdict needs, without reading every event. A rank without a usable summary
+        (a journal older than revision 0003, a damaged row) is folded from all its events;
+        either way the view is the one `analyze` folds from every event.
+
+        `check` holds each summary to the rank's last event first (one indexed lookup a
+        rank): a journal whose rows were removed by hand is read for what it holds.
+        """
+        views: dict[int, RankView] = {}
+        for r, journal in self._rank_sources(run, None):
+            summary = self._summaries_of(journal, run.run_id).get(r)
+            if summary is not None and check and not self._summary_holds(journal, summary):
+                summary = None
+            fold = _restored(summary, run.run_id, r)
+            if fold is None:
+                fold, summary = RankFold(run_id=run.run_id, rank=r), None
+            if summary is None or summary.last_seq > fold.last_seq:
+                for stored in self._guarded(journal, run.run_id, r, from_seq=fold.last_seq + 1):
+                    fold.apply(stored)
+            views[r] = fold.view()
+        self._malformed()
+        return views
+
+    def _summary_holds(self, journal: Journal, summary: Summary) -> bool:
+        try:
+            last = journal.last_seq(summary.run_id, summary.rank)
+        except JournalError as exc:
+            self.problems.append(str(exc))
+            return False
+        if last == summary.last_seq:
+            return True
+        self.problems.append(
+            f"{journal.location}: run {summary.run_id} rank {summary.rank}: its summary"
+            f" counts events to seq {summary.last_seq}, the journal holds them to seq {last};"
+            " read from its events"
+        )
+        return False
+
+    def _rank_sources(self, run: RunInfo, rank: int | None) -> list[tuple[int, Journal]]:
+        """Each rank of the run (or only `rank`) with the first journal that has it; a rank
+        outside the run's world is set aside and said so."""
+        self.problems.extend(n for n in run.notes if n not in self.problems)
+        chosen: list[tuple[int, Journal]] = []
         claimed: set[int] = set()
         outside: list[int] = []
         for journal in self.sources:
@@ -232,21 +318,25 @@ class Journals:
                 if not 0 <= r < run.world_size:
                     outside.append(r)
                     continue
-                streams.append(self._guarded(journal, run.run_id, r))
+                chosen.append((r, journal))
         if outside:
             self.problems.append(
                 f"run {run.run_id}: events of rank {', '.join(map(str, sorted(outside)))} set"
                 f" aside: outside its world of {run.world_size} rank(s)"
             )
-        yield from heapq.merge(*streams, key=lambda e: (e.wall_time, e.rank, e.seq))
+        return chosen
+
+    def _malformed(self) -> None:
         for journal in self.sources:
             self.problems.extend(m for m in journal.malformed_rows if m not in self.problems)
 
-    def _guarded(self, journal: Journal, run_id: str, rank: int) -> Iterator[StoredEvent]:
+    def _guarded(
+        self, journal: Journal, run_id: str, rank: int, *, from_seq: int = 0
+    ) -> Iterator[StoredEvent]:
         """One rank's events; a read that fails part way keeps what came before it."""
         last = -1
         try:
-            for stored in journal.read(run_id=run_id, rank=rank):
+            for stored in journal.read(run_id=run_id, rank=rank, from_seq=from_seq):
                 last = stored.seq
                 yield stored
         except JournalError as exc:
@@ -256,3 +346,16 @@ class Journals:
                 f"{journal.location}: run {run_id} rank {rank}: events after seq {last} cannot"
                 f" be read: {type(exc).__name__}"
             )
+
+
+def _restored(summary: Summary | None, run_id: str, rank: int) -> RankFold | None:
+    """The fold a summary row holds, if it is one this lifecycle reads and it is whole."""
+    if summary is None or summary.fold_version != FOLD_VERSION:
+        return None
+    try:
+        fold = restore(summary.fold)
+    except (CorruptEvent, *DATA_ERRORS):
+        return None
+    if (fold.run_id, fold.rank, fold.last_seq) != (run_id, rank, summary.fold_seq):
+        return None
+    return fold

@@ -15,7 +15,9 @@ from lifecycle.core.errors import CorruptEvent
 from lifecycle.core.events import EVENT_TYPES, Event, UnknownEvent
 from lifecycle.core.upcasters import (
     upcast_error_v1_to_v2,
+    upcast_heartbeat_v1_to_v2,
     upcast_plan_built_v1_to_v2,
+    upcast_request_finished_v1_to_v2,
     upcast_request_started_v1_to_v2,
     upcast_warmup_record_v1_to_v2,
 )
@@ -30,6 +32,8 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("plan_built", 1): upcast_plan_built_v1_to_v2,
     ("warmup_record", 1): upcast_warmup_record_v1_to_v2,
     ("request_started", 1): upcast_request_started_v1_to_v2,
+    ("heartbeat", 1): upcast_heartbeat_v1_to_v2,
+    ("request_finished", 1): upcast_request_finished_v1_to_v2,
 }
 
 
@@ -42,7 +46,24 @@ def encode(event: Event) -> str:
 
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def dumps_record(value: Any) -> str:
+    """Any of the journal's records (a dataclass of JSON values) as compact JSON text."""
+    return _DUMPS(_plain_for(type(value))(value))
+
+
+def loads_record(cls: type[T], text: str) -> T:
+    """The record of type `cls` that `dumps_record` wrote; CorruptEvent names what is wrong."""
+    try:
+        payload = json.loads(text)
+        return typing.cast(T, _converter_for(cls)(payload))
+    except (ValueError, TypeError, RecursionError, _Invalid) as exc:
+        raise CorruptEvent(kind=cls.__name__, reason=str(exc)) from None
+
+
 Plain = Callable[[Any], Any]
+T = typing.TypeVar("T")
 _PLAIN: dict[type, Plain] = {}
 
 

@@ -34,6 +34,18 @@ class PendingCollective:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GroupMark:
+    """A process group's progress on one rank: the highest group sequence numbers started and
+    finished (-1 before the first), and how many collectives it ran."""
+
+    group: str
+    ranks: tuple[int, ...]
+    started: int
+    finished: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ThreadStack:
     name: str
     ident: int
@@ -172,10 +184,15 @@ class BuffersDropped(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat(Event):
+    """Version 2 carries every group's progress, so that a rank whose collective records wait
+    in its ring (after ready) is still placed when it dies without writing them."""
+
     kind: ClassVar[str] = "heartbeat"
+    version: ClassVar[int] = 2
     uptime_s: float
     in_state_s: float
     pending: PendingCollective | None
+    groups: tuple[GroupMark, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,12 +253,31 @@ class RequestStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFinished(Event):
+    """Version 2 adds what the request's collectives did (their records stay in the ring after
+    ready): how many ran, and every group's progress when it ended."""
+
     kind: ClassVar[str] = "request_finished"
+    version: ClassVar[int] = 2
     request_id: str
     ok: bool
     total_s: float
     checksum: str | None
     peak_bytes: int | None
+    collectives: int = 0
+    groups: tuple[GroupMark, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectivesDumped(Event):
+    """The collective records of the ring after ready follow this event in the journal (their
+    own wall times are when they happened); `dropped` records fell out of the bounded ring
+    since the last dump."""
+
+    kind: ClassVar[str] = "collectives_dumped"
+    reason: str  # error, stall, request-failed, shutdown, signal, http
+    records: int
+    dropped: int
+    capacity: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -284,6 +320,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         FaultInjected,
         RequestStarted,
         RequestFinished,
+        CollectivesDumped,
         Shutdown,
     )
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -11,10 +12,12 @@ from lifecycle.core.events import (
     BuffersAllocated,
     BuffersDropped,
     CollectiveFinished,
+    CollectivesDumped,
     CollectiveStarted,
     Error,
     FaultInjected,
     GateDecided,
+    GroupMark,
     Heartbeat,
     PendingCollective,
     PlanBuilt,
@@ -29,6 +32,13 @@ from lifecycle.core.events import (
     WarmupRecord,
 )
 from lifecycle.core.states import State
+
+# How many of each group's latest collectives a rank's fold keeps with their signature and start
+# time: what diagnosis compares across members (a mismatch) and times (who came late) at the
+# end of a run. A fold's size, and a summary's, does not grow with the run.
+RECENT_STARTS = 16
+# Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
+RECENT_HEARTBEATS = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,10 +56,48 @@ class Span:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpenCollective:
-    """A collective this rank started and has not finished."""
+    """A collective this rank started and has not finished.
+
+    `from_heartbeat`: its record never reached the journal (after ready it waited in the
+    rank's ring, and the rank died before a dump); it is known from the rank's last heartbeat,
+    which is at most one interval old, and `started` holds only what a heartbeat says.
+    """
 
     started: CollectiveStarted
     at: float  # wall time of the started event
+    from_heartbeat: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signature:
+    """What must match across the members of a collective at one sequence number."""
+
+    op: str
+    purpose: str
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    input_splits: tuple[int, ...] | None
+    output_splits: tuple[int, ...] | None
+
+    @classmethod
+    def of(cls, event: CollectiveStarted) -> Signature:
+        return cls(
+            op=event.op,
+            purpose=event.purpose,
+            dtype=event.dtype,
+            shapes=event.shapes,
+            input_splits=event.input_splits,
+            output_splits=event.output_splits,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecentStart:
+    """One of a rank's latest collectives in a group: when it started, and what it was."""
+
+    seq: int
+    at: float
+    signature: Signature
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +153,11 @@ class RankView:
     shutdown: Shutdown | None
     unknown: tuple[UnknownEvent, ...]
     seq_gaps: tuple[SeqGap, ...]
+    dumps: tuple[tuple[float, str, CollectivesDumped], ...]
+    recent_starts: tuple[tuple[str, tuple[RecentStart, ...]], ...]  # per group, oldest first
+    recent_heartbeats: tuple[float, ...]
+    last_progress: float | None  # the last event that is neither a heartbeat nor a shutdown
+    shutdown_wall: float | None
 
     @property
     def terminal(self) -> bool:
@@ -127,11 +180,24 @@ class RankView:
 
 
 @dataclass(slots=True)
-class _Group:
+class GroupTally:
     ranks: tuple[int, ...]
     started: int = -1
     finished: int = -1
     count: int = 0
+
+    @classmethod
+    def of(cls, mark: GroupMark) -> GroupTally:
+        return cls(ranks=mark.ranks, started=mark.started, finished=mark.finished, count=mark.count)
+
+    def mark(self, group: str) -> GroupMark:
+        return GroupMark(
+            group=group,
+            ranks=self.ranks,
+            started=self.started,
+            finished=self.finished,
+            count=self.count,
+        )
 
 
 @dataclass(slots=True)
@@ -161,7 +227,7 @@ class RankFold:
     live_buffer_bytes: int = 0
     buffer_allocations: list[tuple[float, str, BuffersAllocated]] = field(default_factory=list)
     buffer_drops: list[tuple[float, str, BuffersDropped]] = field(default_factory=list)
-    groups: dict[str, _Group] = field(default_factory=dict)
+    groups: dict[str, GroupTally] = field(default_factory=dict)
     open_collectives: dict[str, OpenCollective] = field(default_factory=dict)
     heartbeats: int = 0
     last_heartbeat_wall: float | None = None
@@ -171,6 +237,11 @@ class RankFold:
     shutdown: Shutdown | None = None
     unknown: list[UnknownEvent] = field(default_factory=list)
     seq_gaps: list[SeqGap] = field(default_factory=list)
+    dumps: list[tuple[float, str, CollectivesDumped]] = field(default_factory=list)
+    recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
+    recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
+    last_progress: float | None = None
+    shutdown_wall: float | None = None
 
     def apply(self, stored: StoredEvent) -> None:
         at = stored.wall_time
@@ -181,9 +252,16 @@ class RankFold:
         if self.first_wall is None:
             self.first_wall = at
             self.spans.append(Span(state=State.CREATED.value, entered_at=at, left_at=None))
-        self.last_wall = at
+        # Collective records dumped from the ring after ready come after later events.
+        self.last_wall = at if self.last_wall is None else max(self.last_wall, at)
         self.last_kind = stored.kind
         event = stored.event
+        if isinstance(event, Shutdown):
+            # Being told to stop is not progress: a rank stopped while stuck stays stuck.
+            if self.shutdown_wall is None:
+                self.shutdown_wall = at
+        elif not isinstance(event, Heartbeat):
+            self.last_progress = at if self.last_progress is None else max(self.last_progress, at)
         match event:
             case Transition():
                 self._enter(event.dest, at)
@@ -202,12 +280,18 @@ class RankFold:
             case WarmupRecord():
                 self.warmup_records.append(event)
             case CollectiveStarted():
-                group = self.groups.setdefault(event.group, _Group(ranks=event.group_ranks))
+                group = self.groups.setdefault(event.group, GroupTally(ranks=event.group_ranks))
                 group.started = max(group.started, event.group_seq)
                 group.count += 1
                 self.open_collectives[event.group] = OpenCollective(started=event, at=at)
+                recent = self.recent_starts.get(event.group)
+                if recent is None:
+                    recent = self.recent_starts[event.group] = deque(maxlen=RECENT_STARTS)
+                recent.append(
+                    RecentStart(seq=event.group_seq, at=at, signature=Signature.of(event))
+                )
             case CollectiveFinished():
-                group = self.groups.setdefault(event.group, _Group(ranks=()))
+                group = self.groups.setdefault(event.group, GroupTally(ranks=()))
                 group.finished = max(group.finished, event.group_seq)
                 opened = self.open_collectives.get(event.group)
                 if opened is not None and opened.started.group_seq == event.group_seq:
@@ -222,6 +306,8 @@ class RankFold:
                 self.heartbeats += 1
                 self.last_heartbeat_wall = at
                 self.last_heartbeat_pending = event.pending
+                self.recent_heartbeats.append(at)
+                self._mark(event.groups)
             case Stalled():
                 self.stalls.append((at, stored.state, event))
             case Error():
@@ -232,6 +318,9 @@ class RankFold:
                 self.requests_started += 1
             case RequestFinished():
                 self.requests_finished += 1
+                self._mark(event.groups)
+            case CollectivesDumped():
+                self.dumps.append((at, stored.state, event))
             case Shutdown():
                 self.shutdown = event
             case UnknownEvent():
@@ -241,6 +330,53 @@ class RankFold:
         # The envelope's state is authoritative: it is what the rank had committed to.
         if stored.state != self.state and stored.state in _STATES:
             self._enter(stored.state, at)
+
+    def _mark(self, marks: tuple[GroupMark, ...]) -> None:
+        """Progress a heartbeat or a finished request reports, for collectives whose records
+        stay in the ring."""
+        for mark in marks:
+            group = self.groups.get(mark.group)
+            if group is None:
+                group = self.groups[mark.group] = GroupTally(ranks=mark.ranks)
+            group.ranks = group.ranks or mark.ranks
+            group.started = max(group.started, mark.started)
+            group.finished = max(group.finished, mark.finished)
+            group.count = max(group.count, mark.count)
+
+    def _pending(self) -> OpenCollective | None:
+        """The collective this rank waits in: its latest open record, else what its last
+        heartbeat says it waited in, when no record of it reached the journal."""
+        opened = (
+            max(self.open_collectives.values(), key=lambda o: o.at)
+            if self.open_collectives
+            else None
+        )
+        beat = self.last_heartbeat_pending
+        if beat is None or self.last_heartbeat_wall is None:
+            return opened
+        group = self.groups.get(beat.group)
+        recorded = self.open_collectives.get(beat.group)
+        if (recorded is not None and recorded.started.group_seq >= beat.group_seq) or (
+            group is not None and group.finished >= beat.group_seq
+        ):
+            return opened
+        if opened is not None and opened.at >= self.last_heartbeat_wall:
+            return opened
+        started = CollectiveStarted(
+            group=beat.group,
+            group_ranks=group.ranks if group is not None else (),
+            group_seq=beat.group_seq,
+            op=beat.op,
+            purpose=beat.purpose,
+            dtype="?",
+            shapes=(),
+            input_splits=None,
+            output_splits=None,
+            timeout_s=0.0,
+        )
+        return OpenCollective(
+            started=started, at=self.last_heartbeat_wall - beat.waiting_s, from_heartbeat=True
+        )
 
     def _enter(self, state: str, at: float) -> None:
         if state == self.state and self.path[-1] == state:
@@ -253,11 +389,7 @@ class RankFold:
         self.state = state
 
     def view(self) -> RankView:
-        pending = (
-            max(self.open_collectives.values(), key=lambda o: o.at)
-            if self.open_collectives
-            else None
-        )
+        pending = self._pending()
         return RankView(
             run_id=self.run_id,
             rank=self.rank,
@@ -298,6 +430,13 @@ class RankFold:
             shutdown=self.shutdown,
             unknown=tuple(self.unknown),
             seq_gaps=tuple(self.seq_gaps),
+            dumps=tuple(self.dumps),
+            recent_starts=tuple(
+                (name, tuple(starts)) for name, starts in sorted(self.recent_starts.items())
+            ),
+            recent_heartbeats=tuple(self.recent_heartbeats),
+            last_progress=self.last_progress,
+            shutdown_wall=self.shutdown_wall,
         )
 
     @property

@@ -104,3 +104,15 @@ def upcast_plan_built_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     if isinstance(fit, dict):
         out["probe_fit"] = _probe_fit_nested(fit)
     return out
+
+
+def upcast_heartbeat_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 of `heartbeat` adds each group's progress; version 1 wrote every collective,
+    so its heartbeats carry none."""
+    return {**payload, "groups": []}
+
+
+def upcast_request_finished_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 of `request_finished` adds its collectives; version 1 journaled each of them
+    instead, so none is counted here."""
+    return {**payload, "collectives": 0, "groups": []}

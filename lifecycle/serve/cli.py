@@ -125,15 +125,54 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     sub.add_parser("diagram", help="print the state machine as Mermaid")
-    db = sub.add_parser("db", help="journal schema: current revision, upgrade")
+    db = sub.add_parser("db", help="journal schema and retention: current, upgrade, prune")
     db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=_Parser)
     for name, text in (
         ("current", "print the journal's schema revision"),
         ("upgrade", "migrate this lifecycle's own journal to the newest schema"),
+        ("prune", "remove old runs, whole, from the journal"),
     ):
         cmd = db_sub.add_parser(name, help=text)
         cmd.add_argument("--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"))
+        if name == "prune":
+            _add_prune_options(cmd)
     return parser
+
+
+PRUNE_DESCRIPTION = """\
+Remove old runs from the journal, each with its rows in every table, a few at a time so that
+servers appending to the same journal are not held up. With both --keep-runs and
+--older-than, only runs that both select are removed. The newest run, and any run written to
+in the last 10 minutes, are never removed. A SQLite file does not shrink: the freed pages are
+reused by later appends (VACUUM would rewrite the whole file while blocking every writer).
+"""
+
+
+def _add_prune_options(prune: argparse.ArgumentParser) -> None:
+    def keep_count(text: str) -> int:
+        if not text.isascii() or not text.isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs (0 or more)")
+        return int(text)
+
+    def duration(text: str) -> float:
+        from lifecycle.store.prune import parse_duration
+
+        try:
+            return parse_duration(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    prune.description = PRUNE_DESCRIPTION
+    prune.formatter_class = argparse.RawDescriptionHelpFormatter
+    prune.add_argument("--keep-runs", type=keep_count, metavar="N", help="keep the N newest runs")
+    prune.add_argument(
+        "--older-than",
+        type=duration,
+        metavar="DURATION",
+        help="remove runs created longer ago than this: 45s, 90m, 12h, 30d, 2w",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    prune.add_argument("--now", type=float, help=argparse.SUPPRESS)  # tests: a fixed clock
 
 
 def server_args(ns: argparse.Namespace) -> ServerArgs:
@@ -231,6 +270,8 @@ def _db(ns: argparse.Namespace) -> int:
         if ns.db_command == "current":
             print(f"{journal_revision(ns.db)} (head {head_revision()})")
             return 0
+        if ns.db_command == "prune":
+            return _prune(ns)
         Journal.open_for_write(ns.db, upgrade=True).close()
         print(f"{ns.db}: at {head_revision()}")
         return 0
@@ -238,6 +279,17 @@ def _db(ns: argparse.Namespace) -> int:
         return _fail_unjournaled(exc)
     except LifecycleError as exc:
         return _fail_usage(str(exc))
+
+
+def _prune(ns: argparse.Namespace) -> int:
+    from lifecycle.store.prune import RetentionPolicy, format_outcome, open_for_pruning, prune
+
+    policy = RetentionPolicy(keep_runs=ns.keep_runs, older_than_s=ns.older_than)
+    with open_for_pruning(ns.db) as journal:
+        now = time.time() if ns.now is None else ns.now
+        outcome = prune(journal, policy, now=now, dry_run=ns.dry_run)
+        print(format_outcome(outcome, journal.location))
+    return 0
 
 
 if __name__ == "__main__":

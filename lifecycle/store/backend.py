@@ -16,8 +16,9 @@ from lifecycle.store.sqlite import SqliteBackend
 class Appender(Protocol):
     """Commits one writer's rows; the journal's hot path."""
 
-    def insert(self, rows: list[Any]) -> None:
-        """Insert the rows in one transaction, committed when this returns."""
+    def insert(self, rows: list[Any], then: list[tuple[str, Any]]) -> None:
+        """Insert the rows and run the `then` statements (SQL, parameters) in one transaction,
+        committed when this returns."""
 
     def rollback(self) -> None:
         """End the transaction of an insert that failed; never raises."""

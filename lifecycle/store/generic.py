@@ -21,8 +21,10 @@ class StatementAppender:
         self._conn = conn
         self._sql = sql
 
-    def insert(self, rows: list[Any]) -> None:
+    def insert(self, rows: list[Any], then: list[tuple[str, Any]]) -> None:
         self._conn.exec_driver_sql(self._sql, rows if len(rows) > 1 else rows[0])
+        for sql, params in then:
+            self._conn.exec_driver_sql(sql, params)
         self._conn.commit()
 
     def rollback(self) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Engine, Text, null, select, type_coerce
+from sqlalchemy import Engine, Text, func, null, select, type_coerce
 from sqlalchemy.pool import PoolProxiedConnection
 
 from lifecycle.core.codec import UNKNOWN_KIND, decode_or_unknown
@@ -24,6 +24,7 @@ from lifecycle.store.revisions import (
     read_revision,
 )
 from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
+from lifecycle.store.summaries import SUMMARY_REVISION, Summary, read_summaries
 from lifecycle.store.writer import RankWriter
 
 READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
@@ -277,6 +278,33 @@ class Journal:
                             yield stored
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location) from None
+
+    @property
+    def has_summaries(self) -> bool:
+        """Whether this journal's writers kept summary rows (revision 0003 on)."""
+        return KNOWN_REVISIONS.index(self.revision) >= KNOWN_REVISIONS.index(SUMMARY_REVISION)
+
+    def summaries(self, run_ids: list[str] | None = None) -> list[Summary]:
+        """The summary rows of the given runs (every run's when None); none before 0003."""
+        if not self.has_summaries:
+            return []
+        try:
+            with self.engine.connect() as conn:
+                return read_summaries(conn, run_ids)
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self.location) from None
+
+    def last_seq(self, run_id: str, rank: int) -> int | None:
+        """The highest sequence number of a rank's events, None when it has none."""
+        stmt = select(func.max(events.c.seq)).where(
+            events.c.run_id == run_id, events.c.rank == rank
+        )
+        try:
+            with self.engine.connect() as conn:
+                value = conn.execute(stmt).scalar()
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self.location) from None
+        return value if _is_int(value) else None
 
     def ranks(self, run_id: str) -> list[int]:
         """The ranks that have events of `run_id` in this journal."""

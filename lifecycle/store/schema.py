@@ -20,7 +20,7 @@ from sqlalchemy import (
 # Every Alembic revision of the journal, oldest first; the last is head. Readers check a
 # journal's revision against this without importing Alembic; a test keeps it equal to the
 # scripts in migrations/versions.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -56,7 +56,36 @@ events = Table(
     Column("version", Integer, nullable=False),  # the payload schema version of `kind`
     Column("state", String(32), nullable=False),  # the rank's state after this event
     Column("data", JSON, nullable=False),  # the payload, a JSON object
+    # A collective record's group, group sequence number and op (revision 0003; NULL for other
+    # kinds and for rows written before it).
+    Column("group_name", String(64), nullable=True),
+    Column("group_seq", Integer, nullable=True),
+    Column("op", String(32), nullable=True),
     # A second writer at the same (run_id, rank, seq) fails on this key instead of interleaving.
     PrimaryKeyConstraint("run_id", "rank", "seq"),
     Index(None, "run_id", "kind"),
+    Index(None, "run_id", "group_name", "group_seq"),
+)
+
+# One row per run and rank, kept current by the rank's writer in the transaction of every
+# append (revision 0003): what a verdict needs without reading every event. `fold` is the
+# rank's fold after event `fold_seq` (a checkpoint, format `fold_version`); a reader folds only
+# the events after it.
+rank_summaries = Table(
+    "rank_summaries",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.run_id"), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("last_seq", Integer, nullable=False),
+    Column("events", Integer, nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("first_wall", Float, nullable=True),
+    Column("last_wall", Float, nullable=True),
+    Column("last_heartbeat_wall", Float, nullable=True),
+    Column("path", Text, nullable=False),  # states entered, space-separated
+    Column("first_error", Text, nullable=True),  # "error_kind: message" of the first fatal error
+    Column("fold_version", Integer, nullable=False),
+    Column("fold_seq", Integer, nullable=False),
+    Column("fold", Text, nullable=False),  # JSON
+    PrimaryKeyConstraint("run_id", "rank"),
 )

@@ -164,13 +164,15 @@ class SqliteAppender:
         self._cursor = driver.cursor()
         self._sql = sql
 
-    def insert(self, rows: list[Any]) -> None:
+    def insert(self, rows: list[Any], then: list[tuple[str, Any]]) -> None:
         cur = self._cursor
         cur.execute("BEGIN IMMEDIATE")
         if len(rows) == 1:
             cur.execute(self._sql, rows[0])
         else:
             cur.executemany(self._sql, rows)
+        for sql, params in then:
+            cur.execute(sql, params)
         cur.execute("COMMIT")
 
     def rollback(self) -> None:

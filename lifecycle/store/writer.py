@@ -6,21 +6,62 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Dialect, Engine, Table, bindparam, select
+from sqlalchemy.sql.expression import ClauseElement
 
 from lifecycle.core.codec import encode
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
-from lifecycle.core.events import Event, StoredEvent
+from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
+from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend
 from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
-from lifecycle.store.schema import events
+from lifecycle.store.schema import events, rank_summaries
+from lifecycle.store.summaries import summary_values
 
 # A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):
 # tried again a few times, briefly, before the write counts as failed.
 LOCKED_RETRIES = 5
 _COLUMN_ORDER = (
-    "run_id", "rank", "seq", "wall_time", "mono_ns", "kind", "version", "state", "data"
+    "run_id", "rank", "seq", "wall_time", "mono_ns", "kind", "version", "state", "data",
+    "group_name", "group_seq", "op",
 )  # fmt: skip
+# The summary's checkpoint of the fold is rewritten with any event a verdict turns on, and
+# at least every this many events, so that a reader folds at most about this many after it.
+CHECKPOINT_EVERY = 64
+# Kinds that only move counters a checkpoint can be a little behind on.
+_ROUTINE_KINDS = frozenset({"heartbeat", "collective_started", "collective_finished"})
+_SUMMARY_SCALARS = (
+    "last_seq", "events", "state", "first_wall", "last_wall", "last_heartbeat_wall", "path",
+    "first_error",
+)  # fmt: skip
+_SUMMARY_FOLD = ("fold_version", "fold_seq", "fold")
+
+
+class _Statement:
+    """A statement compiled once for the driver, and its parameters in the driver's form."""
+
+    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
+        compiled: Any = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self._order = tuple(compiled.positiontup or ()) if compiled.positional else None
+
+    def params(self, values: dict[str, Any]) -> Any:
+        return values if self._order is None else tuple(values[k] for k in self._order)
+
+
+def _summary_update(table: Table, columns: tuple[str, ...], dialect: Dialect) -> _Statement:
+    stmt = (
+        table.update()
+        .where(table.c.run_id == bindparam("key_run_id"), table.c.rank == bindparam("key_rank"))
+        .values({c: bindparam(c) for c in columns})
+    )
+    return _Statement(stmt, dialect)
+
+
+def _collective_columns(event: Event) -> tuple[str | None, int | None, str | None]:
+    if isinstance(event, CollectiveStarted | CollectiveFinished):
+        return event.group, event.group_seq, event.op
+    return None, None, None
 
 
 class RankWriter:
@@ -60,6 +101,14 @@ class RankWriter:
         self._next_seq = 0
         self._closed = False
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
+        dialect = engine.dialect
+        self._summary_insert = _Statement(rank_summaries.insert(), dialect)
+        self._summary_scalars = _summary_update(rank_summaries, _SUMMARY_SCALARS, dialect)
+        self._summary_full = _summary_update(
+            rank_summaries, _SUMMARY_SCALARS + _SUMMARY_FOLD, dialect
+        )
+        self._fold = RankFold(run_id=run_id, rank=rank)
+        self._fold_seq = -1
 
     @property
     def next_seq(self) -> int:
@@ -87,7 +136,7 @@ class RankWriter:
                 zip(items, payloads, strict=True)
             ):
                 row = (self.run_id, self.rank, first + offset, wall_time, mono_ns, event.kind,
-                       event.version, state, payload)  # fmt: skip
+                       event.version, state, payload, *_collective_columns(event))  # fmt: skip
                 if self._positional and self._order == _COLUMN_ORDER:
                     rows.append(row)
                 else:
@@ -107,15 +156,37 @@ class RankWriter:
                     )
                 )
             started = time.perf_counter()
-            self._insert(rows, first)
+            for item in stored:
+                self._fold.apply(item)
+            self._insert(rows, first, self._summary(first, items))
             self.write_s += time.perf_counter() - started
             self._next_seq = first + len(rows)
         return stored
 
-    def _insert(self, rows: list[Any], seq: int) -> None:
+    def _summary(
+        self, first: int, items: list[tuple[Event, str, float, int]]
+    ) -> list[tuple[str, Any]]:
+        """The statement that brings this rank's summary row up to the batch, in its
+        transaction: a new checkpoint of the fold when the batch holds anything a verdict
+        turns on, or the last one is CHECKPOINT_EVERY events old; else only the counters."""
+        fold = self._fold
+        notable = any(item[0].kind not in _ROUTINE_KINDS for item in items)
+        fresh = first == 0 or notable or fold.last_seq - self._fold_seq >= CHECKPOINT_EVERY
+        values = summary_values(fold, with_checkpoint=fresh)
+        values.update(key_run_id=self.run_id, key_rank=self.rank)
+        if first == 0:
+            values.update(run_id=self.run_id, rank=self.rank)
+        if fresh:
+            self._fold_seq = fold.last_seq
+            statement = self._summary_insert if first == 0 else self._summary_full
+        else:
+            statement = self._summary_scalars
+        return [(statement.sql, statement.params(values))]
+
+    def _insert(self, rows: list[Any], seq: int, then: list[tuple[str, Any]]) -> None:
         for attempt in range(LOCKED_RETRIES + 1):
             try:
-                self._appender.insert(rows)
+                self._appender.insert(rows, then)
                 return
             except DATABASE_ERRORS as exc:
                 self._appender.rollback()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ from lifecycle.core.events import ActionStarted, StoredEvent, Transition
 from lifecycle.core.fold import fold_run
 from lifecycle.store import (
     Journal,
+    RankWriter,
     RunRow,
     head_revision,
     journal_revision,
@@ -26,6 +28,8 @@ from lifecycle.store import (
 )
 from tests.conftest import REPO, file_digest, make_newer_journal
 from tests.strategies import rank_streams
+
+START = Transition(trigger="start", source="created", dest="gate-check")
 
 
 def new_run(journal: Journal, run_id: str, world_size: int = 1) -> None:
@@ -52,6 +56,11 @@ def append_all(journal: Journal, stored: list[StoredEvent]) -> None:
         writer.close()
 
 
+def append_start(writer: RankWriter, *, mono_ns: int = 1) -> StoredEvent:
+    """Append a rank's first event, `start` from created into gate-check, at wall time 1.0."""
+    return writer.append(START, state="gate-check", wall_time=1.0, mono_ns=mono_ns)
+
+
 def test_a_new_file_gets_the_tables_by_migration(tmp_path: Path) -> None:
     """Opening a missing file creates it at the head revision, in WAL mode."""
     path = tmp_path / "new.db"
@@ -69,12 +78,7 @@ def test_appended_events_are_read_back_through_a_fresh_connection(tmp_path: Path
     journal = Journal.open_for_write(path)
     new_run(journal, "run-1")
     writer = journal.writer(run_id="run-1", rank=0)
-    first = writer.append(
-        Transition(trigger="start", source="created", dest="gate-check"),
-        state="gate-check",
-        wall_time=1.0,
-        mono_ns=10,
-    )
+    first = append_start(writer, mono_ns=10)
     reader = Journal.open_for_read(path)
     assert list(reader.read(run_id="run-1")) == [first]
     second = writer.append(
@@ -102,18 +106,7 @@ def test_fold_of_what_was_read_equals_fold_of_what_was_written(
 ) -> None:
     """fold(read(append(events))) == fold(events), for any events of several ranks."""
     run_id = f"run-{next(_run_ids)}"
-    stream = [
-        StoredEvent(
-            run_id=run_id,
-            rank=s.rank,
-            seq=s.seq,
-            wall_time=s.wall_time,
-            mono_ns=s.mono_ns,
-            state=s.state,
-            event=s.event,
-        )
-        for s in stream
-    ]
+    stream = [dataclasses.replace(s, run_id=run_id) for s in stream]
     new_run(shared_journal, run_id, world_size=2)
     append_all(shared_journal, stream)
     read_back = list(Journal.open_for_read(shared_journal.location).read(run_id=run_id))
@@ -126,12 +119,7 @@ def test_a_second_writer_for_the_same_rank_is_refused(tmp_path: Path) -> None:
     journal = Journal.open_for_write(str(tmp_path / "j.db"))
     new_run(journal, "run-1")
     writer = journal.writer(run_id="run-1", rank=0)
-    writer.append(
-        Transition(trigger="start", source="created", dest="gate-check"),
-        state="gate-check",
-        wall_time=1.0,
-        mono_ns=1,
-    )
+    append_start(writer)
     with pytest.raises(JournalConflict):
         journal.writer(run_id="run-1", rank=0)
 
@@ -143,10 +131,9 @@ def test_two_racing_writers_fail_loudly_instead_of_interleaving(tmp_path: Path) 
     new_run(journal, "run-1")
     first = journal.writer(run_id="run-1", rank=0)
     second = Journal.open_for_write(path).writer(run_id="run-1", rank=0)
-    event = Transition(trigger="start", source="created", dest="gate-check")
-    first.append(event, state="gate-check", wall_time=1.0, mono_ns=1)
+    append_start(first)
     with pytest.raises(JournalConflict) as info:
-        second.append(event, state="gate-check", wall_time=1.0, mono_ns=1)
+        append_start(second)
     assert (info.value.run_id, info.value.rank, info.value.seq) == ("run-1", 0, 0)
     rows = list(Journal.open_for_read(path).read(run_id="run-1"))
     assert [r.seq for r in rows] == [0]
@@ -157,12 +144,7 @@ def test_an_event_for_an_unknown_run_is_refused(tmp_path: Path) -> None:
     journal = Journal.open_for_write(str(tmp_path / "j.db"))
     writer = journal.writer(run_id="ghost", rank=0)
     with pytest.raises(Exception, match="FOREIGN KEY"):
-        writer.append(
-            Transition(trigger="start", source="created", dest="gate-check"),
-            state="gate-check",
-            wall_time=1.0,
-            mono_ns=1,
-        )
+        append_start(writer)
 
 
 def alembic(*args: str, db: Path) -> subprocess.CompletedProcess[str]:
@@ -255,12 +237,7 @@ def test_reading_never_changes_the_journal_file(tmp_path: Path) -> None:
     journal = Journal.open_for_write(str(path))
     new_run(journal, "run-1")
     writer = journal.writer(run_id="run-1", rank=0)
-    writer.append(
-        Transition(trigger="start", source="created", dest="gate-check"),
-        state="gate-check",
-        wall_time=1.0,
-        mono_ns=1,
-    )
+    append_start(writer)
     writer.close()
     journal.close()
     with sqlite3.connect(path) as conn:
@@ -284,7 +261,8 @@ def test_garbage_rows_are_shown_as_unknown_not_fatal(
     with sqlite3.connect(path) as conn:
         for seq, (kind, data) in enumerate(rows):
             conn.execute(
-                "INSERT INTO events VALUES (?, 0, ?, 1.0, 1, ?, 1, 'created', ?)",
+                "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
+                " VALUES (?, 0, ?, 1.0, 1, ?, 1, 'created', ?)",
                 (run_id, seq, kind, data),
             )
     read_back = list(Journal.open_for_read(path).read(run_id=run_id))

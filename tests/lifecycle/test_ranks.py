@@ -40,6 +40,16 @@ def by_rank(events: list[StoredEvent]) -> dict[int, list[StoredEvent]]:
     return out
 
 
+def failed_boot(
+    lifecycle_cli: Callable[..., Completed], db: Path, *options: str, timeout: float
+) -> tuple[Completed, dict[int, list[StoredEvent]]]:
+    """`lifecycle boot` of the micro model with `options`, which must exit 1; its result and
+    the journal's events by rank."""
+    result = lifecycle_cli("boot", *MICRO, *options, timeout=timeout)
+    assert result.returncode == 1
+    return result, by_rank(run_events(db))
+
+
 def path_of(events: list[StoredEvent]) -> list[str]:
     return [e.event.dest for e in events if isinstance(e.event, Transition)]
 
@@ -122,13 +132,11 @@ def test_the_fields_failure_is_reproduced(
     timeout = 5
     # Bounded: the launcher must end the run within the timeout plus a margin, or the
     # command's own timeout fails the test.
-    result = lifecycle_cli(
-        "boot", *MICRO, "--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2",
-        "--calibrate", "--fault", "1:drop-buffers:raise", "--dist-timeout", str(timeout),
-        timeout=60 + timeout,
+    _, ranks = failed_boot(
+        lifecycle_cli, tmp_path / "j.db", "--num-ranks", "4", "--cfg-parallel", "2",
+        "--ulysses", "2", "--calibrate", "--fault", "1:drop-buffers:raise",
+        "--dist-timeout", str(timeout), timeout=60 + timeout,
     )  # fmt: skip
-    assert result.returncode == 1
-    ranks = by_rank(run_events(tmp_path / "j.db"))
     culprit = fold_run(ranks[1])[1]
     assert culprit.state == "failed"
     assert [(state, e.error_type) for _, state, e in culprit.errors] == [
@@ -161,12 +169,10 @@ def test_an_exiting_rank_leaves_its_state_behind(
 ) -> None:
     """A rank that dies at once in bounded-warm: its journal ends with the fault in that
     state; the peer fails on the broken collective; the launcher exits 1."""
-    result = lifecycle_cli(
-        "boot", *MICRO, "--num-ranks", "2", "--fault", "1:bounded-warm:exit",
+    result, ranks = failed_boot(
+        lifecycle_cli, tmp_path / "j.db", "--num-ranks", "2", "--fault", "1:bounded-warm:exit",
         "--dist-timeout", "10", timeout=120,
     )  # fmt: skip
-    assert result.returncode == 1
-    ranks = by_rank(run_events(tmp_path / "j.db"))
     last = ranks[1][-1]
     assert isinstance(last.event, FaultInjected)
     assert (last.state, last.event.fault_kind) == ("bounded-warm", "exit")
@@ -179,13 +185,11 @@ def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
 ) -> None:
     """A rank that hangs in bounded-warm goes on heartbeating and journals one stall with
     every thread's stack; its peer times out; the launcher ends both and exits 1."""
-    result = lifecycle_cli(
-        "boot", *MICRO, "--num-ranks", "2", "--fault", "1:bounded-warm:hang",
+    _, ranks = failed_boot(
+        lifecycle_cli, tmp_path / "j.db", "--num-ranks", "2", "--fault", "1:bounded-warm:hang",
         "--dist-timeout", "4", "--heartbeat-interval", "0.2", "--state-deadline", "2",
         timeout=120,
     )  # fmt: skip
-    assert result.returncode == 1
-    ranks = by_rank(run_events(tmp_path / "j.db"))
     hung = ranks[1]
     fault_at = next(i for i, e in enumerate(hung) if isinstance(e.event, FaultInjected))
     after = hung[fault_at + 1 :]
@@ -205,12 +209,10 @@ def test_a_skipped_collective_leaves_the_ranks_out_of_step(
 ) -> None:
     """A rank that skips the gate agreement is journaled with the collective it skipped; its
     peer is left waiting at that sequence number; the launcher exits 1."""
-    result = lifecycle_cli(
-        "boot", *MICRO, "--num-ranks", "2", "--fault", "1:gate-check:skip-collective",
-        "--dist-timeout", "4", timeout=120,
+    _, ranks = failed_boot(
+        lifecycle_cli, tmp_path / "j.db", "--num-ranks", "2", "--fault",
+        "1:gate-check:skip-collective", "--dist-timeout", "4", timeout=120,
     )  # fmt: skip
-    assert result.returncode == 1
-    ranks = by_rank(run_events(tmp_path / "j.db"))
     (skip,) = [e for e in ranks[1] if isinstance(e.event, FaultInjected)]
     assert skip.state == "gate-check"
     assert "(all_reduce_min #0 in world)" in skip.event.fault

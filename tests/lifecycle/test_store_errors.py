@@ -24,7 +24,8 @@ from lifecycle.store.errors import append_error, is_retryable, journal_error
 from tests.conftest import file_digest
 
 EVENT_ROW = (
-    "INSERT INTO events VALUES ('run-1', 0, 0, 1.0, 1, 'action_started', 1, 'created', '{}')"
+    "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
+    " VALUES ('run-1', 0, 0, 1.0, 1, 'action_started', 1, 'created', '{}')"
 )
 
 

@@ -19,6 +19,7 @@ from lifecycle.core.errors import FaultSpecError
 from lifecycle.core.faults import FaultKind, FaultSpec, parse_fault
 from tests.conftest import REPO, Completed, file_digest, make_newer_journal, run_cli
 from tests.replay.builder import JournalBuilder, a2a, beat
+from tests.replay_argv import REPLAY_COMMANDS, replay_argv
 
 
 def make_truncated(path: Path) -> None:
@@ -54,7 +55,7 @@ def one_clear_line(result: Completed) -> str:
 
 
 @pytest.mark.parametrize("kind", list(BAD_FILES))
-@pytest.mark.parametrize("command", ["runs", "diagnose", "show", "verify", "trace", "diff"])
+@pytest.mark.parametrize("command", REPLAY_COMMANDS)
 def test_replay_refuses_a_bad_file_in_one_line(tmp_path: Path, kind: str, command: str) -> None:
     """Every replay command given a file that is not a journal it can read: exit 2, one line
     naming the file and the reason, the file's bytes unchanged."""
@@ -62,15 +63,7 @@ def test_replay_refuses_a_bad_file_in_one_line(tmp_path: Path, kind: str, comman
     make, reason = BAD_FILES[kind]
     make(path)
     before = file_digest(path)
-    argv = {
-        "runs": ["runs", str(path)],
-        "diagnose": ["diagnose", "latest", str(path)],
-        "show": ["show", "latest", str(path)],
-        "verify": ["verify", "--all", str(path)],
-        "trace": ["trace", "latest", str(path), "-o", str(tmp_path / "t.json")],
-        "diff": ["diff", "latest", "latest", str(path)],
-    }[command]
-    result = replay_cli(tmp_path, *argv)
+    result = replay_cli(tmp_path, *replay_argv(command, path, trace=tmp_path / "t.json"))
     assert result.returncode == 2
     line = one_clear_line(result)
     assert reason in line and str(path) in line
@@ -116,7 +109,7 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
     b.close()
     with sqlite3.connect(db) as conn:
         conn.executemany(
-            "INSERT INTO events VALUES ('run-hand-built', 0, ?, ?, 0, ?, 1, 'bounded-warm', ?)",
+            "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data) VALUES ('run-hand-built', 0, ?, ?, 0, ?, 1, 'bounded-warm', ?)",
             [(4, 1.8e9 + 3, "heartbeat", "{not json"), (5, 1.8e9 + 4, "heartbeat", "[1, 2]"),
              (6, 1.8e9 + 5, "quantum_flux", "{}"), (9, 1.8e9 + 6, "heartbeat",
              '{"uptime_s": 1, "in_state_s": 1, "pending": null}')],

@@ -12,6 +12,7 @@ import pytest
 from replay.cli import main
 from tests.conftest import file_digest
 from tests.replay.conftest import Journaled
+from tests.replay_argv import REPLAY_COMMANDS, replay_argv
 
 pytestmark = [pytest.mark.ranks]
 
@@ -247,7 +248,7 @@ def test_a_journal_cut_off_mid_run_is_diagnosed_from_what_is_left(
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("command", ["runs", "show", "diagnose", "verify", "trace", "diff"])
+@pytest.mark.parametrize("command", REPLAY_COMMANDS)
 def test_no_command_writes_to_the_journals_it_reads(
     two_ranks: Journaled, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
@@ -255,15 +256,7 @@ def test_no_command_writes_to_the_journals_it_reads(
     db = tmp_path / "copy.db"
     shutil.copy(two_ranks.db, db)
     before = file_digest(db)
-    argv = {
-        "runs": ["runs", str(db)],
-        "show": ["show", "latest", str(db)],
-        "diagnose": ["diagnose", "latest", str(db)],
-        "verify": ["verify", "--all", str(db)],
-        "trace": ["trace", "latest", str(db), "-o", str(tmp_path / "t.json")],
-        "diff": ["diff", "latest", "latest", str(db)],
-    }[command]
-    run(capsys, *argv)
+    run(capsys, *replay_argv(command, db, trace=tmp_path / "t.json"))
     assert file_digest(db) == before
 
 

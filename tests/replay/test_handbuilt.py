@@ -10,6 +10,7 @@ import pytest
 from lifecycle.core.events import ActionFinished, ActionStarted, Error, Shutdown
 from replay.cli import main
 from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat, done, timeout_error
+from tests.replay.scenarios import warming
 
 
 def diagnose(db: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -17,9 +18,25 @@ def diagnose(db: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]: 
     return status, json.loads(capsys.readouterr().out)
 
 
-def started_ranks(b: JournalBuilder) -> None:
-    for rank in (0, 1):
-        b.rank(rank).walk(0.1, "gate-check", "bounded-warm")
+def verdict(status: int, doc: dict) -> tuple[object, ...]:  # type: ignore[type-arg]
+    """The exit status, the outcome, the culprit ranks and the state they were in."""
+    return (status, doc["outcome"], doc["culprit_ranks"], doc["culprit_state"])
+
+
+def ranks_by_number(doc: dict) -> dict[int, dict]:  # type: ignore[type-arg]
+    return {r["rank"]: r for r in doc["ranks"]}
+
+
+def failed_in_gate_check(db: Path, *, error_type: str, message: str) -> None:
+    """A one-rank journal whose rank raises `error_type` (no collective) in gate-check and
+    fails."""
+    b = JournalBuilder(db, world_size=1)
+    s = b.rank(0)
+    s.walk(0.1, "gate-check")
+    s.add(0.5, Error(error_type=error_type, error_kind="exception", message=message,
+                     traceback="", trigger=None, fatal=True))  # fmt: skip
+    s.walk(0.6, "failed")
+    b.close()
 
 
 def test_a_size_mismatch_at_the_same_sequence_number_is_named(
@@ -28,7 +45,7 @@ def test_a_size_mismatch_at_the_same_sequence_number_is_named(
     """Two ranks in all-to-all #3 with different shapes: the mismatch names the group, the
     sequence number and both signatures."""
     b = JournalBuilder(tmp_path / "j.db")
-    started_ranks(b)
+    warming(b)
     for seq in range(3):
         for rank in (0, 1):
             b.rank(rank).add(1 + seq, a2a("ulysses0", seq))
@@ -53,7 +70,7 @@ def test_all_to_all_split_sizes_that_do_not_pair_are_named(
 ) -> None:
     """Rank 0 sends 8 elements to rank 1, which expects 6 from it: a split mismatch."""
     b = JournalBuilder(tmp_path / "j.db")
-    started_ranks(b)
+    warming(b)
     b.rank(0).add(1, a2a("ulysses0", 0, splits=(8, 8), out_splits=(8, 8)))
     b.rank(1).add(1, a2a("ulysses0", 0, splits=(8, 8), out_splits=(6, 8)))
     for rank in (0, 1):
@@ -83,11 +100,8 @@ def test_the_rank_missing_from_a_collective_the_others_entered_is_the_culprit(
             b.rank(rank).add(t, beat())
     b.close()
     status, doc = diagnose(tmp_path / "j.db", capsys)
-    assert status == 1
-    assert doc["outcome"] == "hung"
-    assert doc["culprit_ranks"] == [1]
-    assert doc["culprit_state"] == "bounded-warm"
-    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert verdict(status, doc) == (1, "hung", [1], "bounded-warm")
+    ranks = ranks_by_number(doc)
     assert ranks[1]["status"] == "hung"
     for rank in (0, 2, 3):
         assert ranks[rank]["status"] == "blocked"
@@ -103,18 +117,15 @@ def test_a_rank_whose_journal_stops_while_the_others_go_on_crashed(
     """No heartbeat after rank 1's last event while rank 0 heartbeats on: a crash, told
     apart from a hang by the heartbeats."""
     b = JournalBuilder(tmp_path / "j.db")
-    started_ranks(b)
+    warming(b)
     b.rank(1).add(1.0, ActionStarted(action="bounded-warmup"))
     b.rank(0).add(1.0, a2a("ulysses0", 0))
     for t in range(2, 12):
         b.rank(0).add(t, beat(a2a("ulysses0", 0)))
     b.close()
     status, doc = diagnose(tmp_path / "j.db", capsys)
-    assert status == 1
-    assert doc["outcome"] == "crashed"
-    assert doc["culprit_ranks"] == [1]
-    assert doc["culprit_state"] == "bounded-warm"
-    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert verdict(status, doc) == (1, "crashed", [1], "bounded-warm")
+    ranks = ranks_by_number(doc)
     assert ranks[1]["status"] == "crashed"
     assert ranks[1]["last_heartbeat_age_s"] is None
     assert ranks[0]["last_heartbeat_age_s"] == pytest.approx(0.0)
@@ -126,7 +137,7 @@ def test_a_late_rank_is_named_when_nobody_is_missing(
     """Rank 1 gave up on ulysses0 #4 at its timeout; rank 0 entered #4 only afterwards and then
     waited in #5: rank 0 came late and is the culprit."""
     b = JournalBuilder(tmp_path / "j.db")
-    started_ranks(b)
+    warming(b)
     b.rank(1).add(1.0, a2a("ulysses0", 4))
     b.rank(1).add(3.0, timeout_error("ulysses0", 4))
     b.rank(0).add(3.5, a2a("ulysses0", 4))
@@ -165,18 +176,10 @@ def test_a_plain_error_is_failed_with_its_rank(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """One rank raising (no collective involved) is outcome failed, culprit that rank."""
-    b = JournalBuilder(tmp_path / "j.db", world_size=1)
-    s = b.rank(0)
-    s.walk(0.1, "gate-check")
-    s.add(0.5, Error(error_type="OutOfMemoryError", error_kind="exception",
-                     message="CUDA out of memory", traceback="", trigger=None,
-                     fatal=True))  # fmt: skip
-    s.walk(0.6, "failed")
-    b.close()
+    failed_in_gate_check(tmp_path / "j.db", error_type="OutOfMemoryError",
+                         message="CUDA out of memory")  # fmt: skip
     status, doc = diagnose(tmp_path / "j.db", capsys)
-    assert (status, doc["outcome"], doc["culprit_ranks"], doc["culprit_state"]) == (
-        1, "failed", [0], "gate-check"
-    )  # fmt: skip
+    assert verdict(status, doc) == (1, "failed", [0], "gate-check")
     assert doc["first_error"]["type"] == "OutOfMemoryError"
 
 
@@ -184,14 +187,8 @@ def test_control_sequences_in_journal_text_are_not_printed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An error message carrying terminal escape sequences is shown without them."""
-    b = JournalBuilder(tmp_path / "j.db", world_size=1)
-    s = b.rank(0)
-    s.walk(0.1, "gate-check")
-    s.add(0.5, Error(error_type="Boom\x1b]0;pwned\x07", error_kind="exception",
-                     message="\x1b[31mred\x1b[0m\x1b[2J text", traceback="", trigger=None,
-                     fatal=True))  # fmt: skip
-    s.walk(0.6, "failed")
-    b.close()
+    failed_in_gate_check(tmp_path / "j.db", error_type="Boom\x1b]0;pwned\x07",
+                         message="\x1b[31mred\x1b[0m\x1b[2J text")  # fmt: skip
     for command in (["diagnose", "latest"], ["show", "latest"]):
         main([*command, str(tmp_path / "j.db")])
         out = capsys.readouterr().out

@@ -18,12 +18,12 @@ from lifecycle.core.events import (
     Event,
     Heartbeat,
     RunStarted,
-    Shutdown,
     Transition,
 )
 from lifecycle.store.journal import Journal, RunRow
 from tests.conftest import run_cli
 from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat
+from tests.replay.scenarios import hung_then_stopped, signalled, warming
 
 
 def diagnose(db: Path, *now: str) -> tuple[int, dict[str, Any]]:
@@ -31,17 +31,6 @@ def diagnose(db: Path, *now: str) -> tuple[int, dict[str, Any]]:
     result = run_cli("replay", args, cwd=db.parent, timeout=60)
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout)
-
-
-def warming(b: JournalBuilder, ranks: tuple[int, ...] = (0, 1)) -> None:
-    for rank in ranks:
-        b.rank(rank).walk(0.1, "gate-check", "bounded-warm")
-
-
-def signalled(events_written: int = 10) -> Shutdown:
-    return Shutdown(
-        reason="signal", signal="SIGTERM", events_written=events_written, journal_write_s=0.01
-    )
 
 
 def test_a_short_wait_in_a_collective_is_running_and_a_long_one_hung(tmp_path: Path) -> None:
@@ -67,13 +56,7 @@ def test_a_startup_stopped_while_hung_is_still_hung(tmp_path: Path) -> None:
     SIGTERM: `hung`, rank 1, not `stopped`."""
     db = tmp_path / "j.db"
     b = JournalBuilder(db)
-    warming(b)
-    b.rank(0).add(1.0, a2a("ulysses0", 0))
-    for t in range(2, 21):
-        b.rank(0).add(t, beat(a2a("ulysses0", 0)))
-        b.rank(1).add(t, beat())
-    for rank in (0, 1):
-        b.rank(rank).add(21.0, signalled())
+    hung_then_stopped(b)
     b.close()
     status, doc = diagnose(db, *AS_WRITTEN)
     assert (status, doc["outcome"], doc["culprit_ranks"]) == (1, "hung", [1]), doc["summary"]

@@ -34,17 +34,13 @@ from tests.replay.builder import (
     done,
     timeout_error,
 )
+from tests.replay.scenarios import hung_then_stopped, signalled, warming
 
 
 def diagnosed(db: Path, capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
     main(["diagnose", "latest", str(db), "--json", *AS_WRITTEN])
     doc: dict = json.loads(capsys.readouterr().out)  # type: ignore[type-arg]
     return doc
-
-
-def warming(b: JournalBuilder, ranks: tuple[int, ...] = (0, 1)) -> None:
-    for rank in ranks:
-        b.rank(rank).walk(0.1, "gate-check", "bounded-warm")
 
 
 def error(kind: str, message: str, error_type: str = "CollectiveError") -> Error:
@@ -154,17 +150,6 @@ def test_an_old_journal_is_judged_by_the_kind_its_upcaster_derives(
 # -- diagnoses hold no prose -------------------------------------------------------------------
 
 
-def hung_then_stopped(b: JournalBuilder) -> None:
-    warming(b)
-    b.rank(0).add(1.0, a2a("ulysses0", 0))
-    for t in range(2, 21):
-        b.rank(0).add(t, beat(a2a("ulysses0", 0)))
-        b.rank(1).add(t, beat())
-    for rank in (0, 1):
-        b.rank(rank).add(21.0, Shutdown(reason="signal", signal="SIGTERM", events_written=9,
-                                        journal_write_s=0.01))  # fmt: skip
-
-
 def mismatched(b: JournalBuilder) -> None:
     warming(b)
     b.rank(0).add(1.0, a2a("ulysses0", 0, splits=(8, 8), out_splits=(8, 8)))
@@ -208,12 +193,10 @@ def broken_by_the_stop(b: JournalBuilder) -> None:
     warming(b)
     for rank in (0, 1):
         b.rank(rank).add(1.0, a2a("ulysses0", 0))
-    b.rank(0).add(1.2, Shutdown(reason="signal", signal="SIGTERM", events_written=9,
-                                journal_write_s=0.01))  # fmt: skip
+    b.rank(0).add(1.2, signalled(9))
     b.rank(1).add(1.21, error("peer-gone", "all_to_all #0 in group ulysses0 failed: gone"))
     b.rank(1).walk(1.22, "failed")
-    b.rank(1).add(1.5, Shutdown(reason="signal", signal="SIGTERM", events_written=9,
-                                journal_write_s=0.01))  # fmt: skip
+    b.rank(1).add(1.5, signalled(9))
 
 
 def one_rank_missing(b: JournalBuilder) -> None:

@@ -1,0 +1,199 @@
+"""A rank's fold as a checkpoint: the summary its writer keeps, and a reader restores (pure).
+
+A reader restores the fold from the checkpoint and applies only the events after it, so
+`diagnose` and `runs` cost what the summaries hold, not what the journal holds. The format is
+FOLD_VERSION: a reader that meets another version folds that rank from its first event
+instead, so changing RankFold, or the version of an event kind it keeps, means a new version.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from lifecycle.core.codec import decode, dumps_record, encode, loads_record
+from lifecycle.core.events import (
+    ActionStarted,
+    BuffersAllocated,
+    BuffersDropped,
+    CollectivesDumped,
+    Error,
+    Event,
+    FaultInjected,
+    GateDecided,
+    GroupMark,
+    PendingCollective,
+    PlanBuilt,
+    RunStarted,
+    Shutdown,
+    Stalled,
+    UnknownEvent,
+    WarmupRecord,
+)
+from lifecycle.core.fold import (
+    RECENT_HEARTBEATS,
+    RECENT_STARTS,
+    GroupTally,
+    OpenCollective,
+    RankFold,
+    RecentStart,
+    SeqGap,
+    Span,
+)
+
+FOLD_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NotedEvent:
+    """An event a fold keeps with when, and in which state, it was written."""
+
+    at: float
+    state: str
+    kind: str
+    version: int
+    data: str  # the payload as the journal holds it
+
+    @classmethod
+    def of(cls, at: float, state: str, event: Event) -> NotedEvent:
+        return cls(at=at, state=state, kind=event.kind, version=event.version, data=encode(event))
+
+    def restore(self) -> tuple[float, str, Event]:
+        return self.at, self.state, decode(self.kind, self.version, self.data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupStarts:
+    group: str
+    starts: tuple[RecentStart, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoldCheckpoint:
+    """RankFold's fields, in types the journal's codec reads back."""
+
+    run_id: str
+    rank: int
+    state: str
+    events: int
+    last_seq: int
+    first_wall: float | None
+    last_wall: float | None
+    last_kind: str | None
+    run_started: RunStarted | None
+    path: tuple[str, ...]
+    spans: tuple[Span, ...]
+    gate: GateDecided | None
+    plan: PlanBuilt | None
+    warmup_records: tuple[WarmupRecord, ...]
+    action: ActionStarted | None
+    action_at: float | None
+    ready_action_done: bool
+    noted: tuple[NotedEvent, ...]  # errors, faults, stalls, buffer records, dumps, in order
+    live_buffer_bytes: int
+    groups: tuple[GroupMark, ...]
+    open_collectives: tuple[OpenCollective, ...]
+    heartbeats: int
+    last_heartbeat_wall: float | None
+    last_heartbeat_pending: PendingCollective | None
+    requests_started: int
+    requests_finished: int
+    shutdown: Shutdown | None
+    unknown: tuple[UnknownEvent, ...]
+    seq_gaps: tuple[SeqGap, ...]
+    recent_starts: tuple[GroupStarts, ...]
+    recent_heartbeats: tuple[float, ...]
+    last_progress: float | None
+    shutdown_wall: float | None
+
+
+def _noted(fold: RankFold) -> tuple[NotedEvent, ...]:
+    kept: list[tuple[float, str, Event]] = [
+        *fold.errors,
+        *fold.faults,
+        *fold.stalls,
+        *fold.buffer_allocations,
+        *fold.buffer_drops,
+        *fold.dumps,
+    ]
+    return tuple(NotedEvent.of(at, state, event) for at, state, event in kept)
+
+
+def checkpoint(fold: RankFold) -> str:
+    """The fold as JSON text."""
+    return dumps_record(
+        FoldCheckpoint(
+            run_id=fold.run_id,
+            rank=fold.rank,
+            state=fold.state,
+            events=fold.events,
+            last_seq=fold.last_seq,
+            first_wall=fold.first_wall,
+            last_wall=fold.last_wall,
+            last_kind=fold.last_kind,
+            run_started=fold.run_started,
+            path=tuple(fold.path),
+            spans=tuple(fold.spans),
+            gate=fold.gate,
+            plan=fold.plan,
+            warmup_records=tuple(fold.warmup_records),
+            action=fold.action,
+            action_at=fold.action_at,
+            ready_action_done=fold.ready_action_done,
+            noted=_noted(fold),
+            live_buffer_bytes=fold.live_buffer_bytes,
+            groups=tuple(g.mark(name) for name, g in fold.groups.items()),
+            open_collectives=tuple(fold.open_collectives.values()),
+            heartbeats=fold.heartbeats,
+            last_heartbeat_wall=fold.last_heartbeat_wall,
+            last_heartbeat_pending=fold.last_heartbeat_pending,
+            requests_started=fold.requests_started,
+            requests_finished=fold.requests_finished,
+            shutdown=fold.shutdown,
+            unknown=tuple(fold.unknown),
+            seq_gaps=tuple(fold.seq_gaps),
+            recent_starts=tuple(
+                GroupStarts(group=name, starts=tuple(starts))
+                for name, starts in fold.recent_starts.items()
+            ),
+            recent_heartbeats=tuple(fold.recent_heartbeats),
+            last_progress=fold.last_progress,
+            shutdown_wall=fold.shutdown_wall,
+        )
+    )
+
+
+def restore(text: str) -> RankFold:
+    """The fold a checkpoint holds; CorruptEvent when it does not read."""
+    c = loads_record(FoldCheckpoint, text)
+    fold = RankFold(run_id=c.run_id, rank=c.rank)
+    fold.state, fold.events, fold.last_seq = c.state, c.events, c.last_seq
+    fold.first_wall, fold.last_wall, fold.last_kind = c.first_wall, c.last_wall, c.last_kind
+    fold.run_started, fold.path, fold.spans = c.run_started, list(c.path), list(c.spans)
+    fold.gate, fold.plan, fold.warmup_records = c.gate, c.plan, list(c.warmup_records)
+    fold.action, fold.action_at = c.action, c.action_at
+    fold.ready_action_done, fold.live_buffer_bytes = c.ready_action_done, c.live_buffer_bytes
+    for at, state, event in (noted.restore() for noted in c.noted):
+        match event:
+            case Error():
+                fold.errors.append((at, state, event))
+            case FaultInjected():
+                fold.faults.append((at, state, event))
+            case Stalled():
+                fold.stalls.append((at, state, event))
+            case BuffersAllocated():
+                fold.buffer_allocations.append((at, state, event))
+            case BuffersDropped():
+                fold.buffer_drops.append((at, state, event))
+            case CollectivesDumped():
+                fold.dumps.append((at, state, event))
+    fold.groups = {g.group: GroupTally.of(g) for g in c.groups}
+    fold.open_collectives = {o.started.group: o for o in c.open_collectives}
+    fold.heartbeats, fold.last_heartbeat_wall = c.heartbeats, c.last_heartbeat_wall
+    fold.last_heartbeat_pending = c.last_heartbeat_pending
+    fold.requests_started, fold.requests_finished = c.requests_started, c.requests_finished
+    fold.shutdown, fold.unknown, fold.seq_gaps = c.shutdown, list(c.unknown), list(c.seq_gaps)
+    fold.recent_starts = {g.group: deque(g.starts, maxlen=RECENT_STARTS) for g in c.recent_starts}
+    fold.recent_heartbeats = deque(c.recent_heartbeats, maxlen=RECENT_HEARTBEATS)
+    fold.last_progress, fold.shutdown_wall = c.last_progress, c.shutdown_wall
+    return fold

@@ -1,0 +1,123 @@
+"""The per run-and-rank summary rows: what they hold, reading them, and filling them in.
+
+A writer keeps its rank's row current in the transaction of every append (see RankWriter);
+`backfill` computes the rows of a journal written before revision 0003 from its events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, select, tuple_
+
+from lifecycle.core.checkpoint import FOLD_VERSION, checkpoint
+from lifecycle.core.events import StoredEvent
+from lifecycle.core.fold import RankFold
+from lifecycle.store.schema import events, rank_summaries
+
+SUMMARY_REVISION = "0003"  # the first revision with rank_summaries
+BACKFILL_BATCH = 200  # summary rows inserted per transaction by `backfill`
+
+
+def summary_values(fold: RankFold, *, with_checkpoint: bool) -> dict[str, Any]:
+    """A summary row's columns for `fold` (the checkpoint columns only `with_checkpoint`)."""
+    fatal = next((e for _, _, e in fold.errors if e.fatal), None)
+    values: dict[str, Any] = {
+        "last_seq": fold.last_seq,
+        "events": fold.events,
+        "state": fold.state,
+        "first_wall": fold.first_wall,
+        "last_wall": fold.last_wall,
+        "last_heartbeat_wall": fold.last_heartbeat_wall,
+        "path": " ".join(fold.path),
+        "first_error": f"{fatal.error_kind}: {fatal.message}"[:500] if fatal else None,
+    }
+    if with_checkpoint:
+        values.update(fold_version=FOLD_VERSION, fold_seq=fold.last_seq, fold=checkpoint(fold))
+    return values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    """One rank's summary row, as far as a reader needs it."""
+
+    run_id: str
+    rank: int
+    last_seq: int
+    state: str
+    fold_version: int
+    fold_seq: int
+    fold: str
+
+
+def read_summaries(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Summary]:
+    """The summary rows of the given runs (of every run when None)."""
+    c = rank_summaries.c
+    stmt = select(c.run_id, c.rank, c.last_seq, c.state, c.fold_version, c.fold_seq, c.fold)
+    if run_ids is not None:
+        stmt = stmt.where(c.run_id.in_(list(run_ids)))
+    out = []
+    for row in conn.execute(stmt.order_by(c.run_id, c.rank)):
+        run_id, rank, last_seq, state, version, fold_seq, fold = row
+        if not (
+            isinstance(run_id, str)
+            and _is_int(rank)
+            and _is_int(last_seq)
+            and _is_int(version)
+            and _is_int(fold_seq)
+            and isinstance(fold, str)
+        ):
+            continue  # a damaged row: that rank is folded from its events instead
+        out.append(
+            Summary(
+                run_id=run_id,
+                rank=rank,
+                last_seq=last_seq,
+                state=str(state),
+                fold_version=version,
+                fold_seq=fold_seq,
+                fold=fold,
+            )
+        )
+    return out
+
+
+def missing_summaries(conn: Connection) -> list[tuple[str, int]]:
+    """The (run, rank) pairs that have events and no summary row."""
+    have = select(rank_summaries.c.run_id, rank_summaries.c.rank)
+    stmt = (
+        select(events.c.run_id, events.c.rank)
+        .where(tuple_(events.c.run_id, events.c.rank).not_in(have))
+        .distinct()
+        .order_by(events.c.run_id, events.c.rank)
+    )
+    return [(str(r), int(k)) for r, k in conn.execute(stmt)]
+
+
+def backfill(
+    conn: Connection, read: Any, *, pairs: list[tuple[str, int]] | None = None
+) -> Iterator[tuple[str, int]]:
+    """Fold each (run, rank) without a summary row and insert its row, BACKFILL_BATCH rows a
+    transaction; `read(run_id, rank)` yields that rank's events in seq order. Yields each pair
+    as it is filled in."""
+    todo = missing_summaries(conn) if pairs is None else pairs
+    conn.rollback()
+    for start in range(0, len(todo), BACKFILL_BATCH):
+        rows = []
+        for run_id, rank in todo[start : start + BACKFILL_BATCH]:
+            fold = RankFold(run_id=run_id, rank=rank)
+            stored: StoredEvent
+            for stored in read(run_id, rank):
+                fold.apply(stored)
+            rows.append(
+                {"run_id": run_id, "rank": rank, **summary_values(fold, with_checkpoint=True)}
+            )
+        with conn.begin():
+            conn.execute(rank_summaries.insert(), rows)
+        yield from ((r["run_id"], r["rank"]) for r in rows)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,64 @@
+"""What a verdict needs, queryable without reading every event.
+
+Collective records get their group, group sequence number and op as indexed columns, and each
+run and rank gets a summary row that its writer keeps current in the transaction of every
+append: its last sequence number and state, and a checkpoint of its fold (the fold's state
+after `fold_seq`), so a reader folds only the events after the checkpoint. Rows written before
+this revision have NULL collective columns and no summary; readers compute what is missing
+(`lifecycle db upgrade` fills it in).
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-30 19:00:00
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0003"
+down_revision: str | None = "0002"
+branch_labels: str | None = None
+depends_on: str | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("events") as batch:
+        batch.add_column(sa.Column("group_name", sa.String(64), nullable=True))
+        batch.add_column(sa.Column("group_seq", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("op", sa.String(32), nullable=True))
+    op.create_index(
+        op.f("ix_events_run_id_group_name_group_seq"),
+        "events",
+        ["run_id", "group_name", "group_seq"],
+    )
+    op.create_table(
+        "rank_summaries",
+        sa.Column("run_id", sa.String(64), nullable=False),
+        sa.Column("rank", sa.Integer(), nullable=False),
+        sa.Column("last_seq", sa.Integer(), nullable=False),
+        sa.Column("events", sa.Integer(), nullable=False),
+        sa.Column("state", sa.String(32), nullable=False),
+        sa.Column("first_wall", sa.Float(), nullable=True),
+        sa.Column("last_wall", sa.Float(), nullable=True),
+        sa.Column("last_heartbeat_wall", sa.Float(), nullable=True),
+        sa.Column("path", sa.Text(), nullable=False),
+        sa.Column("first_error", sa.Text(), nullable=True),
+        sa.Column("fold_version", sa.Integer(), nullable=False),
+        sa.Column("fold_seq", sa.Integer(), nullable=False),
+        sa.Column("fold", sa.Text(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["run_id"], ["runs.run_id"], name=op.f("fk_rank_summaries_run_id_runs")
+        ),
+        sa.PrimaryKeyConstraint("run_id", "rank", name=op.f("pk_rank_summaries")),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("rank_summaries")
+    op.drop_index(op.f("ix_events_run_id_group_name_group_seq"), table_name="events")
+    with op.batch_alter_table("events") as batch:
+        batch.drop_column("op")
+        batch.drop_column("group_seq")
+        batch.drop_column("group_name")

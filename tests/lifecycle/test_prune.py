@@ -1,0 +1,456 @@
+"""Retention: `lifecycle db prune` removes whole old runs, and nothing a writer still needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import Table, create_engine
+
+from lifecycle.core.errors import ConfigError
+from lifecycle.store import Journal, RunRow, to_url
+from lifecycle.store.prune import (
+    ACTIVE_MARGIN_S,
+    EVENTS_PER_TRANSACTION,
+    RetentionPolicy,
+    RunActivity,
+    parse_duration,
+    plan_prune,
+)
+from lifecycle.store.revisions import alembic_config
+from lifecycle.store.schema import events, metadata, runs
+from tests.conftest import Completed, file_digest, wait_until
+
+NOW = 1_900_000_000.0
+DAY = 86_400.0
+# One row of each type a journal column holds, for filling tables this test does not name.
+_SAMPLE = {int: 0, float: 0.0, str: "", dict: {}}
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    created_at: float
+    ranks: int = 2
+    events_per_rank: int = 3
+    last_event_at: float | None = None  # the newest event's wall time; default: created_at
+
+
+def build_journal(db: Path, *runs_to_write: Run) -> None:
+    """A journal at head holding `runs_to_write`, with rows in every table keyed by run id."""
+    with Journal.open_for_write(str(db)) as journal:
+        for run in runs_to_write:
+            journal.create_run(
+                RunRow(run_id=run.run_id, created_at=run.created_at, host="h", world_size=run.ranks,
+                       config={}, lifecycle_version="0.1.0")
+            )  # fmt: skip
+    with sqlite3.connect(db) as conn:
+        for run in runs_to_write:
+            last = run.created_at if run.last_event_at is None else run.last_event_at
+            conn.executemany(
+                "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state,"
+                " data) VALUES (?, ?, ?, ?, ?, 'heartbeat', 1, 'ready', ?)",
+                [
+                    (run.run_id, rank, seq, last - (run.events_per_rank - 1 - seq) * 0.001, seq,
+                     json.dumps({"uptime_s": 1.0, "in_state_s": 1.0, "pending": None}))
+                    for rank in range(run.ranks)
+                    for seq in range(run.events_per_rank)
+                ],
+            )  # fmt: skip
+    engine = create_engine(to_url(str(db)))
+    with engine.begin() as conn:
+        for table in other_run_keyed_tables():
+            for run in runs_to_write:
+                for rank in range(run.ranks):
+                    conn.execute(table.insert().values(sample_row(table, run.run_id, rank)))
+    engine.dispose()
+    settle(db)
+
+
+def other_run_keyed_tables() -> list[Table]:
+    """The tables keyed by run id besides `runs` and `events` (a per-rank summary, ...)."""
+    return [t for t in metadata.sorted_tables if "run_id" in t.c and t not in (runs, events)]
+
+
+def sample_row(table: Table, run_id: str, rank: int) -> dict[str, Any]:
+    row = {column.name: _SAMPLE[column.type.python_type] for column in table.columns}
+    return {**row, "run_id": run_id, **({"rank": rank} if "rank" in row else {})}
+
+
+def settle(db: Path) -> None:
+    """Fold the WAL into the file, so that its bytes change only when something writes."""
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def rows_by_table(db: Path) -> dict[str, dict[str, int]]:
+    """Rows per run id in every table of the file that has a run_id column."""
+    with sqlite3.connect(db) as conn:
+        tables = [
+            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        ]
+        counts = {}
+        for name in tables:
+            columns = [row[1] for row in conn.execute(f"PRAGMA table_info({name})")]
+            if "run_id" in columns:
+                query = f"SELECT run_id, count(*) FROM {name} GROUP BY run_id"
+                counts[name] = dict(conn.execute(query).fetchall())
+    return counts  # fmt: skip
+
+
+def run_ids_in(db: Path) -> set[str]:
+    return {run_id for table in rows_by_table(db).values() for run_id in table}
+
+
+def prune(cli: Callable[..., Completed], db: Path, *args: str) -> Completed:
+    return cli("db", "prune", "--db", str(db), *args, timeout=120)
+
+
+def test_keep_runs_keeps_the_newest_and_removes_every_row_of_the_others(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """--keep-runs 3 keeps the three newest runs (run id breaking a tie in created_at) and
+    leaves no row of the others in any table keyed by run id."""
+    db = tmp_path / "j.db"
+    build_journal(
+        db,
+        Run(run_id="r1", created_at=NOW - 50 * DAY),
+        Run(run_id="r2", created_at=NOW - 40 * DAY),
+        Run(run_id="r3-a", created_at=NOW - 30 * DAY),
+        Run(run_id="r3-b", created_at=NOW - 30 * DAY),
+        Run(run_id="r4", created_at=NOW - 20 * DAY, ranks=4),
+    )
+    before = rows_by_table(db)
+    result = prune(lifecycle_cli, db, "--keep-runs", "3", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{db}: removed 2 runs (12 events) beyond the 3 newest; kept 3\n"
+    after = rows_by_table(db)
+    assert set(after) == set(before)
+    assert len(after) >= 3  # runs, events, and a per-rank table keyed by run id
+    for table, counts in before.items():
+        assert after[table] == {k: v for k, v in counts.items() if k not in ("r1", "r2")}, table
+
+
+def test_older_than_removes_the_runs_created_before_the_cutoff(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """--older-than 30d removes the runs created more than 30 days before now, and says when
+    the cutoff was."""
+    db = tmp_path / "j.db"
+    build_journal(
+        db,
+        Run(run_id="old-1", created_at=NOW - 40 * DAY),
+        Run(run_id="old-2", created_at=NOW - 31 * DAY),
+        Run(run_id="recent-1", created_at=NOW - 29 * DAY),
+        Run(run_id="recent-2", created_at=NOW - DAY),
+    )
+    result = prune(lifecycle_cli, db, "--older-than", "30d", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    cutoff = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(NOW - 30 * DAY))
+    assert result.stdout == f"{db}: removed 2 runs (12 events) older than {cutoff}; kept 2\n"
+    assert run_ids_in(db) == {"recent-1", "recent-2"}
+
+
+def test_with_both_options_only_runs_that_both_select_are_removed(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """--keep-runs 1 --older-than 30d removes only the runs beyond the newest one that are
+    also older than 30 days."""
+    db = tmp_path / "j.db"
+    build_journal(
+        db,
+        Run(run_id="a", created_at=NOW - 40 * DAY),
+        Run(run_id="b", created_at=NOW - 35 * DAY),
+        Run(run_id="c", created_at=NOW - 20 * DAY),
+        Run(run_id="d", created_at=NOW - 10 * DAY),
+    )
+    result = prune(lifecycle_cli, db, "--keep-runs", "1", "--older-than", "30d", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    assert " removed 2 runs (12 events) beyond the 1 newest and older than " in result.stdout
+    assert result.stdout.endswith("; kept 2\n")
+    assert run_ids_in(db) == {"c", "d"}
+
+
+def test_dry_run_says_what_would_go_and_writes_nothing(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """--dry-run prints the same summary as `would remove`, and the file is byte for byte as
+    it was."""
+    db = tmp_path / "j.db"
+    build_journal(
+        db,
+        Run(run_id="a", created_at=NOW - 40 * DAY),
+        Run(run_id="b", created_at=NOW - 35 * DAY),
+        Run(run_id="c", created_at=NOW - 20 * DAY),
+    )
+    digest = file_digest(db)
+    result = prune(lifecycle_cli, db, "--keep-runs", "1", "--dry-run", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        f"{db}: would remove 2 runs (12 events) beyond the 1 newest; would keep 1\n"
+    )
+    assert file_digest(db) == digest
+    assert run_ids_in(db) == {"a", "b", "c"}
+
+
+def test_a_run_written_to_recently_is_skipped_and_counted(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """An old run with an event in the last ten minutes is still being written: it stays,
+    and the summary says so."""
+    db = tmp_path / "j.db"
+    build_journal(
+        db,
+        Run(run_id="old", created_at=NOW - 40 * DAY),
+        Run(run_id="old-but-live", created_at=NOW - 39 * DAY, last_event_at=NOW - 60),
+        Run(run_id="new", created_at=NOW - DAY),
+    )
+    result = prune(lifecycle_cli, db, "--older-than", "30d", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("; kept 1; skipped 1 still being written\n")
+    assert " removed 1 run (6 events) " in result.stdout
+    assert run_ids_in(db) == {"old-but-live", "new"}
+
+
+def test_the_newest_run_is_never_removed(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """--keep-runs 0 with --older-than that selects every run still keeps the newest run."""
+    db = tmp_path / "j.db"
+    build_journal(
+        db,
+        Run(run_id="a", created_at=NOW - 40 * DAY),
+        Run(run_id="b", created_at=NOW - 35 * DAY),
+    )
+    result = prune(lifecycle_cli, db, "--keep-runs", "0", "--older-than", "1d", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    assert run_ids_in(db) == {"b"}
+    assert result.stdout.endswith("; kept 1\n")
+
+
+def test_a_run_with_more_events_than_one_transaction_is_removed_whole(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A run with more events than one transaction deletes is removed over several, entirely,
+    and the count of events is exact."""
+    db = tmp_path / "j.db"
+    per_rank = EVENTS_PER_TRANSACTION + 1_234
+    build_journal(
+        db,
+        Run(run_id="big", created_at=NOW - 40 * DAY, events_per_rank=per_rank),
+        Run(run_id="small", created_at=NOW - 39 * DAY),
+        Run(run_id="new", created_at=NOW - DAY),
+    )
+    result = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    assert f" removed 2 runs ({2 * per_rank + 6:,} events) " in result.stdout
+    assert run_ids_in(db) == {"new"}
+
+
+APPENDER = """
+import os, sys, time
+from lifecycle.core.events import Heartbeat
+from lifecycle.store import Journal, RunRow
+
+db, stop, deadline = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+journal = Journal.open_for_write(db)
+journal.create_run(RunRow(run_id="live", created_at=time.time(), host="h", world_size=1,
+                          config={}, lifecycle_version="0.1.0"))
+writer = journal.writer(run_id="live", rank=0)
+appended = 0
+while not os.path.exists(stop) and time.monotonic() < deadline:
+    writer.append(Heartbeat(uptime_s=1.0, in_state_s=1.0, pending=None), state="ready",
+                  wall_time=time.time(), mono_ns=time.monotonic_ns())
+    appended += 1
+writer.close()
+journal.close()
+print(appended)
+"""
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_pruning_while_another_process_appends_to_another_run(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A process appending to a live run of the same file meets no error while old runs are
+    pruned over many transactions, and every event it appended is there afterwards."""
+    db = tmp_path / "j.db"
+    now = time.time()
+    build_journal(
+        db,
+        *(
+            Run(run_id=f"old-{i:02}", created_at=now - (60 - i) * DAY, events_per_rank=1_500)
+            for i in range(20)
+        ),
+        Run(
+            run_id="old-big", created_at=now - 61 * DAY, events_per_rank=EVENTS_PER_TRANSACTION * 2
+        ),
+    )
+    stop = tmp_path / "stop"
+    appender = subprocess.Popen(
+        [sys.executable, "-c", APPENDER, str(db), str(stop), "90"],
+        cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: live_events(db) >= 20, within=60, what="the appender is appending")
+        result = prune(lifecycle_cli, db, "--older-than", "30d")
+        stop.touch()
+        out, err = appender.communicate(timeout=60)
+    finally:
+        if appender.poll() is None:
+            appender.kill()
+            appender.wait(timeout=10)
+    assert result.returncode == 0, result.stderr
+    assert " removed 21 runs " in result.stdout
+    assert appender.returncode == 0, err
+    appended = int(out)
+    assert appended > 0
+    with sqlite3.connect(db) as conn:
+        seqs = [
+            seq
+            for (seq,) in conn.execute("SELECT seq FROM events WHERE run_id = 'live' ORDER BY seq")
+        ]
+    assert seqs == list(range(appended))  # fmt: skip
+    assert run_ids_in(db) == {"live"}
+
+
+def live_events(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM events WHERE run_id = 'live'").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(count)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--older-than", "3x"), "argument --older-than: '3x' is not a duration such as 30d"),
+        (("--older-than", "30"), "argument --older-than: '30' is not a duration such as 30d"),
+        (("--older-than=-5d",), "argument --older-than: '-5d' is not a duration such as 30d"),
+        (("--older-than", "0d"), "argument --older-than: '0d': a duration must be more than 0"),
+        (("--keep-runs", "-1"), "argument --keep-runs: '-1' is not a number of runs (0 or more)"),
+        (("--keep-runs", "two"), "argument --keep-runs: 'two' is not a number of runs"),
+        ((), "give --keep-runs N, --older-than DURATION, or both"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed], args: tuple[str, ...], message: str
+) -> None:
+    """A bad duration, a bad count, or neither option: one line on stderr, exit 2, the journal
+    unchanged."""
+    db = tmp_path / "j.db"
+    build_journal(db, Run(run_id="a", created_at=NOW - 40 * DAY), Run(run_id="b", created_at=NOW))
+    digest = file_digest(db)
+    result = prune(lifecycle_cli, db, *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert message in result.stderr
+    assert file_digest(db) == digest
+
+
+def test_a_missing_journal_is_refused_and_not_created(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A journal that does not exist is one line and exit 2, and no file is left behind."""
+    result = prune(lifecycle_cli, tmp_path / "missing.db", "--keep-runs", "1")
+    assert result.returncode == 2
+    assert result.stderr == f"lifecycle: error: {tmp_path / 'missing.db'}: no such journal\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database\n"])
+def test_a_file_that_is_not_a_journal_is_refused_unchanged(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed], content: bytes
+) -> None:
+    """An empty file or another program's file is one line and exit 2, left as it was."""
+    path = tmp_path / "other.db"
+    path.write_bytes(content)
+    result = prune(lifecycle_cli, path, "--keep-runs", "1")
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1
+    assert "not a lifecycle journal" in result.stderr
+    assert path.read_bytes() == content
+
+
+def test_an_older_journal_is_refused_until_upgraded(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A journal at an older revision is refused in one line that names the upgrade command,
+    and left unchanged."""
+    db = tmp_path / "old.db"
+    command.upgrade(alembic_config(to_url(str(db))), "0002")
+    settle(db)
+    digest = file_digest(db)
+    result = prune(lifecycle_cli, db, "--keep-runs", "1")
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1
+    assert "lifecycle db upgrade" in result.stderr
+    assert file_digest(db) == digest
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("45s", 45.0), ("90m", 5_400.0), ("12h", 43_200.0), ("30d", 2_592_000.0), ("2w", 1_209_600.0)],
+)
+def test_durations_are_read_in_their_unit(text: str, seconds: float) -> None:
+    """Each unit of a duration means what it says."""
+    assert parse_duration(text) == seconds
+
+
+def test_a_duration_past_a_century_is_refused() -> None:
+    """A duration too long to name a date is refused, not overflowed."""
+    with pytest.raises(ConfigError, match="at most 100 years"):
+        parse_duration("99999999999w")
+
+
+_activity = st.lists(
+    st.builds(
+        RunActivity,
+        run_id=st.text(alphabet="abcdef", min_size=1, max_size=4),
+        created_at=st.floats(min_value=0, max_value=NOW),
+        last_wall=st.none() | st.floats(min_value=0, max_value=NOW),
+        events=st.integers(min_value=0, max_value=10),
+    ),
+    max_size=30,
+    unique_by=lambda run: run.run_id,
+)
+
+
+@given(
+    activity=_activity,
+    keep_runs=st.none() | st.integers(min_value=0, max_value=40),
+    older_than_s=st.none() | st.floats(min_value=1, max_value=NOW),
+)
+def test_a_plan_never_removes_the_newest_a_kept_or_a_live_run(
+    activity: list[RunActivity], keep_runs: int | None, older_than_s: float | None
+) -> None:
+    """Whatever the runs and the policy, the plan removes neither the newest run, nor one of
+    the `keep_runs` newest, nor one created after the cutoff, nor one written to recently."""
+    if keep_runs is None and older_than_s is None:
+        return
+    policy = RetentionPolicy(keep_runs=keep_runs, older_than_s=older_than_s)
+    plan = plan_prune(activity, policy, now=NOW)
+    newest_first = sorted(activity, key=lambda run: (run.created_at, run.run_id), reverse=True)
+    protected = newest_first[: max(keep_runs or 0, 1)]
+    for run in plan.remove:
+        assert run not in protected
+        assert older_than_s is None or run.created_at < NOW - older_than_s
+        assert max(run.created_at, run.last_wall or 0.0) <= NOW - ACTIVE_MARGIN_S
+    assert len(plan.remove) + plan.kept + plan.skipped_active == len(activity)
