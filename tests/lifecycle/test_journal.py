@@ -261,7 +261,8 @@ def test_garbage_rows_are_shown_as_unknown_not_fatal(
     with sqlite3.connect(path) as conn:
         for seq, (kind, data) in enumerate(rows):
             conn.execute(
-                "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
+                "INSERT INTO events"
+                " (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
                 " VALUES (?, 0, ?, 1.0, 1, ?, 1, 'created', ?)",
                 (run_id, seq, kind, data),
             )

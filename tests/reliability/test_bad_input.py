@@ -109,7 +109,9 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
     b.close()
     with sqlite3.connect(db) as conn:
         conn.executemany(
-            "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data) VALUES ('run-hand-built', 0, ?, ?, 0, ?, 1, 'bounded-warm', ?)",
+            "INSERT INTO events"
+            " (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
+            " VALUES ('run-hand-built', 0, ?, ?, 0, ?, 1, 'bounded-warm', ?)",
             [(4, 1.8e9 + 3, "heartbeat", "{not json"), (5, 1.8e9 + 4, "heartbeat", "[1, 2]"),
              (6, 1.8e9 + 5, "quantum_flux", "{}"), (9, 1.8e9 + 6, "heartbeat",
              '{"uptime_s": 1, "in_state_s": 1, "pending": null}')],
