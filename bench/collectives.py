@@ -45,14 +45,14 @@ RECORDINGS = (
         "ring",
         "ring (after ready)",
         "RecordedGroup.all_to_all through a Recorder: collective_started and collective_finished"
-        " into the ring (Recorder.buffer_collectives), flushed between blocks outside the"
-        " timing; against dist.all_to_all_single unrecorded",
+        " into the ring (Recorder.keep_collectives_in_ring), written to the journal only on"
+        " trouble; against dist.all_to_all_single unrecorded",
     ),
     (
         "flush",
-        "ring flush (deferred)",
-        "Recorder.flush() of one ring block (2 records per collective, one batch transaction),"
-        " per collective: the cost the heartbeat thread pays off the request path",
+        "ring dump (on trouble only)",
+        "Recorder.dump() of one ring block (2 records per collective, one batch transaction),"
+        " per collective: what writing the ring costs when something goes wrong",
     ),
 )
 
@@ -146,9 +146,10 @@ def collective_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from lifecycle.runtime.comm import PendingTracker, RecordedGroup
+    from lifecycle.core.config import DEFAULT_RING_CAPACITY
+    from lifecycle.runtime.comm import RecordedGroup
+    from lifecycle.runtime.pending import PendingTracker
     from lifecycle.runtime.recorder import Recorder
-    from lifecycle.runtime.session import RING_CAPACITY
     from lifecycle.serve.logs import configure_logging
     from lifecycle.store.journal import Journal
 
@@ -166,7 +167,7 @@ def collective_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     journal = Journal.open_for_write(str(payload["db"]))
     durable_recorder = Recorder(journal.writer(run_id=DURABLE_RUN, rank=rank))
     ring_recorder = Recorder(journal.writer(run_id=RING_RUN, rank=rank))
-    ring_recorder.buffer_collectives(RING_CAPACITY)
+    ring_recorder.keep_collectives_in_ring(DEFAULT_RING_CAPACITY)
     tracker = PendingTracker()
     ranks = tuple(range(WORLD))
 
@@ -203,7 +204,7 @@ def collective_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         for mode in MODES:
             for _ in range(WARMUP_ITERS):
                 calls[mode]()
-        ring_recorder.flush()
+        ring_recorder.dump("bench")
         for block in range(blocks):
             shift = block % len(MODES)
             for mode in (*MODES[shift:], *MODES[:shift]):
@@ -214,7 +215,7 @@ def collective_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
                 per_op[mode].append((time.perf_counter() - started) / iters)
                 if mode == "ring":
                     started = time.perf_counter()
-                    ring_recorder.flush()
+                    ring_recorder.dump("bench")
                     per_op["flush"].append((time.perf_counter() - started) / iters)
         dropped = ring_recorder.ring_dropped
         durable_recorder.close()

@@ -1,8 +1,10 @@
-"""Replay: diagnose and show on synthetic 64-rank journals of growing size, and cold start."""
+"""Replay show (every event folded) on synthetic 64-rank journals of growing size."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +19,6 @@ RANKS = 64
 CFG = 2
 ULYSSES = RANKS // CFG
 RUN_ID = "bench-replay"
-COLD_START_TARGET_S = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,12 +27,30 @@ class Timed:
     peak_rss_bytes: int
 
 
+def journal_of(settings: Settings, events: int) -> Path:
+    """The synthetic journal of `events` events in this run's workdir, built on first use, so
+    that the benchmarks that read one size share it."""
+    done = settings.workdir / f"replay-{events}"
+    if not done.is_dir():
+        partial = settings.workdir / f"replay-{events}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        progress(f"replay: writing a {RANKS}-rank journal of {events:,} events")
+        started = time.perf_counter()
+        build_journal(partial / "journal.db", events)
+        progress(f"replay: wrote it in {time.perf_counter() - started:.1f} s")
+        os.rename(partial, done)  # the directory, so that any -wal file moves with the file
+    return done / "journal.db"
+
+
 def build_journal(path: Path, events: int) -> None:
     """A 64-rank run (CFG 2 x Ulysses 32) of `events` events: the states of a calibrated
-    startup, then collectives in each rank's Ulysses, CFG and world groups interleaved with
-    heartbeats, as a long-serving server's journal looks."""
+    startup, its ready action, then collectives in each rank's Ulysses, CFG and world groups
+    interleaved with heartbeats, as a long-serving server's journal looked before the ring."""
     from lifecycle.core.config import MODEL_PRESETS, ServerArgs, args_to_json
     from lifecycle.core.events import (
+        ActionFinished,
+        ActionStarted,
         CollectiveFinished,
         CollectiveStarted,
         Event,
@@ -58,7 +77,11 @@ def build_journal(path: Path, events: int) -> None:
         )
     )
     states = ("gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready")
-    per_rank = events // RANKS
+    ready_action = (
+        ActionStarted(action="mark-ready"),
+        ActionFinished(action="mark-ready", duration_s=0.01, ok=True),
+    )
+    per_rank = events // RANKS - len(ready_action)  # the loop's slots, besides those two
     for rank in range(RANKS):
         cfg_rank, u = divmod(rank, ULYSSES)
         groups = (
@@ -99,6 +122,9 @@ def build_journal(path: Path, events: int) -> None:
                 )
                 seqs[name] += 1
             batch.append((event, state, wall, i))
+            if isinstance(event, Transition) and event.dest == "ready":
+                # The ready action, started and finished: what makes a rank a serving one.
+                batch.extend((e, state, wall, i) for e in ready_action)
             i += 1
             if len(batch) >= 4000:
                 writer.append_batch(batch)
@@ -125,11 +151,12 @@ sys.exit(status)
 """
 
 
-def timed(argv: list[str], *, cwd: Path) -> Timed:
-    """Wall time and the peak resident memory of one replay command in a child process."""
+def timed(argv: list[str], *, cwd: Path, script: str = _MEASURED) -> Timed:
+    """Wall time and the peak resident memory of one replay command in a child process
+    (`script`, given `argv`, prints its VmHWM last on stderr as _MEASURED does)."""
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", _MEASURED, *argv], cwd=cwd, stdout=subprocess.DEVNULL,
+        [sys.executable, "-c", script, *argv], cwd=cwd, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True, timeout=3600, check=False,
     )  # fmt: skip
     seconds = time.perf_counter() - started
@@ -148,16 +175,10 @@ def _mib(value: float) -> str:
 def measure(settings: Settings) -> list[Row]:
     sizes = (1_000, 10_000) if settings.quick else (10_000, 100_000, 1_000_000)
     repeats = 1 if settings.quick else 3
-    journals = {}
-    for size in sizes:
-        path = settings.workdir / f"replay-{size}.db"
-        progress(f"replay: writing a {RANKS}-rank journal of {size:,} events")
-        started = time.perf_counter()
-        build_journal(path, size)
-        progress(f"replay: wrote it in {time.perf_counter() - started:.1f} s")
-        journals[size] = path
+    journals = {size: journal_of(settings, size) for size in sizes}
     rows: list[Row] = []
-    for command in ("diagnose", "show"):
+    # `replay diagnose` reads summaries and is flat in the journal's size: see bench.scale.
+    for command in ("show",):
         results: dict[int, list[Timed]] = {size: [] for size in sizes}
         for _ in range(repeats):  # sizes interleaved, repeated
             for size in sizes:
@@ -194,42 +215,7 @@ def measure(settings: Settings) -> list[Row]:
                     f" {format_seconds(per_event)}/event",
                 )
             )
-    rows.append(_cold_start(settings))
     return rows
-
-
-def _wall(argv: list[str], *, cwd: Path) -> float:
-    started = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, timeout=60, check=True)
-    return time.perf_counter() - started
-
-
-def _cold_start(settings: Settings) -> Row:
-    pairs = 5 if settings.quick else 15
-    help_s, bare_s = [], []
-    for _ in range(pairs):
-        bare_s.append(_wall([sys.executable, "-c", "pass"], cwd=settings.workdir))
-        help_s.append(_wall([sys.executable, "-m", "replay", "--help"], cwd=settings.workdir))
-    probe = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, replay.cli, replay.load, replay.diagnose; print('torch' in sys.modules)"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    torch_imported = probe.stdout.strip() == "True"
-    value = median(help_s)
-    baseline = median(bare_s)
-    return Row(
-        figure="replay --help cold start",
-        value=format_seconds(value),
-        baseline=f"{format_seconds(baseline)} (python -c pass)",
-        ratio=format_ratio(value / baseline),
-        target=verdict(
-            f"< {COLD_START_TARGET_S} s, no torch import",
-            met=value < COLD_START_TARGET_S and not torch_imported,
-        ),
-        how=f"median of {pairs} interleaved pairs of child processes;"
-        f" torch imported by replay's modules: {'yes' if torch_imported else 'no'}",
-    )
 
 
 BENCHMARK = Benchmark(name="replay", measure=measure)

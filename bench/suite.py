@@ -39,6 +39,8 @@ MODULES = (
     "bench.calibration",
     "bench.collectives",
     "bench.replay",
+    "bench.serving",
+    "bench.scale",
 )
 
 _REGISTERED: list[Benchmark] = []

@@ -36,6 +36,7 @@ from replay.status import (
     pending_info,
     rank_status,
     stop_signal,
+    stuck,
     where,
 )
 
@@ -226,17 +227,50 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
         waited_s=p.waited_s,
         waiting_for=p.waiting_for,
         ended=ended,
+        from_heartbeat=p.from_heartbeat,
     )
 
 
+def _killed_together(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> bool:
+    """Every rank went silent at once without journaling an end: the whole job was killed
+    from outside (a pod, an allocation), which says nothing of which rank went wrong."""
+    lasts = [v.last_wall for v in analysis.views.values() if v.last_wall is not None]
+    return (
+        len(lasts) > 1
+        and len(lasts) == len(verdicts)
+        and not analysis.missing_ranks
+        and all(v.status is Status.CRASHED for v in verdicts.values())
+        and max(lasts) - min(lasts) <= max(2 * analysis.heartbeat_interval_s, 1.0)
+    )
+
+
+def _stuck_when_killed(
+    verdicts: dict[int, RankVerdict], analysis: RunAnalysis
+) -> dict[int, RankVerdict]:
+    """Ranks killed together: each that was stuck in a collective when it died counts as
+    blocked there, so the hang that got the job killed is what the verdict explains."""
+    updated = dict(verdicts)
+    for rank, verdict in verdicts.items():
+        view = analysis.views[rank]
+        if stuck(view, analysis, until=view.last_wall or analysis.end_wall):
+            updated[rank] = replace(verdict, status=Status.BLOCKED)
+    return updated
+
+
 def _outcome(
-    verdicts: dict[int, RankVerdict], analysis: RunAnalysis, errors: list[FirstError]
+    verdicts: dict[int, RankVerdict],
+    analysis: RunAnalysis,
+    errors: list[FirstError],
+    *,
+    killed: bool,
 ) -> tuple[Outcome, list[int]]:
     crashed = [r for r, v in verdicts.items() if v.status is Status.CRASHED]
     failed = [r for r, v in verdicts.items() if v.status is Status.FAILED]
     statuses = {v.status for v in verdicts.values()}
     hung_evidence = any(blocked(v) for v in verdicts.values()) or Status.HUNG in statuses
     complete = bool(verdicts) and not analysis.missing_ranks
+    if killed and hung_evidence:
+        return Outcome.HUNG, hang_culprits(verdicts, analysis)
     if crashed:
         return Outcome.CRASHED, sorted(crashed, key=lambda r: analysis.views[r].last_wall or 0.0)
     if complete and statuses == {Status.READY}:
@@ -267,6 +301,9 @@ def diagnose(
         r: _verdict(v, analysis, findings, now=now, dead=dead_ranks)
         for r, v in analysis.views.items()
     }
+    killed = _killed_together(verdicts, analysis)
+    if killed:
+        verdicts = _stuck_when_killed(verdicts, analysis)
     verdicts = _peer_evidence(verdicts, findings)
     verdicts = _broken_by_stop(verdicts, analysis, findings)
     errors = sorted(
@@ -277,7 +314,7 @@ def diagnose(
         ),
         key=lambda e: (e.at_s, e.rank),
     )
-    outcome, culprits = _outcome(verdicts, analysis, errors)
+    outcome, culprits = _outcome(verdicts, analysis, errors, killed=killed)
     culprit_state = None
     if culprits:
         lead = verdicts.get(culprits[0])

@@ -78,6 +78,7 @@ class Blocked(RankEvidence):
     waited_s: float
     waiting_for: tuple[int, ...]  # members that never started it
     ended: WaitEnd
+    from_heartbeat: bool = False  # placed by its last heartbeat: the seq may be one behind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,6 +38,9 @@ class PendingInfo:
     since_s: float  # run time at which it started
     waited_s: float  # until the error that ended it, else until the rank's last event
     waiting_for: tuple[int, ...]  # members that never started it
+    # Known from the rank's last heartbeat only (its record stayed in the ring after ready):
+    # the rank may have moved on to the next sequence number within one heartbeat interval.
+    from_heartbeat: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +168,7 @@ def pending_info(view: RankView, analysis: RunAnalysis) -> PendingInfo | None:
         since_s=analysis.at(pending.at),
         waited_s=(ended or view.last_wall or pending.at) - pending.at,
         waiting_for=waiting_for,
+        from_heartbeat=pending.from_heartbeat,
     )
 
 

@@ -186,8 +186,14 @@ def _blocked_text(item: Blocked, blocked: set[int], error: FirstError | None) ->
     else:
         cause = f" ({error.error_type})" if error is not None else ""
         ended = f"broke after {item.waited_s:.1f} s{cause}"
+    seen = (
+        " (seen by its last heartbeat; its record stayed in the ring: the sequence number may"
+        " be one behind)"
+        if item.from_heartbeat
+        else ""
+    )
     return (
-        f"rank {item.rank} in {item.op} #{item.group_seq} of {item.group} ({item.purpose}),"
+        f"rank {item.rank} in {item.op} #{item.group_seq} of {item.group} ({item.purpose}){seen},"
         f" {waits}, {ended}"
     )
 

@@ -50,6 +50,10 @@ MAX_PROMPT_CHARS = 4096
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
 
+DEFAULT_RING_CAPACITY = 65536
+MAX_RING_CAPACITY = 1 << 22
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Shape:
     width: int
@@ -173,12 +177,20 @@ class ServerArgs:
     heartbeat_interval_s: float = 1.0
     state_deadline_s: float = 300.0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    # Collective records kept per rank after ready (a few requests of a 40-block DiT).
+    ring_capacity: int = DEFAULT_RING_CAPACITY
     smoke_request: SmokeRequest = SmokeRequest.AUTO
     faults: tuple[FaultSpec, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def collective_stall_s(self) -> float:
+        """After ready, a collective pending this long is a stall: the ring is written while
+        the process-group timeout still has three quarters to run."""
+        return max(0.5, self.dist_timeout_s / 4)
 
 
 def validate(args: ServerArgs) -> None:
@@ -192,6 +204,11 @@ def validate(args: ServerArgs) -> None:
     if not 1 <= args.num_ranks <= MAX_RANKS:
         raise ConfigError(
             f"--num-ranks must be 1..{MAX_RANKS}, not {args.num_ranks}", field="num_ranks"
+        )
+    if not 16 <= args.ring_capacity <= MAX_RING_CAPACITY:
+        raise ConfigError(
+            f"--ring-size must be 16..{MAX_RING_CAPACITY} records, not {args.ring_capacity}",
+            field="ring_capacity",
         )
     if args.num_ranks != args.cfg_parallel * args.ulysses:
         raise ConfigError(
@@ -235,19 +252,20 @@ def validate(args: ServerArgs) -> None:
             f"--max-batch-size must be at least 1, not {args.max_batch_size}",
             field="max_batch_size",
         )
-    placed: dict[tuple[int, State], FaultSpec] = {}
+    placed: dict[tuple[int, str], FaultSpec] = {}
     for fault in args.faults:
         if fault.rank >= args.num_ranks:
             raise ConfigError(
                 f"bad fault spec {fault}: rank {fault.rank} is outside 0..{args.num_ranks - 1}",
                 field="faults",
             )
-        first = placed.setdefault((fault.rank, fault.state), fault)
+        first = placed.setdefault((fault.rank, fault.where), fault)
         if first is not fault:
             # Only one fault fires on entering a state; a second would be dropped unseen.
+            where = f"state {fault.state.value!r}" if fault.request is None else fault.where
             raise ConfigError(
-                f"bad fault spec {fault}: rank {fault.rank} already has fault {first} in state"
-                f" {fault.state.value!r} (one fault per rank and state)",
+                f"bad fault spec {fault}: rank {fault.rank} already has fault {first} in"
+                f" {where} (one fault per rank and state, or request)",
                 field="faults",
             )
     validate_shape(args.model, args.model.default_shape, args.model.default_steps)
@@ -308,9 +326,17 @@ def args_from_json(doc: dict[str, Any]) -> ServerArgs:
 def fault_for(args: ServerArgs, *, rank: int, state: State) -> FaultKind | None:
     """The fault to inject on `rank` when it enters `state`, if any."""
     for fault in args.faults:
-        if fault.rank == rank and fault.state is state:
+        if fault.rank == rank and fault.state is state and fault.request is None:
             return fault.kind
     return None
+
+
+def request_fault_for(args: ServerArgs, *, rank: int, request: int) -> FaultSpec | None:
+    """The fault to inject on `rank` half-way through its `request`th request after ready."""
+    return next(
+        (f for f in args.faults if f.rank == rank and f.request == request),
+        None,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,5 @@
-"""Fault specs (`--fault RANK:STATE:KIND`): what to break on purpose, parsed and checked."""
+"""Fault specs (`--fault RANK:STATE:KIND`, `RANK:request:KIND[:N]`): what to break on purpose,
+parsed and checked."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class FaultKind(StrEnum):
 
 # A fault fires on entering a state that runs actions; anywhere else it would never fire.
 FAULTABLE_STATES = ACTION_STATES
+# A fault named for `request` fires half-way through the denoising of the Nth request served
+# after ready (the first when N is not given).
+REQUEST = "request"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,30 +29,45 @@ class FaultSpec:
     rank: int
     state: State
     kind: FaultKind
+    request: int | None = None  # N for a fault in the Nth request after ready (state: ready)
 
     def __str__(self) -> str:
-        return f"{self.rank}:{self.state.value}:{self.kind.value}"
+        if self.request is None:
+            return f"{self.rank}:{self.state.value}:{self.kind.value}"
+        nth = "" if self.request == 1 else f":{self.request}"
+        return f"{self.rank}:{REQUEST}:{self.kind.value}{nth}"
+
+    @property
+    def where(self) -> str:
+        """Where it fires, as messages say it: a state, or `request N`."""
+        return self.state.value if self.request is None else f"{REQUEST} {self.request}"
 
 
 def parse_fault(spec: str) -> FaultSpec:
     """Parse one `RANK:STATE:KIND` spec; raise FaultSpecError with a one-line reason."""
     text = spec.strip()
-    parts = text.split(":")
+    parts = [p.strip() for p in text.split(":")]
+    request: int | None = None
+    if len(parts) in (3, 4) and parts[1] == REQUEST:
+        request = _request_number(spec, parts[3] if len(parts) == 4 else "1")
+        parts = parts[:3]
     if len(parts) != 3:
         raise FaultSpecError(
-            f"bad fault spec {spec!r}: expected RANK:STATE:KIND, e.g. 1:drop-buffers:raise",
+            f"bad fault spec {spec!r}: expected RANK:STATE:KIND or RANK:request:KIND[:N],"
+            " e.g. 1:drop-buffers:raise",
             spec=spec,
         )
-    rank_text, state_text, kind_text = (p.strip() for p in parts)
+    rank_text, state_text, kind_text = parts
     if not rank_text.isascii() or not rank_text.isdigit():
         raise FaultSpecError(
             f"bad fault spec {spec!r}: rank {rank_text!r} is not a non-negative integer",
             spec=spec,
         )
     faultable = {s.value: s for s in FAULTABLE_STATES}
-    if state_text not in faultable:
+    if request is None and state_text not in faultable:
         raise FaultSpecError(
-            f"bad fault spec {spec!r}: state {state_text!r} is not one of " + ", ".join(faultable),
+            f"bad fault spec {spec!r}: state {state_text!r} is not one of "
+            + ", ".join([*faultable, REQUEST]),
             spec=spec,
         )
     kinds = {k.value: k for k in FaultKind}
@@ -57,7 +76,17 @@ def parse_fault(spec: str) -> FaultSpec:
             f"bad fault spec {spec!r}: kind {kind_text!r} is not one of " + ", ".join(kinds),
             spec=spec,
         )
-    return FaultSpec(rank=int(rank_text), state=faultable[state_text], kind=kinds[kind_text])
+    state = State.READY if request is not None else faultable[state_text]
+    return FaultSpec(rank=int(rank_text), state=state, kind=kinds[kind_text], request=request)
+
+
+def _request_number(spec: str, text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise FaultSpecError(
+            f"bad fault spec {spec!r}: request number {text!r} is not a positive integer",
+            spec=spec,
+        )
+    return int(text)
 
 
 def parse_faults(

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypedDict
 
 import torch
 
@@ -13,6 +14,7 @@ from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, fir
 from lifecycle.core.config import RankLayout, ServerArgs, Shape, SmokeRequest
 from lifecycle.core.events import (
     GateDecided,
+    GroupMark,
     PlanBuilt,
     RequestFinished,
     RequestStarted,
@@ -209,6 +211,7 @@ def generate(
     `after_step` runs after each denoising step (see run_request)."""
     assert rt.pipeline is not None
     request_id = uuid.uuid4().hex[:12]
+    before = sum(m.count for m in rt.comm.marks())
     rt.recorder.record(
         RequestStarted(
             request_id=request_id,
@@ -233,7 +236,12 @@ def generate(
     except Exception:
         rt.recorder.record(
             RequestFinished(
-                request_id=request_id, ok=False, total_s=0.0, checksum=None, peak_bytes=None
+                request_id=request_id,
+                ok=False,
+                total_s=0.0,
+                checksum=None,
+                peak_bytes=None,
+                **_collectives_since(rt, before),
             )
         )
         raise
@@ -244,9 +252,22 @@ def generate(
             total_s=result.total_s,
             checksum=result.checksum,
             peak_bytes=result.peak_bytes,
+            **_collectives_since(rt, before),
         )
     )
     return result
+
+
+class _CollectivesSummary(TypedDict):
+    collectives: int
+    groups: tuple[GroupMark, ...]
+
+
+def _collectives_since(rt: RankRuntime, before: int) -> _CollectivesSummary:
+    """What a request's summary says of its collectives: how many ran, and every group's
+    progress at its end (after ready their records stay in the ring)."""
+    marks = rt.comm.marks()
+    return {"collectives": sum(m.count for m in marks) - before, "groups": marks}
 
 
 Action = Callable[[RankRuntime], None]

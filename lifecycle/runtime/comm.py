@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -22,8 +20,9 @@ from lifecycle.core.events import (
     CollectiveFinished,
     CollectiveStarted,
     Event,
-    PendingCollective,
+    GroupMark,
 )
+from lifecycle.runtime.pending import Pending, PendingTracker
 
 
 class EventSink(Protocol):
@@ -46,15 +45,6 @@ PEER_GONE_MARKERS = ("closed by peer", "reset by peer", "connection closed", "co
 # Asked before each collective with (group, group_seq, op); True skips it (a `skip-collective`
 # fault), and the hook has journaled why.
 SkipHook = Callable[[str, int, str], bool]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Pending:
-    group: str
-    group_seq: int
-    op: str
-    purpose: str
-    since_mono: float
 
 
 class RecordedGroup:
@@ -85,7 +75,15 @@ class RecordedGroup:
         self._timeout_s = timeout_s
         self._skip = skip
         self._tracker = tracker
-        self.seq = -1
+        self.seq = -1  # the highest sequence number started
+        self.finished = -1  # the highest sequence number finished
+
+    def mark(self) -> GroupMark:
+        """This group's progress, as heartbeats and finished requests report it."""
+        return GroupMark(
+            group=self.name, ranks=self.ranks, started=self.seq, finished=self.finished,
+            count=self.seq + 1,
+        )  # fmt: skip
 
     def _run(
         self,
@@ -130,6 +128,7 @@ class RecordedGroup:
             raise self._failure(op, seq, purpose, message, timed_out=False) from exc
         finally:
             self._tracker.clear()
+        self.finished = seq
         self._sink.record(
             CollectiveFinished(
                 group=self.name,
@@ -201,35 +200,6 @@ class RecordedGroup:
             purpose=purpose,
             tensors=(tensor,),
             call=lambda: dist.all_reduce(tensor, op=reduce_op[op], group=self._pg, async_op=True),
-        )
-
-
-class PendingTracker:
-    """The collective this rank is waiting in, readable from the heartbeat thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: Pending | None = None
-
-    def set(self, pending: Pending) -> None:
-        with self._lock:
-            self._pending = pending
-
-    def clear(self) -> None:
-        with self._lock:
-            self._pending = None
-
-    def snapshot(self) -> PendingCollective | None:
-        with self._lock:
-            p = self._pending
-        if p is None:
-            return None
-        return PendingCollective(
-            group=p.group,
-            group_seq=p.group_seq,
-            op=p.op,
-            purpose=p.purpose,
-            waiting_s=time.perf_counter() - p.since_mono,
         )
 
 
@@ -355,6 +325,10 @@ class Comm:
                 if index == layout.ulysses_rank:
                     self.cfg = group(f"cfg{index}", ranks, pg)
             self.world = group("world", world_ranks, dist.group.WORLD)
+
+    def marks(self) -> tuple[GroupMark, ...]:
+        """Every group's progress on this rank (a group of one rank runs no collective)."""
+        return tuple(g.mark() for g in (self.world, self.ulysses, self.cfg) if g.size > 1)
 
 
 def _new_group(ranks: tuple[int, ...], timeout_s: float) -> Any:

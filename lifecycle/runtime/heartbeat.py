@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 
 from lifecycle.core.errors import JournalError, JournalWriteFailed
-from lifecycle.core.events import Heartbeat, PendingCollective, Stalled, ThreadStack
+from lifecycle.core.events import GroupMark, Heartbeat, PendingCollective, Stalled, ThreadStack
 from lifecycle.core.machine import LifecycleMachine
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
@@ -39,9 +39,15 @@ def _ignore_lost_journal(_exc: JournalWriteFailed) -> None:
     pass
 
 
+def _no_groups() -> tuple[GroupMark, ...]:
+    return ()
+
+
 class HeartbeatThread:
-    """Writes a heartbeat every `interval_s`; one `stalled` event per state that outlives
-    `deadline_s`. It also flushes the recorder's ring of collective records.
+    """Writes a heartbeat every `interval_s`, with the pending collective and every group's
+    progress; one `stalled` event per state that outlives `deadline_s` on the way to ready,
+    and after ready (where the state lasts as long as the server) one per collective pending
+    past `collective_stall_s`.
 
     It is the rank's watchdog too, since the main thread may be blocked for good: it calls
     `on_startup_timeout` once when the rank is not ready `startup_timeout_s` after it started,
@@ -56,6 +62,8 @@ class HeartbeatThread:
         interval_s: float,
         deadline_s: float,
         pending: Callable[[], PendingCollective | None],
+        groups: Callable[[], tuple[GroupMark, ...]] = _no_groups,
+        collective_stall_s: float | None = None,
         startup_timeout_s: float | None = None,
         on_startup_timeout: Callable[[float], None] = _ignore_timeout,
         on_journal_lost: Callable[[JournalWriteFailed], None] = _ignore_lost_journal,
@@ -65,6 +73,9 @@ class HeartbeatThread:
         self._interval = interval_s
         self._deadline = deadline_s
         self._pending = pending
+        self._groups = groups
+        self._collective_stall = collective_stall_s
+        self._stalled_collective: tuple[str, int] | None = None
         self._startup_timeout = startup_timeout_s
         self._on_startup_timeout = on_startup_timeout
         self._on_journal_lost = on_journal_lost
@@ -108,21 +119,38 @@ class HeartbeatThread:
         entered = machine.entered_mono_ns
         in_state_s = machine.in_state_s()
         pending = self._pending()
-        recorder.flush()
         recorder.record(
             Heartbeat(
                 uptime_s=time.monotonic() - self._started,
                 in_state_s=in_state_s,
                 pending=pending,
+                groups=self._groups(),
             )
         )
-        if in_state_s > self._deadline and self._stalled_entry != entered:
+        if machine.state is State.READY:
+            self._check_collective_stall(pending, in_state_s)
+        elif in_state_s > self._deadline and self._stalled_entry != entered:
             self._stalled_entry = entered
-            recorder.record(
-                Stalled(
-                    in_state_s=in_state_s,
-                    deadline_s=self._deadline,
-                    pending=pending,
-                    threads=thread_stacks(),
-                )
+            self._stall(in_state_s, self._deadline, pending)
+
+    def _check_collective_stall(self, pending: PendingCollective | None, in_state_s: float) -> None:
+        limit = self._collective_stall
+        if pending is None or limit is None or pending.waiting_s <= limit:
+            return
+        key = (pending.group, pending.group_seq)
+        if key != self._stalled_collective:
+            self._stalled_collective = key
+            self._stall(in_state_s, limit, pending)
+
+    def _stall(
+        self, in_state_s: float, deadline_s: float, pending: PendingCollective | None
+    ) -> None:
+        # Recording a stall writes the collective ring after ready (see the recorder).
+        self._recorder.record(
+            Stalled(
+                in_state_s=in_state_s,
+                deadline_s=deadline_s,
+                pending=pending,
+                threads=thread_stacks(),
             )
+        )

@@ -1,4 +1,9 @@
-"""One rank's recorder: every event is committed to the journal, then logged through structlog."""
+"""One rank's recorder: every event is committed to the journal, then logged through structlog.
+
+After ready, collective records stay in a bounded ring, as PyTorch's Flight Recorder keeps
+them, and reach the journal only on trouble: an error, a stall, a failed request, a shutdown
+with a collective pending, or an explicit dump (SIGUSR1, `POST /debug/dump`).
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,14 @@ from typing import Any, Protocol
 import structlog
 
 from lifecycle.core.events import (
+    CollectivesDumped,
+    CollectiveStarted,
+    Error,
     Event,
     GateDecided,
     PlanBuilt,
+    RequestFinished,
+    Shutdown,
     Stalled,
     StoredEvent,
     WarmupRecord,
@@ -23,10 +33,10 @@ from lifecycle.core.events import (
 from lifecycle.core.states import State
 from lifecycle.store.writer import RankWriter
 
-# Kinds that may wait in memory after `ready`, off the request path (see buffer_collectives).
+# Kinds that stay in the ring after `ready` (see keep_collectives_in_ring).
 RING_KINDS = frozenset({"collective_started", "collective_finished"})
 DEBUG_KINDS = frozenset({"heartbeat", "collective_started", "collective_finished"})
-WARNING_KINDS = frozenset({"stalled", "fault_injected"})
+WARNING_KINDS = frozenset({"stalled", "fault_injected", "collectives_dumped"})
 ERROR_KINDS = frozenset({"error"})
 
 
@@ -51,12 +61,31 @@ def _not_started() -> State:
     return State.CREATED
 
 
+def dump_reason(event: Event, ring: deque[tuple[Event, str, float, int]]) -> str | None:
+    """Why recording `event` writes the ring first, if it does: the trouble it reports."""
+    match event:
+        case Error():
+            return "error"
+        case Stalled():
+            return "stall"
+        case RequestFinished(ok=False):
+            return "request-failed"
+        case Shutdown() if _collective_pending(ring):
+            return "shutdown"
+    return None
+
+
+def _collective_pending(ring: deque[tuple[Event, str, float, int]]) -> bool:
+    """Whether the ring's latest collective record is a start with no finish after it."""
+    return bool(ring) and isinstance(ring[-1][0], CollectiveStarted)
+
+
 class Recorder:
     """Appends this rank's events in order; `record` returns once the event is on disk.
 
-    After `buffer_collectives`, collective records go to a bounded in-memory ring instead and
-    reach the journal in order when anything else is recorded, when the heartbeat flushes, or
-    on error.
+    After `keep_collectives_in_ring`, collective records go to a bounded in-memory ring
+    instead, and reach the journal (in one transaction, after a `collectives_dumped` event)
+    only when `dump_reason` says an event reports trouble, or on `dump`.
     """
 
     def __init__(
@@ -73,7 +102,7 @@ class Recorder:
         )
         self._lock = threading.RLock()
         self._ring: deque[tuple[Event, str, float, int]] | None = None
-        self.ring_dropped = 0
+        self.ring_dropped = 0  # records that fell out of the ring since its last dump
         self._listeners: list[Listener] = []
         self._state_of: Callable[[], State] = _not_started
 
@@ -101,43 +130,62 @@ class Recorder:
         """Commit one event (its envelope state is `state`, else the current state)."""
         stamp = (state or self._state_of()).value, self._clock.wall(), self._clock.mono_ns()
         with self._lock:
-            if self._ring is not None and event.kind in RING_KINDS:
-                if len(self._ring) == self._ring.maxlen:
-                    self.ring_dropped += 1
-                self._ring.append((event, *stamp))
-                return None
-            self._flush_locked()
-            return self._append(event, *stamp)
+            ring = self._ring
+            if ring is not None:
+                if event.kind in RING_KINDS:
+                    if len(ring) == ring.maxlen:
+                        self.ring_dropped += 1
+                    ring.append((event, *stamp))
+                    return None
+                reason = dump_reason(event, ring)
+                if reason is not None and (ring or self.ring_dropped):
+                    return self._publish(self._writer.append_batch([
+                        *self._dump_items(reason, stamp), (event, *stamp)
+                    ]))[-1]  # fmt: skip
+            return self._publish(self._writer.append_batch([(event, *stamp)]))[0]
 
     def journal_cost(self) -> tuple[int, float]:
         """Events written so far and the seconds spent committing them."""
         with self._lock:
             return self._writer.next_seq, self._writer.write_s
 
-    def buffer_collectives(self, capacity: int) -> None:
+    def keep_collectives_in_ring(self, capacity: int) -> None:
+        """From now on (after ready), keep collective records in a ring of `capacity`."""
         with self._lock:
             self._ring = deque(maxlen=capacity)
 
-    def flush(self) -> None:
+    def dump(self, reason: str) -> int:
+        """Write the ring to the journal now; how many collective records it held."""
         with self._lock:
-            self._flush_locked()
+            if self._ring is None:
+                return 0  # before ready every collective record is in the journal already
+            stamp = self._state_of().value, self._clock.wall(), self._clock.mono_ns()
+            items = self._dump_items(reason, stamp)
+            self._publish(self._writer.append_batch(items))
+            return len(items) - 1
 
-    def _flush_locked(self) -> None:
-        if self._ring:
-            batch = list(self._ring)
-            self._ring.clear()
-            self._publish(self._writer.append_batch(batch))
+    def _dump_items(
+        self, reason: str, stamp: tuple[str, float, int]
+    ) -> list[tuple[Event, str, float, int]]:
+        """The dump marker and the ring's records, oldest first; the ring starts over."""
+        assert self._ring is not None
+        records = list(self._ring)
+        marker = CollectivesDumped(
+            reason=reason,
+            records=len(records),
+            dropped=self.ring_dropped,
+            capacity=self._ring.maxlen or 0,
+        )
+        self._ring.clear()
+        self.ring_dropped = 0
+        return [(marker, *stamp), *records]
 
-    def _append(self, event: Event, state: str, wall: float, mono: int) -> StoredEvent:
-        stored = self._writer.append(event, state=state, wall_time=wall, mono_ns=mono)
-        self._publish([stored])
-        return stored
-
-    def _publish(self, batch: list[StoredEvent]) -> None:
+    def _publish(self, batch: list[StoredEvent]) -> list[StoredEvent]:
         for stored in batch:
             self._emit_log(stored)
             for listener in self._listeners:
                 listener(stored)
+        return batch
 
     def _emit_log(self, stored: StoredEvent) -> None:
         kind = stored.kind
@@ -156,8 +204,8 @@ class Recorder:
         self._log.log(level, kind, state=stored.state, seq=stored.seq, **log_fields(stored.event))
 
     def close(self) -> None:
+        """Close the writer; what the ring holds after a healthy run is not written."""
         with self._lock:
-            self._flush_locked()
             self._writer.close()
 
 

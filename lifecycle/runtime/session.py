@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from lifecycle import __version__
-from lifecycle.core.config import RankLayout, ServerArgs, fault_for
+from lifecycle.core.config import RankLayout, ServerArgs, fault_for, request_fault_for
 from lifecycle.core.errors import (
     EXIT_UNJOURNALED,
     InjectedFault,
@@ -47,7 +47,6 @@ from lifecycle.runtime.recorder import Recorder
 
 FAULT_EXIT_CODE = 17
 EXIT_FAILED = 1
-RING_CAPACITY = 4096
 
 
 def leave_process(status: int) -> None:
@@ -110,6 +109,8 @@ class RankSession:
             interval_s=args.heartbeat_interval_s,
             deadline_s=args.state_deadline_s,
             pending=lambda: self.runtime.comm.pending.snapshot() if self.runtime else None,
+            groups=lambda: self.runtime.comm.marks() if self.runtime else (),
+            collective_stall_s=args.collective_stall_s,
             startup_timeout_s=args.startup_timeout_s,
             on_startup_timeout=self._startup_timed_out,
             on_journal_lost=self.stop_unjournaled,
@@ -274,15 +275,24 @@ class RankSession:
 
     def _inject_fault(self, state: State) -> None:
         kind = fault_for(self.args, rank=self.launch.rank, state=state)
-        if kind is None:
-            return
-        spec = FaultSpec(rank=self.launch.rank, state=state, kind=kind)
+        if kind is not None:
+            self._fire_fault(FaultSpec(rank=self.launch.rank, state=state, kind=kind))
+
+    def inject_request_fault(self, request: int) -> None:
+        """Fire the fault named for the `request`th request after ready, if any: called
+        half-way through that request's denoising."""
+        spec = request_fault_for(self.args, rank=self.launch.rank, request=request)
+        if spec is not None:
+            self._fire_fault(spec)
+
+    def _fire_fault(self, spec: FaultSpec) -> None:
+        kind = spec.kind
         if kind is FaultKind.SKIP_COLLECTIVE:
             self._skip_armed = spec  # journaled when it fires, with the collective it skipped
             return
         self.recorder.record(FaultInjected(fault=str(spec), fault_kind=kind.value))
         if kind is FaultKind.RAISE:
-            raise InjectedFault(rank=self.launch.rank, state=state.value)
+            raise InjectedFault(rank=self.launch.rank, state=spec.where)
         if kind is FaultKind.EXIT:
             os._exit(FAULT_EXIT_CODE)  # no cleanup, as a crash
         if kind is FaultKind.HANG:
@@ -303,14 +313,24 @@ class RankSession:
     # -- after ready ---------------------------------------------------------------------------
 
     def serve_collectives_from_ring(self) -> None:
-        """After ready, keep collective records off the request path (flushed by heartbeats)."""
-        self.recorder.buffer_collectives(RING_CAPACITY)
+        """After ready, keep collective records in the recorder's ring: the journal gets them
+        only on trouble, and each request's summary and each heartbeat say how far every
+        group got."""
+        self.recorder.keep_collectives_in_ring(self.args.ring_capacity)
+
+    def dump_ring(self, reason: str) -> None:
+        """Write the collective ring to the journal now (SIGUSR1, `POST /debug/dump`)."""
+        try:
+            self.recorder.dump(reason)
+        except JournalWriteFailed as exc:
+            self.stop_unjournaled(exc)
+        except JournalError:
+            pass  # the writer is closed: the rank is shutting down
 
     def stop(self, *, reason: str, signal_name: str | None = None) -> None:
         """Journal a shutdown; a ready rank moves to `stopped`."""
         with self._fire_lock:
             try:
-                self.recorder.flush()
                 written, write_s = self.recorder.journal_cost()
                 self.recorder.record(
                     Shutdown(

@@ -7,6 +7,9 @@ import threading
 from collections.abc import Callable
 
 SHUTDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+# Asks a rank to write its ring of collective records to the journal, as Flight Recorder
+# dumps are asked for; without a handler its default action would end the process.
+DUMP_SIGNAL = signal.SIGUSR1
 
 
 def block_shutdown_signals() -> None:
@@ -16,7 +19,7 @@ def block_shutdown_signals() -> None:
     threads, and a thread with the signals unblocked would take them with the default action
     (death, with nothing journaled).
     """
-    signal.pthread_sigmask(signal.SIG_BLOCK, SHUTDOWN_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {*SHUTDOWN_SIGNALS, DUMP_SIGNAL})
 
 
 def watch_shutdown_signals(on_signal: Callable[[signal.Signals], None]) -> None:
@@ -33,3 +36,15 @@ def watch_shutdown_signals(on_signal: Callable[[signal.Signals], None]) -> None:
         on_signal(signal.Signals(received))
 
     threading.Thread(target=watch, name="lifecycle-signals", daemon=True).start()
+
+
+def watch_dump_signal(on_dump: Callable[[], None]) -> None:
+    """Call `on_dump` in a daemon thread each time SIGUSR1 arrives."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {DUMP_SIGNAL})
+
+    def watch() -> None:
+        while True:
+            signal.sigwait({DUMP_SIGNAL})
+            on_dump()
+
+    threading.Thread(target=watch, name="lifecycle-dump-signal", daemon=True).start()

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from lifecycle.core.config import (
+    DEFAULT_RING_CAPACITY,
     DEFAULT_STARTUP_TIMEOUT_S,
     MODEL_PRESETS,
     PerformanceMode,
@@ -77,6 +78,14 @@ def _add_startup_options(p: argparse.ArgumentParser) -> None:
         help="process-group timeout, as NCCL's watchdog (default: 600)",
     )
     p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="SECONDS")
+    p.add_argument(
+        "--ring-size",
+        type=int,
+        default=DEFAULT_RING_CAPACITY,
+        metavar="RECORDS",
+        help="collective records each rank keeps after ready, written to the journal only on"
+        f" trouble (default: {DEFAULT_RING_CAPACITY})",
+    )
     p.add_argument(
         "--state-deadline",
         type=float,
@@ -204,6 +213,7 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
         heartbeat_interval_s=ns.heartbeat_interval,
         state_deadline_s=ns.state_deadline,
         startup_timeout_s=ns.startup_timeout,
+        ring_capacity=ns.ring_size,
         smoke_request=SmokeRequest(ns.smoke_request),
         faults=parse_faults(ns.fault, os.environ.get("LIFECYCLE_FAULTS")),
         seed=ns.seed,

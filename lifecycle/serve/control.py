@@ -7,7 +7,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 
@@ -75,7 +75,15 @@ class Stop:
     signal: str | None = None
 
 
-ToRank = Generate | Stop
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dump:
+    """Write the collective ring to the journal now (answered by the rank's reader thread, so
+    a rank stuck in a collective still does)."""
+
+    reason: str
+
+
+ToRank = Generate | Stop | Dump
 FromRank = Hello | Ready | Progress | Result
 
 # -- the launcher's end ------------------------------------------------------------------------
@@ -241,6 +249,12 @@ class ControlChannel:
         with self._lock:
             return dict(self.links)
 
+    def dump(self, reason: str) -> list[int]:
+        """Ask every rank to write its collective ring; the ranks that were asked."""
+        return [
+            rank for rank, link in sorted(self.snapshot().items()) if link.send(Dump(reason=reason))
+        ]
+
     def close(self) -> None:
         self.listener.close()
 
@@ -252,9 +266,10 @@ class ControlInbox:
     """The launcher's messages, read by a thread of their own, so that a stop reaches a rank
     that is busy in a request. A closed connection reads as a stop."""
 
-    def __init__(self, control: Connection) -> None:
+    def __init__(self, control: Connection, *, on_dump: Callable[[str], object]) -> None:
         self._control = control
-        self._messages: queue.Queue[ToRank] = queue.Queue()
+        self._on_dump = on_dump
+        self._messages: queue.Queue[Generate | Stop] = queue.Queue()
         self._stop_requested = threading.Event()
         self.stop_message = Stop(reason="stop requested")
         threading.Thread(target=self._read, name="lifecycle-control", daemon=True).start()
@@ -272,6 +287,8 @@ class ControlInbox:
                 return
             if isinstance(message, Generate):
                 self._messages.put(message)
+            elif isinstance(message, Dump):
+                self._on_dump(message.reason)
 
     @property
     def stopping(self) -> bool:
@@ -280,7 +297,7 @@ class ControlInbox:
     def wait_for_stop(self, timeout: float) -> bool:
         return self._stop_requested.wait(timeout)
 
-    def next(self) -> ToRank:
+    def next(self) -> Generate | Stop:
         return self._messages.get()
 
     def send(self, message: FromRank) -> None:

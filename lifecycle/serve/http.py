@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio.to_thread
 import uvicorn
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -154,6 +154,14 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/lifecycle")
     async def lifecycle() -> dict[str, Any]:
         return service.lifecycle()
+
+    @app.post("/debug/dump")
+    async def dump(request: Request) -> dict[str, Any]:
+        """Every rank writes its ring of collective records to the journal (loopback only)."""
+        client = request.client.host if request.client else ""
+        if not _is_loopback(client):
+            raise HTTPException(status_code=403, detail="/debug/dump answers loopback only")
+        return {"ranks": service.dump()}
 
     @app.post("/generate")
     async def generate(body: GenerateBody) -> dict[str, Any]:

@@ -121,6 +121,10 @@ class Service:
                 self.fail(f"rank {rank} closed its control connection")
                 return
 
+    def dump(self) -> list[int]:
+        """Ask every rank to write its collective ring to the journal; the ranks asked."""
+        return self.control.dump("http")
+
     def health(self) -> tuple[bool, str]:
         self._check_ranks()
         with self._lock:

@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from lifecycle.core.config import ServerArgs, args_from_json, validate_shape
 from lifecycle.core.errors import EXIT_UNJOURNALED, ErrorKind, JournalWriteFailed, LifecycleError
 from lifecycle.core.states import State
-from lifecycle.runtime.signals import block_shutdown_signals, watch_shutdown_signals
+from lifecycle.runtime.signals import (
+    block_shutdown_signals,
+    watch_dump_signal,
+    watch_shutdown_signals,
+)
 from lifecycle.serve.control import (
     ControlInbox,
     Hello,
@@ -165,6 +169,7 @@ def run_rank_process(
         os._exit(session.shutdown_by_signal(sig))
 
     watch_shutdown_signals(on_signal)
+    watch_dump_signal(lambda: session.dump_ring("signal"))
     state = session.boot()
     if state is State.READY:
         if mode == "serve" and control is not None:
@@ -206,9 +211,10 @@ def _serve(session: RankSession, control: Connection) -> None:
     runtime = session.runtime
     assert runtime is not None
     rank = session.launch.rank
-    inbox = ControlInbox(control)
+    inbox = ControlInbox(control, on_dump=session.dump_ring)
     session.serve_collectives_from_ring()
     inbox.send(Ready(rank=rank))
+    served = 0
     while True:
         message = inbox.next()
         if isinstance(message, Stop):
@@ -217,12 +223,20 @@ def _serve(session: RankSession, control: Connection) -> None:
         if inbox.stopping:
             continue
         request_id = message.request_id
+        served += 1
 
-        def after_step(step: int, request_id: str = request_id) -> None:
+        def after_step(
+            step: int,
+            request_id: str = request_id,
+            nth: int = served,
+            half_way: int = max(1, message.steps // 2),
+        ) -> None:
             if inbox.stopping:
                 raise RequestAborted(
                     request_id=request_id, step=step, reason=inbox.stop_message.reason
                 )
+            if step + 1 == half_way:
+                session.inject_request_fault(nth)
             inbox.send(Progress(request_id=request_id, rank=rank, step=step))
 
         try:

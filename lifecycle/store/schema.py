@@ -15,6 +15,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 # Every Alembic revision of the journal, oldest first; the last is head. Readers check a
@@ -64,13 +65,19 @@ events = Table(
     # A second writer at the same (run_id, rank, seq) fails on this key instead of interleaving.
     PrimaryKeyConstraint("run_id", "rank", "seq"),
     Index(None, "run_id", "kind"),
-    Index(None, "run_id", "group_name", "group_seq"),
+    # Partial: only collective records are indexed, so other appends write no index page.
+    Index(
+        None,
+        "run_id",
+        "group_name",
+        "group_seq",
+        sqlite_where=text("group_name IS NOT NULL"),
+        postgresql_where=text("group_name IS NOT NULL"),
+    ),
 )
 
 # One row per run and rank, kept current by the rank's writer in the transaction of every
-# append (revision 0003): what a verdict needs without reading every event. `fold` is the
-# rank's fold after event `fold_seq` (a checkpoint, format `fold_version`); a reader folds only
-# the events after it.
+# append (revision 0003): what a verdict needs without reading every event.
 rank_summaries = Table(
     "rank_summaries",
     metadata,
@@ -84,8 +91,18 @@ rank_summaries = Table(
     Column("last_heartbeat_wall", Float, nullable=True),
     Column("path", Text, nullable=False),  # states entered, space-separated
     Column("first_error", Text, nullable=True),  # "error_kind: message" of the first fatal error
+    PrimaryKeyConstraint("run_id", "rank"),
+)
+
+# Each rank's fold after event `fold_seq` (format `fold_version`, JSON), rewritten by its writer
+# with the events a verdict turns on (revision 0003); a reader folds only the events after it.
+rank_checkpoints = Table(
+    "rank_checkpoints",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.run_id"), nullable=False),
+    Column("rank", Integer, nullable=False),
     Column("fold_version", Integer, nullable=False),
     Column("fold_seq", Integer, nullable=False),
-    Column("fold", Text, nullable=False),  # JSON
+    Column("fold", Text, nullable=False),
     PrimaryKeyConstraint("run_id", "rank"),
 )

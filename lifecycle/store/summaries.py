@@ -15,14 +15,14 @@ from sqlalchemy import Connection, select, tuple_
 from lifecycle.core.checkpoint import FOLD_VERSION, checkpoint
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
-from lifecycle.store.schema import events, rank_summaries
+from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
 
 SUMMARY_REVISION = "0003"  # the first revision with rank_summaries
 BACKFILL_BATCH = 200  # summary rows inserted per transaction by `backfill`
 
 
-def summary_values(fold: RankFold, *, with_checkpoint: bool) -> dict[str, Any]:
-    """A summary row's columns for `fold` (the checkpoint columns only `with_checkpoint`)."""
+def summary_values(fold: RankFold) -> dict[str, Any]:
+    """A summary row's columns for `fold`."""
     fatal = next((e for _, _, e in fold.errors if e.fatal), None)
     values: dict[str, Any] = {
         "last_seq": fold.last_seq,
@@ -34,42 +34,44 @@ def summary_values(fold: RankFold, *, with_checkpoint: bool) -> dict[str, Any]:
         "path": " ".join(fold.path),
         "first_error": f"{fatal.error_kind}: {fatal.message}"[:500] if fatal else None,
     }
-    if with_checkpoint:
-        values.update(fold_version=FOLD_VERSION, fold_seq=fold.last_seq, fold=checkpoint(fold))
     return values
+
+
+def checkpoint_values(fold: RankFold) -> dict[str, Any]:
+    """A checkpoint row's columns for `fold`."""
+    return {"fold_version": FOLD_VERSION, "fold_seq": fold.last_seq, "fold": checkpoint(fold)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Summary:
-    """One rank's summary row, as far as a reader needs it."""
+    """One rank's summary row and its checkpoint, as far as a reader needs them."""
 
     run_id: str
     rank: int
     last_seq: int
     state: str
-    fold_version: int
+    fold_version: int | None  # None without a checkpoint row
     fold_seq: int
     fold: str
 
 
 def read_summaries(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Summary]:
     """The summary rows of the given runs (of every run when None)."""
-    c = rank_summaries.c
-    stmt = select(c.run_id, c.rank, c.last_seq, c.state, c.fold_version, c.fold_seq, c.fold)
+    c, k = rank_summaries.c, rank_checkpoints.c
+    stmt = select(c.run_id, c.rank, c.last_seq, c.state, k.fold_version, k.fold_seq, k.fold).join(
+        rank_checkpoints,
+        (k.run_id == c.run_id) & (k.rank == c.rank),
+        isouter=True,
+    )
     if run_ids is not None:
         stmt = stmt.where(c.run_id.in_(list(run_ids)))
     out = []
     for row in conn.execute(stmt.order_by(c.run_id, c.rank)):
         run_id, rank, last_seq, state, version, fold_seq, fold = row
-        if not (
-            isinstance(run_id, str)
-            and _is_int(rank)
-            and _is_int(last_seq)
-            and _is_int(version)
-            and _is_int(fold_seq)
-            and isinstance(fold, str)
-        ):
+        if not (isinstance(run_id, str) and _is_int(rank) and _is_int(last_seq)):
             continue  # a damaged row: that rank is folded from its events instead
+        if not (_is_int(version) and _is_int(fold_seq) and isinstance(fold, str)):
+            version, fold_seq, fold = None, -1, ""
         out.append(
             Summary(
                 run_id=run_id,
@@ -105,17 +107,17 @@ def backfill(
     todo = missing_summaries(conn) if pairs is None else pairs
     conn.rollback()
     for start in range(0, len(todo), BACKFILL_BATCH):
-        rows = []
+        rows, checkpoints = [], []
         for run_id, rank in todo[start : start + BACKFILL_BATCH]:
             fold = RankFold(run_id=run_id, rank=rank)
             stored: StoredEvent
             for stored in read(run_id, rank):
                 fold.apply(stored)
-            rows.append(
-                {"run_id": run_id, "rank": rank, **summary_values(fold, with_checkpoint=True)}
-            )
+            rows.append({"run_id": run_id, "rank": rank, **summary_values(fold)})
+            checkpoints.append({"run_id": run_id, "rank": rank, **checkpoint_values(fold)})
         with conn.begin():
             conn.execute(rank_summaries.insert(), rows)
+            conn.execute(rank_checkpoints.insert(), checkpoints)
         yield from ((r["run_id"], r["rank"]) for r in rows)
 
 

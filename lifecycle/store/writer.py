@@ -15,8 +15,8 @@ from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, 
 from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend
 from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
-from lifecycle.store.schema import events, rank_summaries
-from lifecycle.store.summaries import summary_values
+from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
+from lifecycle.store.summaries import checkpoint_values, summary_values
 
 # A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):
 # tried again a few times, briefly, before the write counts as failed.
@@ -34,7 +34,7 @@ _SUMMARY_SCALARS = (
     "last_seq", "events", "state", "first_wall", "last_wall", "last_heartbeat_wall", "path",
     "first_error",
 )  # fmt: skip
-_SUMMARY_FOLD = ("fold_version", "fold_seq", "fold")
+_CHECKPOINT = ("fold_version", "fold_seq", "fold")
 
 
 class _Statement:
@@ -103,10 +103,9 @@ class RankWriter:
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
         dialect = engine.dialect
         self._summary_insert = _Statement(rank_summaries.insert(), dialect)
-        self._summary_scalars = _summary_update(rank_summaries, _SUMMARY_SCALARS, dialect)
-        self._summary_full = _summary_update(
-            rank_summaries, _SUMMARY_SCALARS + _SUMMARY_FOLD, dialect
-        )
+        self._summary_update = _summary_update(rank_summaries, _SUMMARY_SCALARS, dialect)
+        self._checkpoint_insert = _Statement(rank_checkpoints.insert(), dialect)
+        self._checkpoint_update = _summary_update(rank_checkpoints, _CHECKPOINT, dialect)
         self._fold = RankFold(run_id=run_id, rank=rank)
         self._fold_seq = -1
 
@@ -172,16 +171,15 @@ class RankWriter:
         fold = self._fold
         notable = any(item[0].kind not in _ROUTINE_KINDS for item in items)
         fresh = first == 0 or notable or fold.last_seq - self._fold_seq >= CHECKPOINT_EVERY
-        values = summary_values(fold, with_checkpoint=fresh)
-        values.update(key_run_id=self.run_id, key_rank=self.rank)
-        if first == 0:
-            values.update(run_id=self.run_id, rank=self.rank)
+        key = {"key_run_id": self.run_id, "key_rank": self.rank}
+        row = {"run_id": self.run_id, "rank": self.rank} if first == 0 else key
+        then = [self._summary_insert if first == 0 else self._summary_update]
+        values = [{**row, **summary_values(fold)}]
         if fresh:
             self._fold_seq = fold.last_seq
-            statement = self._summary_insert if first == 0 else self._summary_full
-        else:
-            statement = self._summary_scalars
-        return [(statement.sql, statement.params(values))]
+            then.append(self._checkpoint_insert if first == 0 else self._checkpoint_update)
+            values.append({**row, **checkpoint_values(fold)})
+        return [(st.sql, st.params(v)) for st, v in zip(then, values, strict=True)]
 
     def _insert(self, rows: list[Any], seq: int, then: list[tuple[str, Any]]) -> None:
         for attempt in range(LOCKED_RETRIES + 1):

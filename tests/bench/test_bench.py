@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.conftest import REPO, run_cli
 
-# Row names of every benchmark of issue 5.
+# Row names of every benchmark, as a quick run names them.
 ROW_NAMES = (
     "lifecycle overhead, bounded path: startup to ready",
     "lifecycle overhead, bounded path: per state",
@@ -21,8 +21,13 @@ ROW_NAMES = (
     "calibration cost, warmup, 4 ranks",
     "collective recording, durable (startup)",
     "collective recording, ring (after ready)",
-    "replay diagnose, 1,000 events (64 ranks)",
     "replay show, 10,000 events (64 ranks)",
+    "journal rows per /generate per rank after ready, healthy",
+    "journal rows per /generate per rank after ready, incl. heartbeats",
+    "replay diagnose, 100,000 events (64 ranks)",
+    "replay diagnose, 10,000 -> 100,000 events (64 ranks)",
+    "replay runs, 1,000 runs in one journal",
+    "replay runs, time per run (1,000 runs)",
     "replay --help cold start",
 )
 

@@ -124,8 +124,18 @@ def test_health_turns_green_at_ready_and_generate_works_twice(tmp_path: Path) ->
 
     assert between(requests[0].seq, BuffersAllocated), "a new shape creates its buffers"
     assert between(requests[1].seq, BuffersAllocated) == []
-    # After ready the collective records wait in memory, then reach the journal in order.
-    assert between(requests[1].seq, CollectiveStarted)
+    # After ready the collective records stay in the ring: a healthy request journals its
+    # start and its finish, which counts its collectives and says how far each group got.
+    assert between(requests[1].seq, CollectiveStarted) == []
+    finished = next(e.event for e in done if e.seq > requests[1].seq)
+    assert isinstance(finished, RequestFinished) and finished.ok
+    assert finished.collectives > 0
+    assert {m.group for m in finished.groups} == {"ulysses0", "world"}
+    assert all(m.started == m.finished >= 0 for m in finished.groups)
+    # Only the startup's own collectives (its smoke request included) are in the journal.
+    assert not any(
+        isinstance(e.event, CollectiveStarted) and e.seq > requests[0].seq for e in events
+    )
     assert isinstance(events[-2].event, Shutdown)
     assert events[-2].event.signal == "SIGTERM"
     assert events[-1].state == "stopped"

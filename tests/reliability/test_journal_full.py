@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]
 MICRO = ["--model", "micro-video", "--log-level", "error", "--heartbeat-interval", "0.2"]
 # Room for the new journal's tables and its first few events, not for a whole startup: past
 # it, every write to the journal (or its -wal file) fails with EFBIG, as on a full disk.
-FILE_SIZE_LIMIT = 64 * 1024
+FILE_SIZE_LIMIT = 96 * 1024
 EXEC_WITH_FILE_SIZE_LIMIT = (
     "import os, resource, sys; limit = int(sys.argv[1]);"
     " resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit));"

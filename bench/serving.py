@@ -1,0 +1,301 @@
+"""Journal rows per request: a real `lifecycle serve` answering /generate after ready."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.suite import BenchError, Benchmark, Settings, progress
+from bench.table import Row, format_ratio, verdict
+from lifecycle.core.config import MODEL_PRESETS, ModelSpec
+
+if TYPE_CHECKING:
+    from lifecycle.runtime.comm import Comm
+    from lifecycle.runtime.pipeline import Pipeline
+
+REPO = Path(__file__).resolve().parent.parent
+RANKS = 2
+STEP_COUNTS = (4, 20)
+# A small request, so that twenty steps take a moment on two CPU cores.
+SHAPE = {"width": 256, "height": 192, "frames": 9}
+ROWS_TARGET = 10.0
+# Steps and blocks may move the count by less than a row: anything that grew with them would
+# add a row per step or block at least.
+SPREAD_LIMIT = 1.0
+# The issue's figure from before the ring, when every collective after ready was journaled.
+ROWS_BEFORE = 900
+READY_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
+COLLECTIVE_KINDS = frozenset({"collective_started", "collective_finished"})
+HEARTBEAT = "heartbeat"
+RECORDS_PER_COLLECTIVE = 2  # collective_started and collective_finished
+
+
+DEEPER_BLOCKS = 8
+
+
+def _deeper_factory(spec: ModelSpec, comm: Comm) -> Pipeline:
+    from lifecycle.runtime.pipeline.tiny import TinyConfig, TinyVideoPipeline
+
+    cfg = TinyConfig(heads=spec.attention_heads, layers=DEEPER_BLOCKS)
+    return TinyVideoPipeline(spec, comm=comm, cfg=cfg)
+
+
+# `lifecycle serve --pipeline bench.serving:DEEPER`: micro-video with twice its DiT blocks
+# (TinyConfig.layers is 4), so that a row per block and step would show in the count.
+DEEPER = (
+    dataclasses.replace(MODEL_PRESETS["micro-video"], name="micro-video-8-blocks"),
+    _deeper_factory,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Model:
+    label: str
+    blocks: int
+    args: tuple[str, ...]
+
+
+MICRO = Model(label="micro-video", blocks=4, args=("--model", "micro-video"))
+MICRO_DEEPER = Model(
+    label="micro-video-8-blocks",
+    blocks=DEEPER_BLOCKS,
+    args=("--pipeline", "bench.serving:DEEPER", "--model", "micro-video-8-blocks"),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tally:
+    """The journal's rows by kind (all ranks: the file holds one run), and the collectives its
+    request_finished rows say ran, whose records stayed in the ring."""
+
+    rows: Counter[str]
+    ring_collectives: int
+
+    def __sub__(self, earlier: Tally) -> Tally:
+        return Tally(
+            rows=self.rows - earlier.rows,
+            ring_collectives=self.ring_collectives - earlier.ring_collectives,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """What the journal gained while one model served `requests` requests of `steps` steps."""
+
+    blocks: int
+    steps: int
+    requests: int
+    gained: Tally
+    seconds: float
+
+    def per_request_per_rank(self, *, heartbeats: bool) -> float:
+        rows = self.gained.rows
+        counted = sum(n for kind, n in rows.items() if heartbeats or kind != HEARTBEAT)
+        return counted / (self.requests * RANKS)
+
+    @property
+    def unringed_per_request_per_rank(self) -> float:
+        """The rows these requests would have written with every collective journaled."""
+        held = RECORDS_PER_COLLECTIVE * self.gained.ring_collectives
+        return self.per_request_per_rank(heartbeats=False) + held / (self.requests * RANKS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Served:
+    phases: tuple[Phase, ...]
+    warmup_rows_per_rank: float  # the first request's rows: staging buffers for the shape
+
+
+class Server:
+    """`lifecycle serve` in a session of its own, in front of RANKS rank processes."""
+
+    def __init__(self, settings: Settings, model: Model) -> None:
+        from lifecycle.serve.supervisor import free_port
+
+        self.db = settings.workdir / f"serving-{model.label}.db"
+        self.log_path = settings.workdir / f"serving-{model.label}.log"
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "lifecycle", "serve", *model.args,
+                   "--num-ranks", str(RANKS), "--db", str(self.db), "--port", str(port),
+                   "--log-level", "warning"]  # fmt: skip
+        pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(":")
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                command, cwd=settings.workdir, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": pythonpath},
+                start_new_session=True,
+            )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(f"lifecycle serve exited {self.proc.returncode}: {self.tail()}")
+            # A 503 (still booting) is an HTTPError, an OSError, as a refused connection is.
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.url}/health", timeout=5.0) as response,
+            ):
+                if response.status == 200:
+                    return
+            time.sleep(0.1)
+        raise BenchError(f"/health not 200 within {READY_TIMEOUT_S:.0f} s: {self.tail()}")
+
+    def generate(self, steps: int) -> None:
+        body = json.dumps({"prompt": "a lighthouse in a storm", **SHAPE, "steps": steps})
+        request = urllib.request.Request(
+            f"{self.url}/generate",
+            data=body.encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                response.read()
+        except OSError as exc:  # HTTPError included: a status other than 2xx
+            raise BenchError(f"POST /generate (steps {steps}) failed: {exc}") from None
+
+    def tally(self) -> Tally:
+        conn = sqlite3.connect(self.db, timeout=30.0)
+        try:
+            kinds = Counter(dict(conn.execute("SELECT kind, COUNT(*) FROM events GROUP BY kind")))
+            (held,) = conn.execute(
+                "SELECT COALESCE(SUM(json_extract(data, '$.collectives')), 0) FROM events"
+                " WHERE kind = 'request_finished'"
+            ).fetchone()
+        finally:
+            conn.close()
+        return Tally(rows=kinds, ring_collectives=int(held))
+
+    def stop(self) -> None:
+        """SIGTERM and wait; the whole session is killed if it has not stopped in time."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                progress("serving: the server did not stop on SIGTERM; killing it")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # rank processes left behind, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10.0)
+
+    def tail(self) -> str:
+        text = self.log_path.read_text(errors="replace").strip()
+        return text.splitlines()[-1][:300] if text else "(no output)"
+
+
+@contextlib.contextmanager
+def serving(settings: Settings, model: Model) -> Iterator[Server]:
+    server = Server(settings, model)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def _served(settings: Settings, model: Model, *, requests: int) -> Served:
+    progress(f"serving: {model.label}, {RANKS} ranks, {requests} requests per step count")
+    with serving(settings, model) as server:
+        before = server.tally()
+        server.generate(STEP_COUNTS[0])
+        at = server.tally()
+        warmup_rows = (at - before).rows.total() / RANKS
+        phases = []
+        for steps in STEP_COUNTS:
+            began = time.monotonic()
+            for _ in range(requests):
+                server.generate(steps)
+            after = server.tally()
+            phases.append(
+                Phase(
+                    blocks=model.blocks,
+                    steps=steps,
+                    requests=requests,
+                    gained=after - at,
+                    seconds=time.monotonic() - began,
+                )
+            )
+            at = after
+    return Served(phases=tuple(phases), warmup_rows_per_rank=warmup_rows)
+
+
+def measure(settings: Settings) -> list[Row]:
+    requests = 2 if settings.quick else 5
+    models = (MICRO,) if settings.quick else (MICRO, MICRO_DEEPER)
+    served = [_served(settings, model, requests=requests) for model in models]
+    phases = [phase for each in served for phase in each.phases]
+    quiet = [phase.per_request_per_rank(heartbeats=False) for phase in phases]
+    worst, spread = max(quiet), max(quiet) - min(quiet)
+    heaviest = max(phases, key=lambda p: p.unringed_per_request_per_rank)
+    rows = Counter[str]()
+    for phase in phases:
+        rows.update(phase.gained.rows)
+    requests_served = sum(phase.requests for phase in phases)
+    with_heartbeats = rows.total() / (requests_served * RANKS)
+    seconds = sum(phase.seconds for phase in phases)
+    beats_per_s = rows[HEARTBEAT] / (seconds * RANKS)
+    collective_rows = sum(rows[kind] for kind in COLLECTIVE_KINDS)
+    by_phase = "; ".join(
+        f"{p.blocks} blocks, steps {p.steps}: {p.per_request_per_rank(heartbeats=False):.2f}"
+        f" ({p.unringed_per_request_per_rank:.0f} with collectives journaled)"
+        for p in phases
+    )
+    what = (
+        f"`lifecycle serve --num-ranks {RANKS}` subprocess, "
+        + " and ".join(f"{m.label} ({m.blocks} DiT blocks)" for m in models)
+        + f"; after /health 200 and one warm-up request (its rows, staging buffers for the"
+        f" shape: {max(s.warmup_rows_per_rank for s in served):.1f}/rank), {requests} POST"
+        f" /generate {SHAPE['width']}x{SHAPE['height']}x{SHAPE['frames']} per step count,"
+        f" one after another; journal rows counted by kind before and after"
+    )
+    return [
+        Row(
+            figure="journal rows per /generate per rank after ready, healthy",
+            value=f"{worst:.2f} rows (heartbeats apart)",
+            baseline=f"{heaviest.unringed_per_request_per_rank:.0f} with each collective"
+            f" journaled ({heaviest.blocks} blocks, steps {heaviest.steps})",
+            ratio=format_ratio(worst / heaviest.unringed_per_request_per_rank),
+            target=verdict(
+                f"<= {ROWS_TARGET:g}, independent of steps and blocks",
+                met=worst <= ROWS_TARGET and spread < SPREAD_LIMIT,
+            ),
+            how=f"{what}; the worst of: {by_phase}; spread {spread:.2f}; rows by kind:"
+            f" {_kinds(rows)}; collective rows after ready: {collective_rows}. Baseline: these"
+            f" rows plus {RECORDS_PER_COLLECTIVE} per collective that request_finished counts"
+            f" (the ring held them); the issue quotes ~{ROWS_BEFORE} from before the ring",
+        ),
+        Row(
+            figure="journal rows per /generate per rank after ready, incl. heartbeats",
+            value=f"{with_heartbeats:.2f} rows",
+            target=verdict(f"<= {ROWS_TARGET:g}", met=with_heartbeats <= ROWS_TARGET),
+            how=f"{what}; every row over the same requests / (requests x ranks); heartbeats"
+            f" {beats_per_s:.2f}/s per rank (default interval) over {seconds:.1f} s of"
+            f" requests: they grow with time served, not with requests",
+        ),
+    ]
+
+
+def _kinds(kinds: Counter[str]) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
+
+
+BENCHMARK = Benchmark(name="serving", measure=measure)
