@@ -43,8 +43,6 @@ STOP_TIMEOUT_S = 60.0
 COLLECTIVE_KINDS = frozenset({"collective_started", "collective_finished"})
 HEARTBEAT = "heartbeat"
 RECORDS_PER_COLLECTIVE = 2  # collective_started and collective_finished
-
-
 DEEPER_BLOCKS = 8
 
 

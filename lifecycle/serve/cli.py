@@ -282,8 +282,12 @@ def _db(ns: argparse.Namespace) -> int:
             return 0
         if ns.db_command == "prune":
             return _prune(ns)
-        Journal.open_for_write(ns.db, upgrade=True).close()
-        print(f"{ns.db}: at {head_revision()}")
+        with Journal.open_for_write(ns.db, upgrade=True) as journal:
+            filled = journal.backfill_summaries()
+        shown = journal.location
+        print(
+            f"{shown}: at {head_revision()}" + (f"; summarized {filled} rank(s)" if filled else "")
+        )
         return 0
     except JournalWriteFailed as exc:
         return _fail_unjournaled(exc)

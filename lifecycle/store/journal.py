@@ -24,7 +24,7 @@ from lifecycle.store.revisions import (
     read_revision,
 )
 from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
-from lifecycle.store.summaries import SUMMARY_REVISION, Summary, read_summaries
+from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_summaries
 from lifecycle.store.writer import RankWriter
 
 READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
@@ -293,6 +293,22 @@ class Journal:
                 return read_summaries(conn, run_ids)
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location) from None
+
+    def backfill_summaries(self) -> int:
+        """Summarize every rank that has events and no summary (written before revision
+        0003); how many were summarized."""
+        if not self.writable:
+            raise JournalError(f"{self.location}: opened read-only")
+        try:
+            with self.engine.connect() as conn:
+                return sum(
+                    1
+                    for _ in backfill(
+                        conn, lambda run_id, rank: self.read(run_id=run_id, rank=rank)
+                    )
+                )
+        except DATABASE_ERRORS as exc:
+            raise write_failure(exc, self.location) from None
 
     def last_seq(self, run_id: str, rank: int) -> int | None:
         """The highest sequence number of a rank's events, None when it has none."""

@@ -1,0 +1,131 @@
+"""The fast path and the full fold agree: each rank's view restored from its summary (plus the
+events after its checkpoint) is the view folded from every event, and so is every verdict,
+field by field. Checked on every journal of the fault matrix, on journals written through
+the real writer from generated events, and on a journal upgraded from before summaries."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lifecycle.core.checkpoint import checkpoint, restore
+from lifecycle.core.events import StoredEvent
+from lifecycle.core.fold import RankFold
+from lifecycle.store import Journal, head_revision, journal_revision, to_url
+from lifecycle.store.journal import RunRow
+from lifecycle.store.revisions import alembic_config
+from replay.analysis import analyze, combine
+from replay.diagnose import diagnose
+from replay.load import Journals
+from replay.render import diagnosis_json
+from tests.conftest import run_cli
+from tests.replay.conftest import Journaled
+from tests.replay.fault_matrix import Produced
+from tests.strategies import events, rank_streams
+
+T0 = 1_800_000_000.0
+
+
+def verdicts_agree(db: Path) -> int:
+    """Compare both paths on every run of `db`; how many runs were compared."""
+    with Journals.open([str(db)]) as journals:
+        runs = journals.runs()
+        for run in runs:
+            full = analyze(run, journals.events(run))
+            fast_views = journals.views(run)
+            assert fast_views == full.views, run.run_id
+            fast = combine(run, fast_views)
+            assert fast == full
+            assert _verdict(fast) == _verdict(full)
+    return len(runs)
+
+
+def _verdict(analysis: Any) -> dict[str, Any]:
+    return diagnosis_json(diagnose(analysis, now=T0 + 10_000))
+
+
+def test_summaries_agree_with_the_full_fold_on_the_fault_matrix(
+    fault_matrix: dict[str, Produced],
+) -> None:
+    """Every fault kind in every state, 2 real ranks each: the same views and verdicts."""
+    compared = sum(verdicts_agree(produced.db) for produced in fault_matrix.values())
+    assert compared == len(fault_matrix)
+
+
+def test_summaries_agree_on_real_startups(
+    bounded_and_calibrated: Journaled, two_ranks: Journaled
+) -> None:
+    assert verdicts_agree(bounded_and_calibrated.db) == 2
+    assert verdicts_agree(two_ranks.db) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(rank_streams(ranks=1))
+def test_a_checkpoint_restores_the_fold_it_was_taken_of(stream: list[StoredEvent]) -> None:
+    """Any events, folded, checkpointed and restored: the same view, and the same view after
+    more events are applied to both."""
+    fold = RankFold(run_id="run-a", rank=0)
+    half = len(stream) // 2
+    for stored in stream[:half]:
+        fold.apply(stored)
+    restored = restore(checkpoint(fold))
+    assert restored.view() == fold.view()
+    for stored in stream[half:]:
+        fold.apply(stored)
+        restored.apply(stored)
+    assert restored.view() == fold.view()
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batches=st.lists(st.lists(events(), min_size=1, max_size=5), min_size=1, max_size=30))
+def test_the_writer_keeps_summaries_that_agree_with_its_events(
+    tmp_path_factory: Any, batches: list[list[Any]]
+) -> None:
+    """Generated events appended in generated batches through the real writer: whatever was
+    checkpointed when, the summary path reads the view the full fold reads."""
+    db = tmp_path_factory.mktemp("gen") / "j.db"
+    with Journal.open_for_write(str(db)) as journal:
+        journal.create_run(
+            RunRow(run_id="gen", created_at=T0, host="h", world_size=2, config={},
+                   lifecycle_version="t")
+        )  # fmt: skip
+        writers = [journal.writer(run_id="gen", rank=r) for r in (0, 1)]
+        wall = T0
+        for i, batch in enumerate(batches):
+            wall += 0.5
+            writers[i % 2].append_batch([(e, "created", wall, i) for e in batch])
+        for writer in writers:
+            writer.close()
+    verdicts_agree(db)
+
+
+def test_an_upgraded_journal_is_summarized_and_reads_the_same(
+    two_ranks: Journaled, tmp_path: Path
+) -> None:
+    """A journal taken back to revision 0002 (no summaries) reads the same verdict through
+    the full fold; `lifecycle db upgrade` summarizes its ranks, and the fast path agrees."""
+    old = tmp_path / "old.db"
+    shutil.copy(two_ranks.db, old)
+    command.downgrade(alembic_config(to_url(str(old))), "0002")
+    before = run_cli("replay", ["diagnose", "latest", str(old), "--json"], cwd=tmp_path)
+    result = run_cli("lifecycle", ["db", "upgrade", "--db", str(old)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{old}: at {head_revision()}; summarized 2 rank(s)"
+    assert journal_revision(str(old)) == head_revision()
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("SELECT count(*) FROM rank_checkpoints").fetchone() == (2,)
+    verdicts_agree(old)
+    after = run_cli("replay", ["diagnose", "latest", str(old), "--json"], cwd=tmp_path)
+    assert after.stdout == before.stdout
+    again = run_cli("lifecycle", ["db", "upgrade", "--db", str(old)], cwd=tmp_path)
+    assert again.stdout.strip() == f"{old}: at {head_revision()}"
