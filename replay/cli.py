@@ -130,15 +130,20 @@ def _diagnosis(journals: Journals, run: RunInfo, now: float, *, check: bool = Tr
 
 def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.load import Journals
-    from replay.render import format_runs, runs_json, summarize_run
+    from replay.render import format_runs, runs_json, summarize_run, summarize_settled
 
     with Journals.open(ns.journals) as journals:
         now = _now(ns)
         journals.prefetch_summaries()
-        summaries = [
-            summarize_run(run, _diagnosis(journals, run, now, check=False))
-            for run in journals.runs()
-        ]
+        summaries = []
+        for run in journals.runs():
+            # A run every rank of which ended healthy is `ready` from its summaries alone.
+            settled = journals.settled(run)
+            summaries.append(
+                summarize_settled(run, settled)
+                if settled is not None
+                else summarize_run(run, _diagnosis(journals, run, now, check=False))
+            )
         _warn(journals.problems, err)
     if ns.json:
         _dump(runs_json(summaries), out)

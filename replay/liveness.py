@@ -3,6 +3,7 @@ and the process's start time; handed to the pure diagnosis as data."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -21,22 +22,36 @@ SHARED_HOST_NAMES = frozenset({"", "localhost", "localhost.localdomain"})
 def dead_ranks(analysis: RunAnalysis) -> frozenset[int]:
     """Ranks that ran on this host, journaled no end, and whose process is gone: what only the
     reader's machine can tell, handed to the pure diagnosis as data."""
-    host = socket.gethostname()
+    candidates = {
+        rank: view
+        for rank, view in analysis.views.items()
+        if view.run_started is not None
+        and view.first_wall is not None
+        and not (view.terminal or view.shutdown is not None)
+    }
+    if not candidates:
+        return frozenset()  # every rank journaled its end: nothing to look up
+    host = _host()
     if host in SHARED_HOST_NAMES or not Path("/proc/self/stat").exists():
         return frozenset()
     booted = _boot_time()
     dead = set()
-    for rank, view in analysis.views.items():
+    for rank, view in candidates.items():
         started = view.run_started
-        if started is None or started.host != host or view.first_wall is None:
-            continue
-        if view.terminal or view.shutdown is not None:
+        assert started is not None and view.first_wall is not None
+        if started.host != host:
             continue
         if not _alive_since(started.pid, view.first_wall, booted=booted):
             dead.add(rank)
     return frozenset(dead)
 
 
+@functools.cache
+def _host() -> str:
+    return socket.gethostname()
+
+
+@functools.cache
 def _boot_time() -> float | None:
     try:
         with open("/proc/stat", encoding="ascii") as fh:

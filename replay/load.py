@@ -19,6 +19,7 @@ from lifecycle.core.errors import (
 )
 from lifecycle.core.events import RunStarted, StoredEvent
 from lifecycle.core.fold import RankFold, RankView
+from lifecycle.core.states import State
 from lifecycle.store.journal import Journal, RunRow
 from lifecycle.store.summaries import Summary
 
@@ -170,10 +171,11 @@ class Journals:
         return world
 
     def prefetch_summaries(self) -> None:
-        """Read every run's summary rows at once, for commands that look at every run."""
+        """Read every run's summary rows at once (without their checkpoints), for commands
+        that look at every run."""
         for journal in self.sources:
             try:
-                rows = journal.summaries()
+                rows = journal.summaries(checkpoints=False)
             except JournalError as exc:
                 self.problems.append(str(exc))
                 continue
@@ -182,10 +184,14 @@ class Journals:
                 by_run.setdefault(row.run_id, {})[row.rank] = row
             self._summaries[id(journal)] = by_run
 
-    def _summaries_of(self, journal: Journal, run_id: str) -> dict[int, Summary]:
+    def _summaries_of(
+        self, journal: Journal, run_id: str, *, checkpoints: bool = False
+    ) -> dict[int, Summary]:
         cached = self._summaries.get(id(journal))
-        if cached is not None:
+        if cached is not None and not checkpoints:
             return cached.get(run_id, {})
+        if cached is not None and run_id not in cached:
+            return {}
         try:
             return {row.rank: row for row in journal.summaries([run_id])}
         except JournalError as exc:
@@ -272,8 +278,11 @@ class Journals:
         rank): a journal whose rows were removed by hand is read for what it holds.
         """
         views: dict[int, RankView] = {}
+        held: dict[int, dict[int, Summary]] = {}
         for r, journal in self._rank_sources(run, None):
-            summary = self._summaries_of(journal, run.run_id).get(r)
+            if id(journal) not in held:
+                held[id(journal)] = self._summaries_of(journal, run.run_id, checkpoints=True)
+            summary = held[id(journal)].get(r)
             if summary is not None and check and not self._summary_holds(journal, summary):
                 summary = None
             fold = _restored(summary, run.run_id, r)
@@ -285,6 +294,23 @@ class Journals:
             views[r] = fold.view()
         self._malformed()
         return views
+
+    def settled(self, run: RunInfo) -> list[Summary] | None:
+        """The summaries of a run every rank of which ended healthy (ready, its ready action
+        done, then a shutdown), from one journal that agrees with itself: such a run's verdict
+        is `ready`, told without its folds. None for any other run."""
+        if run.notes or len(run.sources) != 1:
+            return None
+        journal = next(j for j in self.sources if j.location == run.sources[0])
+        summaries = self._summaries_of(journal, run.run_id)
+        if sorted(summaries) != list(range(run.world_size)):
+            return None
+        if all(
+            s.healthy and s.ended and s.ready_at is not None and s.state != State.FAILED
+            for s in summaries.values()
+        ):
+            return [summaries[r] for r in range(run.world_size)]
+        return None
 
     def _summary_holds(self, journal: Journal, summary: Summary) -> bool:
         try:

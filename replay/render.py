@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from lifecycle.store.summaries import Summary
 from replay.diagnose import Diagnosis, Outcome
 from replay.evidence import Evidence, FirstError
 from replay.load import RunInfo
@@ -83,10 +84,7 @@ class RunSummary:
 
 
 def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
-    config = run.config
-    mode = str(config.get("performance_mode", "?"))
-    if config.get("calibrate"):
-        mode += " +calibrate"
+    mode = _mode(run)
     views = diagnosis.analysis.views.values()
     plans = [v.plan for v in views if v.plan is not None]
     if any(v.calibrated for v in views) or any(p.skip_reason is None for p in plans):
@@ -108,6 +106,35 @@ def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
         startup_to_ready_s=diagnosis.startup_to_ready_s,
         command=run.command,
     )
+
+
+def summarize_settled(run: RunInfo, ranks: Sequence[Summary]) -> RunSummary:
+    """What summarize_run says of a run every rank of which ended healthy, from its ranks'
+    summary rows alone (a test holds the two to each other)."""
+    planned = [s for s in ranks if s.planned]
+    if any(s.calibrated for s in ranks) or any(s.skip_reason is None for s in planned):
+        path = "calibrated"
+    else:
+        path = "bounded" if planned else "-"
+    reasons = {s.skip_reason for s in planned}
+    ready = [s.ready_at for s in ranks if s.ready_at is not None]
+    return RunSummary(
+        run_id=run.run_id,
+        started=run.created_at,
+        host=run.host,
+        world_size=run.world_size,
+        mode=_mode(run),
+        path=path,
+        skip_reason=next(iter(reasons)) if len(reasons) == 1 else None,
+        outcome=Outcome.READY.value,
+        startup_to_ready_s=max(ready) - run.created_at if len(ready) == run.world_size else None,
+        command=run.command,
+    )
+
+
+def _mode(run: RunInfo) -> str:
+    mode = str(run.config.get("performance_mode", "?"))
+    return mode + " +calibrate" if run.config.get("calibrate") else mode
 
 
 def format_runs(summaries: Sequence[RunSummary], style: Style) -> str:

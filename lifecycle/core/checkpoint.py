@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
-from lifecycle.core.codec import decode, dumps_record, encode, loads_record
+from lifecycle.core.codec import decode_payload, dumps_record, loads_record, to_payload
 from lifecycle.core.events import (
     ActionStarted,
     BuffersAllocated,
@@ -52,14 +53,16 @@ class NotedEvent:
     state: str
     kind: str
     version: int
-    data: str  # the payload as the journal holds it
+    data: Any  # the payload, a JSON object as the journal holds it
 
     @classmethod
     def of(cls, at: float, state: str, event: Event) -> NotedEvent:
-        return cls(at=at, state=state, kind=event.kind, version=event.version, data=encode(event))
+        return cls(
+            at=at, state=state, kind=event.kind, version=event.version, data=to_payload(event)
+        )
 
     def restore(self) -> tuple[float, str, Event]:
-        return self.at, self.state, decode(self.kind, self.version, self.data)
+        return self.at, self.state, decode_payload(self.kind, self.version, self.data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -101,13 +101,21 @@ def decode(kind: str, version: int, text: str) -> Event:
 
     Unknown kinds come back as UnknownEvent; a malformed payload raises CorruptEvent.
     """
-    cls = EVENT_TYPES.get(kind)
-    if cls is None:
+    if kind not in EVENT_TYPES:
         return UnknownEvent(row_kind=kind, row_version=version, reason=UNKNOWN_KIND, raw=text)
     try:
         payload = json.loads(text)
     except (ValueError, TypeError, RecursionError) as exc:
         raise CorruptEvent(kind=kind, reason=f"data is not JSON ({exc})") from exc
+    return decode_payload(kind, version, payload)
+
+
+def decode_payload(kind: str, version: int, payload: Any) -> Event:
+    """Decode a payload already read from JSON (see decode)."""
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raw = _DUMPS(payload) if isinstance(payload, dict) else str(payload)
+        return UnknownEvent(row_kind=kind, row_version=version, reason=UNKNOWN_KIND, raw=raw)
     if not isinstance(payload, dict):
         raise CorruptEvent(
             kind=kind, reason=f"data is a JSON {type(payload).__name__}, not an object"
@@ -127,6 +135,11 @@ def decode(kind: str, version: int, text: str) -> Event:
         return typing.cast(Event, _converter_for(cls)(payload))
     except _Invalid as exc:
         raise CorruptEvent(kind=kind, reason=str(exc)) from None
+
+
+def to_payload(event: Event) -> dict[str, Any]:
+    """The event's payload as JSON values (what `encode` writes as text)."""
+    return typing.cast(dict[str, Any], _plain_for(type(event))(event))
 
 
 def decode_or_unknown(kind: str, version: int, text: str) -> Event:

@@ -284,13 +284,16 @@ class Journal:
         """Whether this journal's writers kept summary rows (revision 0003 on)."""
         return KNOWN_REVISIONS.index(self.revision) >= KNOWN_REVISIONS.index(SUMMARY_REVISION)
 
-    def summaries(self, run_ids: list[str] | None = None) -> list[Summary]:
-        """The summary rows of the given runs (every run's when None); none before 0003."""
+    def summaries(
+        self, run_ids: list[str] | None = None, *, checkpoints: bool = True
+    ) -> list[Summary]:
+        """The summary rows of the given runs (every run's when None), with their fold
+        checkpoints unless `checkpoints` is false; none before 0003."""
         if not self.has_summaries:
             return []
         try:
             with self.engine.connect() as conn:
-                return read_summaries(conn, run_ids)
+                return read_summaries(conn, run_ids, checkpoints=checkpoints)
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location) from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -91,6 +92,13 @@ rank_summaries = Table(
     Column("last_heartbeat_wall", Float, nullable=True),
     Column("path", Text, nullable=False),  # states entered, space-separated
     Column("first_error", Text, nullable=True),  # "error_kind: message" of the first fatal error
+    # What `replay runs` says of a run every rank of which ended healthy, without its fold.
+    Column("ready_at", Float, nullable=True),  # when it first entered ready
+    Column("healthy", Boolean, nullable=False),  # its ready action finished (it served)
+    Column("ended", Boolean, nullable=False),  # it journaled a shutdown, or stopped
+    Column("planned", Boolean, nullable=False),  # it journaled a warmup plan
+    Column("calibrated", Boolean, nullable=False),  # it went through probe
+    Column("skip_reason", Text, nullable=True),  # its plan's calibration skip reason
     PrimaryKeyConstraint("run_id", "rank"),
 )
 

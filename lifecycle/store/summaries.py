@@ -10,15 +10,23 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select, tuple_
+from sqlalchemy import Connection, literal, select, tuple_
 
 from lifecycle.core.checkpoint import FOLD_VERSION, checkpoint
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
+from lifecycle.core.states import State
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
 
 SUMMARY_REVISION = "0003"  # the first revision with rank_summaries
 BACKFILL_BATCH = 200  # summary rows inserted per transaction by `backfill`
+
+
+# The columns a writer updates with every append (all of rank_summaries but its key).
+SUMMARY_COLUMNS = (
+    "last_seq", "events", "state", "first_wall", "last_wall", "last_heartbeat_wall", "path",
+    "first_error", "ready_at", "healthy", "ended", "planned", "calibrated", "skip_reason",
+)  # fmt: skip
 
 
 def summary_values(fold: RankFold) -> dict[str, Any]:
@@ -33,6 +41,12 @@ def summary_values(fold: RankFold) -> dict[str, Any]:
         "last_heartbeat_wall": fold.last_heartbeat_wall,
         "path": " ".join(fold.path),
         "first_error": f"{fatal.error_kind}: {fatal.message}"[:500] if fatal else None,
+        "ready_at": next((s.entered_at for s in fold.spans if s.state == State.READY), None),
+        "healthy": fold.ready_action_done,
+        "ended": fold.shutdown is not None or fold.state == State.STOPPED,
+        "planned": fold.plan is not None,
+        "calibrated": State.PROBE in fold.path,
+        "skip_reason": fold.plan.skip_reason if fold.plan is not None else None,
     }
     return values
 
@@ -50,26 +64,54 @@ class Summary:
     rank: int
     last_seq: int
     state: str
+    ready_at: float | None
+    healthy: bool
+    ended: bool
+    planned: bool
+    calibrated: bool
+    skip_reason: str | None
     fold_version: int | None  # None without a checkpoint row
     fold_seq: int
     fold: str
 
 
-def read_summaries(conn: Connection, run_ids: Iterable[str] | None = None) -> list[Summary]:
-    """The summary rows of the given runs (of every run when None)."""
+def read_summaries(
+    conn: Connection, run_ids: Iterable[str] | None = None, *, checkpoints: bool = True
+) -> list[Summary]:
+    """The summary rows of the given runs (of every run when None), with their checkpoints
+    unless `checkpoints` is false."""
     c, k = rank_summaries.c, rank_checkpoints.c
-    stmt = select(c.run_id, c.rank, c.last_seq, c.state, k.fold_version, k.fold_seq, k.fold).join(
+    stmt = select(
+        c.run_id,
+        c.rank,
+        c.last_seq,
+        c.state,
+        c.ready_at,
+        c.healthy,
+        c.ended,
+        c.planned,
+        c.calibrated,
+        c.skip_reason,
+        k.fold_version,
+        k.fold_seq,
+        k.fold,
+    ).join(
         rank_checkpoints,
-        (k.run_id == c.run_id) & (k.rank == c.rank),
+        (k.run_id == c.run_id) & (k.rank == c.rank) & literal(checkpoints),
         isouter=True,
     )
     if run_ids is not None:
         stmt = stmt.where(c.run_id.in_(list(run_ids)))
     out = []
     for row in conn.execute(stmt.order_by(c.run_id, c.rank)):
-        run_id, rank, last_seq, state, version, fold_seq, fold = row
+        (run_id, rank, last_seq, state, ready_at, healthy, ended, planned, calibrated, skip,
+         version, fold_seq, fold) = row  # fmt: skip
         if not (isinstance(run_id, str) and _is_int(rank) and _is_int(last_seq)):
             continue  # a damaged row: that rank is folded from its events instead
+        flags = (healthy, ended, planned, calibrated)
+        if not all(f in (0, 1) for f in flags) or not isinstance(ready_at, float | None):
+            healthy = ended = False  # not a settled run: judged from its fold instead
+            ready_at = None
         if not (_is_int(version) and _is_int(fold_seq) and isinstance(fold, str)):
             version, fold_seq, fold = None, -1, ""
         out.append(
@@ -78,6 +120,12 @@ def read_summaries(conn: Connection, run_ids: Iterable[str] | None = None) -> li
                 rank=rank,
                 last_seq=last_seq,
                 state=str(state),
+                ready_at=ready_at,
+                healthy=bool(healthy),
+                ended=bool(ended),
+                planned=bool(planned),
+                calibrated=bool(calibrated),
+                skip_reason=skip if isinstance(skip, str) else None,
                 fold_version=version,
                 fold_seq=fold_seq,
                 fold=fold,

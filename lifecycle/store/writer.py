@@ -16,7 +16,7 @@ from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend
 from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
-from lifecycle.store.summaries import checkpoint_values, summary_values
+from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
 
 # A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):
 # tried again a few times, briefly, before the write counts as failed.
@@ -30,10 +30,7 @@ _COLUMN_ORDER = (
 CHECKPOINT_EVERY = 64
 # Kinds that only move counters a checkpoint can be a little behind on.
 _ROUTINE_KINDS = frozenset({"heartbeat", "collective_started", "collective_finished"})
-_SUMMARY_SCALARS = (
-    "last_seq", "events", "state", "first_wall", "last_wall", "last_heartbeat_wall", "path",
-    "first_error",
-)  # fmt: skip
+
 _CHECKPOINT = ("fold_version", "fold_seq", "fold")
 
 
@@ -103,7 +100,7 @@ class RankWriter:
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
         dialect = engine.dialect
         self._summary_insert = _Statement(rank_summaries.insert(), dialect)
-        self._summary_update = _summary_update(rank_summaries, _SUMMARY_SCALARS, dialect)
+        self._summary_update = _summary_update(rank_summaries, SUMMARY_COLUMNS, dialect)
         self._checkpoint_insert = _Statement(rank_checkpoints.insert(), dialect)
         self._checkpoint_update = _summary_update(rank_checkpoints, _CHECKPOINT, dialect)
         self._fold = RankFold(run_id=run_id, rank=rank)

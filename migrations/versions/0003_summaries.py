@@ -48,6 +48,12 @@ def upgrade() -> None:
         sa.Column("last_heartbeat_wall", sa.Float(), nullable=True),
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("first_error", sa.Text(), nullable=True),
+        sa.Column("ready_at", sa.Float(), nullable=True),
+        sa.Column("healthy", sa.Boolean(), nullable=False),
+        sa.Column("ended", sa.Boolean(), nullable=False),
+        sa.Column("planned", sa.Boolean(), nullable=False),
+        sa.Column("calibrated", sa.Boolean(), nullable=False),
+        sa.Column("skip_reason", sa.Text(), nullable=True),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.run_id"], name=op.f("fk_rank_summaries_run_id_runs")
         ),

@@ -268,3 +268,14 @@ def test_garbage_rows_are_shown_as_unknown_not_fatal(
             )
     read_back = list(Journal.open_for_read(path).read(run_id=run_id))
     assert [e.seq for e in read_back] == list(range(len(rows)))
+
+
+def test_the_writer_keeps_every_summary_column_current() -> None:
+    """The writer updates every column of rank_summaries but its key, with every append."""
+    from lifecycle.core.fold import RankFold
+    from lifecycle.store.schema import rank_summaries
+    from lifecycle.store.summaries import SUMMARY_COLUMNS, summary_values
+
+    columns = {c.name for c in rank_summaries.columns} - {"run_id", "rank"}
+    assert set(SUMMARY_COLUMNS) == columns
+    assert set(summary_values(RankFold(run_id="r", rank=0))) == columns

@@ -36,7 +36,7 @@ from tests.conftest import Completed, file_digest, wait_until
 NOW = 1_900_000_000.0
 DAY = 86_400.0
 # One row of each type a journal column holds, for filling tables this test does not name.
-_SAMPLE = {int: 0, float: 0.0, str: "", dict: {}}
+_SAMPLE = {int: 0, float: 0.0, str: "", dict: {}, bool: False}
 
 
 @dataclass(frozen=True)
