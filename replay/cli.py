@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from replay.load import Journals, RunInfo
 
 EXIT_OK = 0
+DEFAULT_LAST_COLLECTIVES = 10
 EXIT_FAILURE = 1  # a failure diagnosed, or a divergence found
 EXIT_BAD_INPUT = 2
 
@@ -63,8 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
     judged_now(
         command("runs", "one row per run: start, host, ranks, mode, path, outcome", run=False)
     )
-    show = command("show", "each rank's timeline: states, warmup records, buffers, errors")
+    show = command(
+        "show",
+        "each rank's timeline: states, warmup records, buffers, errors, and its last"
+        " collectives before the end",
+    )
     show.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
+    show.add_argument(
+        "--last",
+        type=_count,
+        default=DEFAULT_LAST_COLLECTIVES,
+        metavar="N",
+        help="collective records shown per rank before its end"
+        f" (default: {DEFAULT_LAST_COLLECTIVES})",
+    )
+    show.add_argument(
+        "--all", action="store_true", help="every event of each rank, in order, as it is read"
+    )
     show.add_argument(
         "--at", type=float, metavar="SECONDS", help="every rank's state this long after the start"
     )
@@ -93,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--json", action="store_true", help="print JSON")
     judged_now(diff)
     return parser
+
+
+def _count(text: str) -> int:
+    """A non-negative whole number of records."""
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of records")
+    return int(text)
 
 
 def _now(ns: argparse.Namespace) -> float:
@@ -153,21 +176,51 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from replay.analysis import analyze
+    from replay.analysis import analyze, combine
     from replay.load import Journals
-    from replay.timeline import format_at, format_show, show_json
+    from replay.timeline import (
+        event_line,
+        format_at,
+        format_header,
+        format_rank,
+        missing_line,
+        show_json,
+    )
 
     with Journals.open(ns.journals) as journals:
         run = journals.resolve(ns.run)
-        until = None if ns.at is None else run.created_at + ns.at
-        analysis = analyze(run, journals.events(run), until=until)
+        if ns.at is not None:
+            analysis = analyze(run, journals.events(run), until=run.created_at + ns.at)
+            _warn(journals.problems, err)
+            if ns.json:
+                _dump(show_json(analysis, ranks=ns.rank, at=ns.at, collectives={}), out)
+            else:
+                print(format_at(analysis, seconds=ns.at), file=out)
+            return EXIT_OK
+        style = _style(out)
+        if not ns.json:
+            # The first line before anything is read: a huge run starts showing at once.
+            print(format_header(run, style), file=out, flush=True)
+        analysis = combine(run, journals.views(run))
+        chosen = [r for r in analysis.views if ns.rank is None or r in ns.rank]
+        if ns.json:
+            last = {r: journals.last_collectives(run, r, ns.last) for r in chosen}
+            _warn(journals.problems, err)
+            _dump(show_json(analysis, ranks=ns.rank, at=None, collectives=last), out)
+            return EXIT_OK
+        for rank in chosen:
+            view = analysis.views[rank]
+            if ns.all:
+                print("\n" + "\n".join(format_rank(view, analysis, style, None)), file=out)
+                for stored in journals.events(run, rank=rank):
+                    print("  " + event_line(stored, analysis), file=out)
+            else:
+                last_records = journals.last_collectives(run, rank, ns.last)
+                lines = format_rank(view, analysis, style, last_records)
+                print("\n" + "\n".join(lines), file=out, flush=True)
+        if analysis.missing_ranks and ns.rank is None:
+            print("\n" + missing_line(analysis), file=out)
         _warn(journals.problems, err)
-    if ns.json:
-        _dump(show_json(analysis, ranks=ns.rank, at=ns.at), out)
-    elif ns.at is not None:
-        print(format_at(analysis, seconds=ns.at), file=out)
-    else:
-        print(format_show(analysis, ranks=ns.rank, style=_style(out)), file=out)
     return EXIT_OK
 
 

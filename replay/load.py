@@ -312,6 +312,15 @@ class Journals:
             return [summaries[r] for r in range(run.world_size)]
         return None
 
+    def last_collectives(self, run: RunInfo, rank: int, count: int) -> list[StoredEvent]:
+        """A rank's last `count` collective records, from the first journal that has it."""
+        for r, journal in self._rank_sources(run, rank):
+            try:
+                return journal.last_collectives(run.run_id, r, count)
+            except JournalError as exc:
+                self.problems.append(str(exc))
+        return []
+
     def _summary_holds(self, journal: Journal, summary: Summary) -> bool:
         try:
             last = journal.last_seq(summary.run_id, summary.rank)

@@ -2,34 +2,95 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lifecycle.core.events import CollectiveStarted
+from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
 from lifecycle.core.fold import RankView
 from lifecycle.core.plan import Role
 from replay.analysis import RunAnalysis
+from replay.load import RunInfo
 from replay.render import Style, clean, mib, table, when
 
 
-def format_show(analysis: RunAnalysis, *, ranks: Sequence[int] | None, style: Style) -> str:
-    run = analysis.run
-    out = [
+def format_header(run: RunInfo, style: Style) -> str:
+    line = (
         style.bold(f"run {run.run_id}")
         + f"  {when(run.created_at)}  host {clean(run.host)}  ranks {run.world_size}"
         + f"  model {clean(run.model_name)}"
+    )
+    return line + (f"\ncommand: {clean(run.command)}" if run.command else "")
+
+
+def missing_line(analysis: RunAnalysis) -> str:
+    return "no events from rank " + ", ".join(map(str, analysis.missing_ranks))
+
+
+def format_rank(
+    view: RankView,
+    analysis: RunAnalysis,
+    style: Style,
+    collectives: Sequence[StoredEvent] | None,
+) -> list[str]:
+    """One rank's timeline, then its last collective records (None: not shown)."""
+    lines = _rank_timeline(view, analysis, style)
+    if collectives is None:
+        return lines
+    count = sum(g.count for g in view.groups)
+    if not collectives:
+        if count:
+            lines.append(f"  collectives: {count} run, none in the journal (ring after ready)")
+        return lines
+    started = sum(1 for c in collectives if isinstance(c.event, CollectiveStarted))
+    lines.append(
+        f"  last {len(collectives)} collective records before the end"
+        f" ({started} started; {count:,} collectives in all; --all for every event):"
+    )
+    lines.extend("    " + event_line(stored, analysis) for stored in collectives)
+    shown: dict[str, int] = {}
+    for stored in collectives:
+        if isinstance(stored.event, CollectiveStarted | CollectiveFinished):
+            shown[stored.event.group] = max(
+                shown.get(stored.event.group, -1), stored.event.group_seq
+            )
+    beyond = [g for g in view.groups if g.group in shown and g.started > shown[g.group]]
+    if beyond:
+        lines.append(
+            "    then, in its ring and never written (no trouble on this rank): "
+            + ", ".join(
+                f"{g.group} to #{g.started} started, #{g.finished} finished" for g in beyond
+            )
+        )
+    return lines
+
+
+def event_line(stored: StoredEvent, analysis: RunAnalysis) -> str:
+    """One event as a line: when, the state after it, its kind, and what it says."""
+    event = stored.event
+    at = f"+{analysis.at(stored.wall_time):.3f}"
+    match event:
+        case CollectiveStarted():
+            what = f"{_started_text(event)} ({clean(event.purpose)}) {event.dtype}"
+        case CollectiveFinished():
+            what = (
+                f"{event.op} #{event.group_seq} of {event.group} in"
+                f" {event.duration_s * 1000:.2f} ms"
+            )
+        case _:
+            what = clean(" ".join(f"{k}={v}" for k, v in _scalars(event)))[:160]
+    return f"{at:>10} {stored.seq:>7} {stored.state:<12} {stored.kind:<20} {what}"
+
+
+def _scalars(event: Event) -> list[tuple[str, object]]:
+    """An event's fields that are plain values (what a one-line listing can show)."""
+    return [
+        (f.name, value)
+        for f in dataclasses.fields(event)
+        if isinstance(value := getattr(event, f.name), str | int | float | bool)
+        and value != ""
+        and f.name not in ("traceback", "raw")
     ]
-    if run.command:
-        out.append(f"command: {clean(run.command)}")
-    for rank, view in analysis.views.items():
-        if ranks is not None and rank not in ranks:
-            continue
-        out.append("")
-        out.extend(_rank_timeline(view, analysis, style))
-    if analysis.missing_ranks and ranks is None:
-        out.append("")
-        out.append("no events from rank " + ", ".join(map(str, analysis.missing_ranks)))
-    return "\n".join(out)
 
 
 def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[str]:
@@ -140,7 +201,11 @@ def _started_text(started: CollectiveStarted) -> str:
 
 
 def show_json(
-    analysis: RunAnalysis, *, ranks: Sequence[int] | None, at: float | None
+    analysis: RunAnalysis,
+    *,
+    ranks: Sequence[int] | None,
+    at: float | None,
+    collectives: Mapping[int, Sequence[StoredEvent]],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"run_id": analysis.run.run_id, "ranks": []}
     if at is not None:
@@ -199,7 +264,20 @@ def show_json(
                     "group": view.pending.started.group,
                     "group_seq": view.pending.started.group_seq,
                     "op": view.pending.started.op,
+                    "from_heartbeat": view.pending.from_heartbeat,
                 },
+                "last_collectives": [
+                    {
+                        "seq": c.seq,
+                        "at_s": analysis.at(c.wall_time),
+                        "state": c.state,
+                        "kind": c.kind,
+                        "group": getattr(c.event, "group", None),
+                        "group_seq": getattr(c.event, "group_seq", None),
+                        "op": getattr(c.event, "op", None),
+                    }
+                    for c in collectives.get(rank, ())
+                ],
             }
         )
     return out

@@ -28,6 +28,18 @@ from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_
 from lifecycle.store.writer import RankWriter
 
 READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
+# An event row as readers select it.
+_ROW = select(
+    events.c.run_id,
+    events.c.rank,
+    events.c.seq,
+    events.c.wall_time,
+    events.c.mono_ns,
+    events.c.kind,
+    events.c.version,
+    events.c.state,
+    type_coerce(events.c.data, Text),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,21 +259,32 @@ class Journal:
             raise JournalError(f"{self.location}: opened read-only")
         return RankWriter(engine=self.engine, backend=self.backend, run_id=run_id, rank=rank)
 
+    def last_collectives(self, run_id: str, rank: int, count: int) -> list[StoredEvent]:
+        """A rank's last `count` collective records (started and finished), in seq order."""
+        if not self.has_summaries or count <= 0:
+            return []  # before revision 0003 no column tells a collective record cheaply
+        stmt = (
+            _ROW.where(
+                events.c.run_id == run_id,
+                events.c.rank == rank,
+                events.c.group_name.is_not(None),
+            )
+            .order_by(events.c.seq.desc())
+            .limit(count)
+        )
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(stmt).all()
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self.location) from None
+        found = (self._stored(row) for row in reversed(rows))
+        return [stored for stored in found if stored is not None]
+
     def read(
         self, *, run_id: str | None = None, rank: int | None = None, from_seq: int = 0
     ) -> Iterator[StoredEvent]:
         """Events in (run_id, rank, seq) order, decoded; unknown or corrupt payloads included."""
-        stmt = select(
-            events.c.run_id,
-            events.c.rank,
-            events.c.seq,
-            events.c.wall_time,
-            events.c.mono_ns,
-            events.c.kind,
-            events.c.version,
-            events.c.state,
-            type_coerce(events.c.data, Text),
-        ).order_by(events.c.run_id, events.c.rank, events.c.seq)
+        stmt = _ROW.order_by(events.c.run_id, events.c.rank, events.c.seq)
         if run_id is not None:
             stmt = stmt.where(events.c.run_id == run_id)
         if rank is not None:

@@ -274,3 +274,41 @@ def test_run_references(
     assert status == 2 and "matches 2 runs" in err and len(err.strip().splitlines()) == 1
     status, _, err = run(capsys, "diagnose", "no-such-run", db)
     assert status == 2 and "no run matches 'no-such-run'" in err
+
+
+def test_show_ends_each_rank_with_its_last_collectives(
+    two_ranks: Journaled, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """By default each rank's last ten collective records before its end; `--last N` any
+    number; `--all` every event of each rank in order; the JSON has the same records."""
+    db = str(two_ranks.db)
+    with sqlite3.connect(db) as conn:
+        top = dict(
+            conn.execute(
+                "SELECT rank, max(seq) FROM events WHERE kind LIKE 'collective_%' GROUP BY rank"
+            ).fetchall()
+        )
+        total = dict(conn.execute("SELECT rank, count(*) FROM events GROUP BY rank").fetchall())
+    status, out, _ = run(capsys, "show", "latest", db)
+    assert status == 0
+    assert out.count("last 10 collective records before the end") == 2
+    listed = [line.split() for line in out.splitlines() if "collective_" in line]
+    assert len(listed) == 20
+    assert {int(fields[1]) for fields in listed} >= set(top.values())
+    _, out, _ = run(capsys, "show", "latest", db, "--last", "3", "--rank", "1")
+    assert [line.split()[1] for line in out.splitlines() if "collective_" in line][-1] == str(
+        top[1]
+    )
+    assert sum("collective_" in line for line in out.splitlines()) == 3
+    _, out, _ = run(capsys, "show", "latest", db, "--all", "--rank", "0")
+    events = [line.split() for line in out.splitlines() if line.strip().startswith("+")]
+    seqs = [int(f[1]) for f in events if len(f) > 1 and f[1].isdigit()]
+    assert seqs == list(range(total[0]))
+    _, doc, _ = run(capsys, "show", "latest", db, "--json", "--last", "4")
+    for rank in json.loads(doc)["ranks"]:
+        assert [c["seq"] for c in rank["last_collectives"]][-1] == top[rank["rank"]]
+        assert len(rank["last_collectives"]) == 4
+    with pytest.raises(SystemExit) as stopped:
+        main(["show", "latest", db, "--last", "-1"])
+    assert stopped.value.code == 2
+    assert "'-1' is not a number of records" in capsys.readouterr().err
