@@ -31,7 +31,8 @@ INSERT = (
 def new_journal(path: Path, *, run_id: str, world_size: int) -> None:
     """A journal file made by the library's own migrations, with one run row."""
     from lifecycle import __version__
-    from lifecycle.store.journal import Journal, RunRow
+    from lifecycle.store.journal import Journal
+    from lifecycle.store.rows import RunRow
 
     with Journal.open_for_write(str(path)) as journal:
         journal.create_run(

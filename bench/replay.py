@@ -58,7 +58,8 @@ def build_journal(path: Path, events: int) -> None:
         PendingCollective,
         Transition,
     )
-    from lifecycle.store.journal import Journal, RunRow
+    from lifecycle.store.journal import Journal
+    from lifecycle.store.rows import RunRow
 
     # A model with enough heads for Ulysses 32, as the field's large video models have.
     model = dataclasses.replace(MODEL_PRESETS["tiny-video"], attention_heads=ULYSSES)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from lifecycle.core.events import StoredEvent
-from lifecycle.core.fold import RankFold, RankView, Signature
+from lifecycle.core.fold import RankFold
+from lifecycle.core.view import RankView, Signature
 from replay.load import RunInfo
 
 

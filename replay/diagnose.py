@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from lifecycle.core.errors import COLLECTIVE_KINDS, ErrorKind, recorded_kind
-from lifecycle.core.fold import RankView
 from lifecycle.core.states import State
+from lifecycle.core.view import RankView
 from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
 from replay.culprits import hang_culprits, late_arrivals
 from replay.evidence import (

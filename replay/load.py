@@ -18,9 +18,11 @@ from lifecycle.core.errors import (
     RunNotFound,
 )
 from lifecycle.core.events import RunStarted, StoredEvent
-from lifecycle.core.fold import RankFold, RankView
+from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
-from lifecycle.store.journal import Journal, RunRow
+from lifecycle.core.view import RankView
+from lifecycle.store.journal import Journal
+from lifecycle.store.rows import RunRow
 from lifecycle.store.summaries import Summary
 
 # What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lifecycle.core.errors import COLLECTIVE_KINDS
-from lifecycle.core.fold import RankView
 from lifecycle.core.states import State
+from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis
 from replay.evidence import CutOff, FirstError
 

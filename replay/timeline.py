@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
-from lifecycle.core.fold import RankView
 from lifecycle.core.plan import Role
+from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis
 from replay.load import RunInfo
 from replay.render import Style, clean, mib, table, when

@@ -31,16 +31,8 @@ from lifecycle.core.events import (
     UnknownEvent,
     WarmupRecord,
 )
-from lifecycle.core.fold import (
-    RECENT_HEARTBEATS,
-    RECENT_STARTS,
-    GroupTally,
-    OpenCollective,
-    RankFold,
-    RecentStart,
-    SeqGap,
-    Span,
-)
+from lifecycle.core.fold import RECENT_HEARTBEATS, RECENT_STARTS, GroupTally, RankFold
+from lifecycle.core.view import OpenCollective, RecentStart, SeqGap, Span
 
 FOLD_VERSION = 1
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from lifecycle.core.config import ServerArgs, Shape
 from lifecycle.core.events import StoredEvent
-from lifecycle.core.fold import RankView
+from lifecycle.core.view import RankView
 from lifecycle.serve.control import (
     ControlChannel,
     Generate,

@@ -17,8 +17,9 @@ from typing import Any
 from lifecycle.core.config import ServerArgs, args_to_json
 from lifecycle.core.errors import EXIT_UNJOURNALED
 from lifecycle.core.events import StoredEvent
-from lifecycle.core.fold import RankFold, RankView
+from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
+from lifecycle.core.view import RankView
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
 from lifecycle.store import Journal, shown_location

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lifecycle.store.journal import Journal, RunRow
+from lifecycle.store.journal import Journal
 from lifecycle.store.location import is_url, shown_location, to_url
 from lifecycle.store.revisions import (
     head_revision,
@@ -11,6 +11,7 @@ from lifecycle.store.revisions import (
     migrations_dir,
     script_revisions,
 )
+from lifecycle.store.rows import RunRow
 from lifecycle.store.writer import RankWriter
 
 __all__ = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine, Text, func, null, select, type_coerce
@@ -15,7 +14,6 @@ from lifecycle.core.errors import JournalError, NotAJournal
 from lifecycle.core.events import StoredEvent, UnknownEvent
 from lifecycle.store.backend import Backend, backend_for
 from lifecycle.store.errors import DATABASE_ERRORS, Fault, fault_of, journal_error, write_failure
-from lifecycle.store.location import command_without_passwords, without_password
 from lifecycle.store.revisions import (
     EMPTY,
     check_head,
@@ -23,6 +21,7 @@ from lifecycle.store.revisions import (
     migrate,
     read_revision,
 )
+from lifecycle.store.rows import RunRow, without_secrets
 from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
 from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_summaries
 from lifecycle.store.writer import RankWriter
@@ -40,30 +39,6 @@ _ROW = select(
     events.c.state,
     type_coerce(events.c.data, Text),
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunRow:
-    run_id: str
-    created_at: float
-    host: str
-    world_size: int
-    config: dict[str, Any]
-    lifecycle_version: str
-    command: str | None = None  # None in journals older than revision 0002
-
-
-def without_secrets(row: RunRow) -> RunRow:
-    """The run row with every URL password hidden: in the journal's location (`config["db"]`)
-    and in the command line."""
-    config = row.config
-    db = config.get("db")
-    if isinstance(db, str) and without_password(db) != db:
-        config = {**config, "db": without_password(db)}
-    command = None if row.command is None else command_without_passwords(row.command)
-    if config is row.config and command == row.command:
-        return row
-    return replace(row, config=config, command=command)
 
 
 class Journal:

@@ -9,7 +9,8 @@ import time
 
 from lifecycle import __version__
 from lifecycle.core.config import ServerArgs, args_to_json
-from lifecycle.store.journal import Journal, RunRow
+from lifecycle.store.journal import Journal
+from lifecycle.store.rows import RunRow
 
 
 def launch_command(argv: list[str]) -> str:

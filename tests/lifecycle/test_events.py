@@ -27,7 +27,8 @@ from lifecycle.core.events import (
     UnknownEvent,
     error_event,
 )
-from lifecycle.store.journal import Journal, RunRow
+from lifecycle.store.journal import Journal
+from lifecycle.store.rows import RunRow
 from tests.strategies import events
 
 T0 = 1_800_000_000.0

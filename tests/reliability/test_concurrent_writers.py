@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.events import Heartbeat, PendingCollective
-from lifecycle.store.journal import Journal, RunRow
+from lifecycle.store.journal import Journal
+from lifecycle.store.rows import RunRow
 
 WRITERS = 8
 SECONDS = 2.0

@@ -20,7 +20,8 @@ from lifecycle.core.events import (
     RunStarted,
     Transition,
 )
-from lifecycle.store.journal import Journal, RunRow
+from lifecycle.store.journal import Journal
+from lifecycle.store.rows import RunRow
 from tests.conftest import run_cli
 from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat
 from tests.replay.scenarios import hung_then_stopped, signalled, warming

@@ -18,8 +18,8 @@ from lifecycle.core.checkpoint import checkpoint, restore
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.store import Journal, head_revision, journal_revision, to_url
-from lifecycle.store.journal import RunRow
 from lifecycle.store.revisions import alembic_config
+from lifecycle.store.rows import RunRow
 from replay.analysis import analyze, combine
 from replay.diagnose import diagnose
 from replay.load import Journals

@@ -1,0 +1,162 @@
+"""What a fold knows of one rank: its view and the records in it (pure; shared with replay)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lifecycle.core.events import (
+    ActionStarted,
+    BuffersAllocated,
+    BuffersDropped,
+    CollectivesDumped,
+    CollectiveStarted,
+    Error,
+    FaultInjected,
+    GateDecided,
+    PendingCollective,
+    PlanBuilt,
+    RunStarted,
+    Shutdown,
+    Stalled,
+    UnknownEvent,
+    WarmupRecord,
+)
+from lifecycle.core.states import State
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Span:
+    """A stretch of time a rank spent in one state; `left_at` is None while it is still there."""
+
+    state: str
+    entered_at: float
+    left_at: float | None
+
+    def duration_s(self, *, now: float | None = None) -> float | None:
+        end = self.left_at if self.left_at is not None else now
+        return None if end is None else max(0.0, end - self.entered_at)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenCollective:
+    """A collective this rank started and has not finished.
+
+    `from_heartbeat`: its record never reached the journal (after ready it waited in the
+    rank's ring, and the rank died before a dump); it is known from the rank's last heartbeat,
+    which is at most one interval old, and `started` holds only what a heartbeat says.
+    """
+
+    started: CollectiveStarted
+    at: float  # wall time of the started event
+    from_heartbeat: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signature:
+    """What must match across the members of a collective at one sequence number."""
+
+    op: str
+    purpose: str
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    input_splits: tuple[int, ...] | None
+    output_splits: tuple[int, ...] | None
+
+    @classmethod
+    def of(cls, event: CollectiveStarted) -> Signature:
+        return cls(
+            op=event.op,
+            purpose=event.purpose,
+            dtype=event.dtype,
+            shapes=event.shapes,
+            input_splits=event.input_splits,
+            output_splits=event.output_splits,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecentStart:
+    """One of a rank's latest collectives in a group: when it started, and what it was."""
+
+    seq: int
+    at: float
+    signature: Signature
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupProgress:
+    group: str
+    ranks: tuple[int, ...]
+    started: int  # highest group sequence number started, -1 before the first
+    finished: int  # highest group sequence number finished, -1 before the first
+    count: int  # collectives started in this group
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SeqGap:
+    expected: int
+    found: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankView:
+    """Everything known of one rank after its events, and nothing that did not come from them."""
+
+    run_id: str
+    rank: int
+    state: str
+    events: int
+    last_seq: int
+    first_wall: float | None
+    last_wall: float | None
+    last_kind: str | None
+    run_started: RunStarted | None
+    path: tuple[str, ...]  # states entered, in order, starting at created
+    spans: tuple[Span, ...]
+    gate: GateDecided | None
+    plan: PlanBuilt | None
+    skip_reason: str | None
+    warmup_records: tuple[WarmupRecord, ...]
+    action: ActionStarted | None  # the action running now (started, not finished)
+    action_at: float | None
+    ready_action_done: bool
+    errors: tuple[tuple[float, str, Error], ...]  # (wall time, state, error)
+    faults: tuple[tuple[float, str, FaultInjected], ...]
+    stalls: tuple[tuple[float, str, Stalled], ...]
+    live_buffer_bytes: int
+    buffer_allocations: tuple[tuple[float, str, BuffersAllocated], ...]
+    buffer_drops: tuple[tuple[float, str, BuffersDropped], ...]
+    groups: tuple[GroupProgress, ...]
+    pending: OpenCollective | None
+    heartbeats: int
+    last_heartbeat_wall: float | None
+    last_heartbeat_pending: PendingCollective | None
+    requests_started: int
+    requests_finished: int
+    shutdown: Shutdown | None
+    unknown: tuple[UnknownEvent, ...]
+    seq_gaps: tuple[SeqGap, ...]
+    dumps: tuple[tuple[float, str, CollectivesDumped], ...]
+    recent_starts: tuple[tuple[str, tuple[RecentStart, ...]], ...]  # per group, oldest first
+    recent_heartbeats: tuple[float, ...]
+    last_progress: float | None  # the last event that is neither a heartbeat nor a shutdown
+    shutdown_wall: float | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in (State.FAILED, State.STOPPED)
+
+    @property
+    def healthy(self) -> bool:
+        """Ready, and the ready action (with its smoke request, if any) has finished."""
+        return self.state == State.READY and self.ready_action_done
+
+    @property
+    def calibrated(self) -> bool:
+        return State.PROBE in self.path
+
+    def entered_at(self, state: str) -> float | None:
+        return next((s.entered_at for s in self.spans if s.state == state), None)
+
+    def time_in_state_s(self, *, now: float) -> float | None:
+        return self.spans[-1].duration_s(now=now) if self.spans else None

@@ -1,0 +1,32 @@
+"""A run's row as the journal keeps it, without the secrets a command line may carry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lifecycle.store.location import command_without_passwords, without_password
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRow:
+    run_id: str
+    created_at: float
+    host: str
+    world_size: int
+    config: dict[str, Any]
+    lifecycle_version: str
+    command: str | None = None  # None in journals older than revision 0002
+
+
+def without_secrets(row: RunRow) -> RunRow:
+    """The run row with every URL password hidden: in the journal's location (`config["db"]`)
+    and in the command line."""
+    config = row.config
+    db = config.get("db")
+    if isinstance(db, str) and without_password(db) != db:
+        config = {**config, "db": without_password(db)}
+    command = None if row.command is None else command_without_passwords(row.command)
+    if config is row.config and command == row.command:
+        return row
+    return replace(row, config=config, command=command)
