@@ -136,3 +136,12 @@ def wait_until(condition: Callable[[], bool], *, within: float, what: str) -> No
             return
         time.sleep(0.1)
     raise AssertionError(f"not within {within} s: {what}")
+
+
+@pytest.fixture(scope="session")
+def postgres():  # type: ignore[no-untyped-def]
+    """A real PostgreSQL server for the session (see tests/pg.py), stopped at the end."""
+    from tests.pg import postgres_server
+
+    with postgres_server() as server:
+        yield server

@@ -10,6 +10,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 
 from lifecycle.store.generic import GenericBackend
 from lifecycle.store.location import parse_url, shown_location, sqlite_file, to_url
+from lifecycle.store.postgres import PostgresBackend, is_postgres, with_default_driver
 from lifecycle.store.sqlite import SqliteBackend
 
 
@@ -75,4 +76,6 @@ def backend_for(location: str) -> Backend:
     path = sqlite_file(url)
     if path is not None:
         return SqliteBackend(path, location=shown)
+    if is_postgres(url):
+        return PostgresBackend(with_default_driver(url), location=shown)
     return GenericBackend(url, location=shown)

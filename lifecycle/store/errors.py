@@ -171,7 +171,7 @@ def append_error(
 
 # The pip package that provides a database driver module, where the two names differ.
 DRIVER_PACKAGES = {
-    "psycopg": "psycopg[binary]",
+    "psycopg": "lifecycle[postgres]",
     "psycopg2": "psycopg2-binary",
     "pymysql": "PyMySQL",
     "MySQLdb": "mysqlclient",

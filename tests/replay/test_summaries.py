@@ -32,7 +32,7 @@ from tests.strategies import events, rank_streams
 T0 = 1_800_000_000.0
 
 
-def verdicts_agree(db: Path) -> int:
+def verdicts_agree(db: str | Path) -> int:
     """Compare both paths on every run of `db`; how many runs `replay runs` judged from
     their summaries alone (each of those too is held to the full fold)."""
     settled = 0

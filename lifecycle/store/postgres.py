@@ -1,0 +1,56 @@
+"""The PostgreSQL backend: psycopg 3 (the `postgres` extra), and migrations under an advisory
+lock, so that ranks and hosts opening one new database at once create its tables once."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from sqlalchemy import text
+from sqlalchemy.engine import URL
+
+from lifecycle.store.errors import DATABASE_ERRORS, journal_error
+from lifecycle.store.generic import GenericBackend
+
+# The driver a plain `postgresql://` URL gets: SQLAlchemy's own default is psycopg2.
+DRIVER = "psycopg"
+# One key for every lifecycle journal: migrations of different databases of one server wait on
+# each other, which costs nothing (they are rare and short) and needs no name to hash.
+MIGRATION_LOCK_KEY = 0x6C6966656379  # "lifecy"
+EXTRA = "lifecycle[postgres]"
+
+
+def is_postgres(url: URL) -> bool:
+    return url.get_backend_name() == "postgresql"
+
+
+def with_default_driver(url: URL) -> URL:
+    """`postgresql://` and `postgres://` mean psycopg 3; a URL naming its driver keeps it."""
+    if url.drivername in ("postgresql", "postgres"):
+        return url.set(drivername=f"postgresql+{DRIVER}")
+    return url
+
+
+class PostgresBackend(GenericBackend):
+    """A journal in a PostgreSQL database."""
+
+    @contextlib.contextmanager
+    def migration_lock(self) -> Iterator[None]:
+        """A session-level advisory lock, held on a connection of its own while migrating."""
+        engine = self.write_engine()
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    with contextlib.suppress(*DATABASE_ERRORS):
+                        conn.execute(
+                            text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY}
+                        )
+                        conn.commit()
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self.location, writing=True) from None
+        finally:
+            engine.dispose()

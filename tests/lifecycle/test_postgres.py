@@ -1,0 +1,136 @@
+"""PostgreSQL as the fleet's journal, against a real server the tests start (tests/pg.py):
+real ranks write to it, replay reads it, and its password appears nowhere."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from lifecycle.serve.supervisor import free_port
+from tests.conftest import run_cli
+from tests.pg import PASSWORD, PostgresServer
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
+_names = itertools.count()
+MICRO = ["--model", "micro-video", "--heartbeat-interval", "0.2", "--log-level", "info"]
+
+
+def database(postgres: PostgresServer) -> str:
+    return postgres.create_database(f"pg_{next(_names)}")
+
+
+def everything_said(
+    url: str, tmp_path: Path, *outputs: subprocess.CompletedProcess[str]
+) -> tuple[str, int]:
+    """What a person or a program could see of the journal: the commands' outputs, replay's
+    answers in text and JSON, a trace, and every row of every table (and how many rows)."""
+    rows = 0
+    said = [o.stdout + o.stderr for o in outputs]
+    for argv in (["runs", url], ["runs", url, "--json"], ["show", "latest", url, "--json"],
+                 ["show", "latest", url, "--all"], ["diagnose", "latest", url, "--json"],
+                 ["trace", "latest", url, "-o", "-"]):  # fmt: skip
+        done = run_cli("replay", argv, cwd=tmp_path)
+        said.append(done.stdout + done.stderr)
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.connect() as conn:
+        for table in ("runs", "events", "rank_summaries", "rank_checkpoints"):
+            found = [str(row) for row in conn.execute(text(f"SELECT * FROM {table}"))]
+            rows += len(found)
+            said.extend(found)
+    engine.dispose()
+    return "\n".join(said), rows
+
+
+def test_ranks_journal_to_postgres_and_the_password_appears_nowhere(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Two ranks boot to ready on PostgreSQL with JSON logs; replay reads it back ready; the
+    password is in no output, log line, journal row, replay answer or trace."""
+    url = database(postgres)
+    booted = run_cli(
+        "lifecycle", ["boot", *MICRO, "--num-ranks", "2", "--db", url, "--json-logs"],
+        cwd=tmp_path, timeout=180,
+    )  # fmt: skip
+    assert booted.returncode == 0, booted.stderr[-2000:]
+    assert "postgresql://lifecycle:***@" in booted.stdout
+    diagnosed = run_cli("replay", ["diagnose", "latest", url, "--json"], cwd=tmp_path)
+    assert json.loads(diagnosed.stdout)["outcome"] == "ready"
+    said, rows = everything_said(url, tmp_path, booted, diagnosed)
+    assert rows > 50 and "collective_started" in said
+    assert PASSWORD not in said
+
+
+@pytest.mark.parametrize(
+    ("fault", "outcome"), [("1:drop-buffers:raise", "hung"), ("1:probe:exit", "crashed")]
+)
+def test_the_fields_failure_and_a_crash_are_diagnosed_from_postgres(
+    postgres: PostgresServer, tmp_path: Path, fault: str, outcome: str
+) -> None:
+    """The field's failure (an error in drop-buffers, peers left in the next all-to-all) and a
+    rank that dies in probe, journaled to PostgreSQL: the same verdicts as on SQLite."""
+    url = database(postgres)
+    run_cli(
+        "lifecycle",
+        ["boot", *MICRO, "--num-ranks", "2", "--calibrate", "--db", url, "--fault", fault,
+         "--dist-timeout", "5"],
+        cwd=tmp_path, timeout=180,
+    )  # fmt: skip
+    done = run_cli("replay", ["diagnose", "latest", url, "--json"], cwd=tmp_path)
+    doc = json.loads(done.stdout)
+    assert (doc["outcome"], doc["culprit_ranks"]) == (outcome, [1]), done.stdout
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_bad_urls_are_one_line_without_the_password(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """A wrong password, a server that is not there, a database that does not exist, a driver
+    that is not installed: one line on stderr, exit 2, and never the password."""
+    nobody = f"postgresql://lifecycle:{PASSWORD}@127.0.0.1:{free_port()}/j"
+    cases = {
+        "password": postgres.url("postgres", password=PASSWORD + "x"),
+        "unreachable": nobody,
+        "no database": postgres.url("no_such_db"),
+        "driver": postgres.url("postgres", scheme="postgresql+psycopg2"),
+    }
+    for name, url in cases.items():
+        for module, argv in (("lifecycle", ["boot", "--db", url]), ("replay", ["runs", url])):
+            done = run_cli(module, argv, cwd=tmp_path, timeout=60)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2, (name, module, done.stderr)
+            assert len(lines) == 1, (name, module, done.stderr)
+            assert PASSWORD not in done.stdout + done.stderr, (name, module)
+            if name == "driver":
+                assert "pip install 'psycopg2-binary'" in lines[0]
+
+
+def test_without_psycopg_a_postgres_url_names_the_extra(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """psycopg not importable (as where the `postgres` extra is not installed): one line
+    naming the extra to install, exit 2."""
+    url = postgres.url("postgres")
+    entry = (
+        "import sys; sys.modules['psycopg'] = None; from lifecycle.serve.cli import main;"
+        f" sys.exit(main(['boot', '--db', {url!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", entry],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "lifecycle: error: postgresql://lifecycle:***@127.0.0.1:"
+        f"{postgres.port}/postgres: the database driver 'psycopg' for 'postgresql+psycopg' is"
+        " not installed: pip install 'lifecycle[postgres]'"
+    ]
