@@ -134,17 +134,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     sub.add_parser("diagram", help="print the state machine as Mermaid")
-    db = sub.add_parser("db", help="journal schema and retention: current, upgrade, prune")
+    db = sub.add_parser(
+        "db", help="journal schema, retention and copies: current, upgrade, prune, copy"
+    )
     db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=_Parser)
     for name, text in (
         ("current", "print the journal's schema revision"),
         ("upgrade", "migrate this lifecycle's own journal to the newest schema"),
         ("prune", "remove old runs, whole, from the journal"),
+        ("copy", "copy a journal's runs into another (a node's file into the fleet's database)"),
     ):
         cmd = db_sub.add_parser(name, help=text)
         cmd.add_argument("--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"))
         if name == "prune":
             _add_prune_options(cmd)
+        if name == "copy":
+            cmd.add_argument(
+                "--to", required=True, metavar="JOURNAL", help="the journal to copy into"
+            )
+            cmd.add_argument(
+                "--run", action="append", metavar="RUN_ID", help="only this run (repeatable)"
+            )
     return parser
 
 
@@ -282,6 +292,15 @@ def _db(ns: argparse.Namespace) -> int:
             return 0
         if ns.db_command == "prune":
             return _prune(ns)
+        if ns.db_command == "copy":
+            from lifecycle.store.copy import copy_journal
+
+            with Journal.open_for_read(ns.db) as source, Journal.open_for_write(ns.to) as into:
+                copied = copy_journal(
+                    source, into, run_ids=set(ns.run) if ns.run is not None else None
+                )
+            print(copied.line(source.location, into.location))
+            return 0
         with Journal.open_for_write(ns.db, upgrade=True) as journal:
             filled = journal.backfill_summaries()
         shown = journal.location

@@ -134,3 +134,32 @@ def test_without_psycopg_a_postgres_url_names_the_extra(
         f"{postgres.port}/postgres: the database driver 'psycopg' for 'postgresql+psycopg' is"
         " not installed: pip install 'lifecycle[postgres]'"
     ]
+
+
+def test_a_node_journal_is_copied_into_postgres_and_reads_the_same(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """`lifecycle db copy` fills the fleet's database from a node's SQLite file: every event
+    with its seq, state and times; the verdict read from either is the same; a second copy
+    leaves what is there alone and says so."""
+    node = tmp_path / "node.db"
+    failed = ["--num-ranks", "2", "--fault", "1:bounded-warm:raise", "--dist-timeout", "5"]
+    for extra in ([], failed):
+        run_cli("lifecycle", ["boot", *MICRO, "--db", str(node), *extra], cwd=tmp_path, timeout=180)
+    url = database(postgres)
+    copied = run_cli("lifecycle", ["db", "copy", "--db", str(node), "--to", url], cwd=tmp_path)
+    assert copied.returncode == 0, copied.stderr
+    (line,) = copied.stdout.strip().splitlines()
+    assert "of 3 rank(s) in 2 run(s)" in line and PASSWORD not in line
+    runs = json.loads(run_cli("replay", ["runs", str(node), "--json"], cwd=tmp_path).stdout)
+    assert [r["outcome"] for r in runs] == ["ready", "hung"]
+    for run in runs:
+        argv = ["diagnose", run["run_id"]]
+        here = run_cli("replay", [*argv, str(node), "--json"], cwd=tmp_path)
+        there = run_cli("replay", [*argv, url, "--json"], cwd=tmp_path)
+        assert json.loads(here.stdout) == json.loads(there.stdout)
+    node_show = run_cli("replay", ["show", "latest", str(node), "--all"], cwd=tmp_path).stdout
+    copy_show = run_cli("replay", ["show", "latest", url, "--all"], cwd=tmp_path).stdout
+    assert node_show.splitlines()[1:] == copy_show.splitlines()[1:]
+    again = run_cli("lifecycle", ["db", "copy", "--db", str(node), "--to", url], cwd=tmp_path)
+    assert "copied 0 events of 0 rank(s) in 0 run(s); 3 rank(s) already there" in again.stdout
