@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lifecycle.core.errors import ReplayError
+from lifecycle.store.sqlite import FILE_KINDS
 
 
 class OutputRefused(ReplayError):
@@ -21,15 +22,6 @@ class OutputRefused(ReplayError):
         super().__init__(f"-o {output} {reason}")
         self.output = output
         self.reason = reason
-
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 SIDECARS = ("-wal", "-shm", "-journal")
@@ -78,7 +70,7 @@ def trace_target(output: str, journals: Sequence[str]) -> Path:
     except OSError as exc:
         raise OutputRefused(output=output, reason=f"cannot be examined: {_reason(exc)}") from None
     if status is not None:
-        kind = next((k for is_kind, k in _FILE_KINDS if is_kind(status.st_mode)), None)
+        kind = next((k for is_kind, k in FILE_KINDS if is_kind(status.st_mode)), None)
         if kind is not None or not stat.S_ISREG(status.st_mode):
             raise OutputRefused(
                 output=output,

@@ -8,6 +8,7 @@ instead, so changing RankFold, or the version of an event kind it keeps, means a
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -114,46 +115,30 @@ def _noted(fold: RankFold) -> tuple[NotedEvent, ...]:
     return tuple(NotedEvent.of(at, state, event) for at, state, event in kept)
 
 
+# RankFold's fields a checkpoint holds as they are (lists as tuples); the others are the noted
+# events, the groups, the open collectives and the recent starts, converted below.
+_AS_IS = tuple(
+    f.name
+    for f in dataclasses.fields(FoldCheckpoint)
+    if f.name not in ("noted", "groups", "open_collectives", "recent_starts")
+)
+_LISTS = frozenset({"path", "spans", "warmup_records", "unknown", "seq_gaps"})
+
+
 def checkpoint(fold: RankFold) -> str:
     """The fold as JSON text."""
+    plain = {name: getattr(fold, name) for name in _AS_IS}
+    plain = {k: tuple(v) if isinstance(v, list | deque) else v for k, v in plain.items()}
     return dumps_record(
         FoldCheckpoint(
-            run_id=fold.run_id,
-            rank=fold.rank,
-            state=fold.state,
-            events=fold.events,
-            last_seq=fold.last_seq,
-            first_wall=fold.first_wall,
-            last_wall=fold.last_wall,
-            last_kind=fold.last_kind,
-            run_started=fold.run_started,
-            path=tuple(fold.path),
-            spans=tuple(fold.spans),
-            gate=fold.gate,
-            plan=fold.plan,
-            warmup_records=tuple(fold.warmup_records),
-            action=fold.action,
-            action_at=fold.action_at,
-            ready_action_done=fold.ready_action_done,
+            **plain,
             noted=_noted(fold),
-            live_buffer_bytes=fold.live_buffer_bytes,
             groups=tuple(g.mark(name) for name, g in fold.groups.items()),
             open_collectives=tuple(fold.open_collectives.values()),
-            heartbeats=fold.heartbeats,
-            last_heartbeat_wall=fold.last_heartbeat_wall,
-            last_heartbeat_pending=fold.last_heartbeat_pending,
-            requests_started=fold.requests_started,
-            requests_finished=fold.requests_finished,
-            shutdown=fold.shutdown,
-            unknown=tuple(fold.unknown),
-            seq_gaps=tuple(fold.seq_gaps),
             recent_starts=tuple(
                 GroupStarts(group=name, starts=tuple(starts))
                 for name, starts in fold.recent_starts.items()
             ),
-            recent_heartbeats=tuple(fold.recent_heartbeats),
-            last_progress=fold.last_progress,
-            shutdown_wall=fold.shutdown_wall,
         )
     )
 
@@ -162,12 +147,10 @@ def restore(text: str) -> RankFold:
     """The fold a checkpoint holds; CorruptEvent when it does not read."""
     c = loads_record(FoldCheckpoint, text)
     fold = RankFold(run_id=c.run_id, rank=c.rank)
-    fold.state, fold.events, fold.last_seq = c.state, c.events, c.last_seq
-    fold.first_wall, fold.last_wall, fold.last_kind = c.first_wall, c.last_wall, c.last_kind
-    fold.run_started, fold.path, fold.spans = c.run_started, list(c.path), list(c.spans)
-    fold.gate, fold.plan, fold.warmup_records = c.gate, c.plan, list(c.warmup_records)
-    fold.action, fold.action_at = c.action, c.action_at
-    fold.ready_action_done, fold.live_buffer_bytes = c.ready_action_done, c.live_buffer_bytes
+    for name in _AS_IS:
+        value = getattr(c, name)
+        setattr(fold, name, list(value) if name in _LISTS else value)
+    fold.recent_heartbeats = deque(c.recent_heartbeats, maxlen=RECENT_HEARTBEATS)
     for at, state, event in (noted.restore() for noted in c.noted):
         match event:
             case Error():
@@ -184,11 +167,5 @@ def restore(text: str) -> RankFold:
                 fold.dumps.append((at, state, event))
     fold.groups = {g.group: GroupTally.of(g) for g in c.groups}
     fold.open_collectives = {o.started.group: o for o in c.open_collectives}
-    fold.heartbeats, fold.last_heartbeat_wall = c.heartbeats, c.last_heartbeat_wall
-    fold.last_heartbeat_pending = c.last_heartbeat_pending
-    fold.requests_started, fold.requests_finished = c.requests_started, c.requests_finished
-    fold.shutdown, fold.unknown, fold.seq_gaps = c.shutdown, list(c.unknown), list(c.seq_gaps)
     fold.recent_starts = {g.group: deque(g.starts, maxlen=RECENT_STARTS) for g in c.recent_starts}
-    fold.recent_heartbeats = deque(c.recent_heartbeats, maxlen=RECENT_HEARTBEATS)
-    fold.last_progress, fold.shutdown_wall = c.last_progress, c.shutdown_wall
     return fold

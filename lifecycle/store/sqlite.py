@@ -25,7 +25,7 @@ BUSY_TIMEOUT_S = 30.0
 # cache each bounds its memory by the rank count, whatever the journal's size.
 READ_CACHE_KIB = 128
 
-_FILE_KINDS = (
+FILE_KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
@@ -61,7 +61,7 @@ def _check_sqlite_file(path: Path, location: str) -> bool:
     status = _stat(path, location)
     if status is None:
         return True
-    for is_kind, kind in _FILE_KINDS:
+    for is_kind, kind in FILE_KINDS:
         if is_kind(status.st_mode):
             raise NotAJournal(location=location, reason=f"not a regular file ({kind})")
     size = status.st_size
