@@ -168,6 +168,11 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
             f"  pending {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
             f" since +{analysis.at(view.pending.at):.2f}"
         )
+    if view.clock is not None and view.rank != 0:
+        lines.append(
+            f"  clock {view.clock.offset_s:+.4f} s against rank 0's (host {clean(view.clock.host)},"
+            f" measured within {view.clock.round_trip_s * 1000:.2f} ms); its times are on rank 0's"
+        )
     if view.unknown:
         lines.append(f"  {len(view.unknown)} event(s) of unknown kind or undecodable payload")
     if view.seq_gaps:

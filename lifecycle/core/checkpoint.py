@@ -18,6 +18,7 @@ from lifecycle.core.events import (
     ActionStarted,
     BuffersAllocated,
     BuffersDropped,
+    ClockAligned,
     CollectivesDumped,
     Error,
     Event,
@@ -101,6 +102,7 @@ class FoldCheckpoint:
     recent_heartbeats: tuple[float, ...]
     last_progress: float | None
     shutdown_wall: float | None
+    clock: ClockAligned | None
 
 
 def _noted(fold: RankFold) -> tuple[NotedEvent, ...]:

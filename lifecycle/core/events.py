@@ -281,6 +281,18 @@ class CollectivesDumped(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClockAligned(Event):
+    """This rank's wall clock measured against rank 0's at the rendezvous: from this event on,
+    its events' wall times are on rank 0's clock (local time minus `offset_s`), so ranks on
+    different hosts order correctly; events before it keep the local clock."""
+
+    kind: ClassVar[str] = "clock_aligned"
+    offset_s: float  # this rank's clock minus rank 0's
+    round_trip_s: float  # of the exchange the offset was taken from: its uncertainty
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Shutdown(Event):
     kind: ClassVar[str] = "shutdown"
     reason: str
@@ -321,6 +333,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RequestStarted,
         RequestFinished,
         CollectivesDumped,
+        ClockAligned,
         Shutdown,
     )
 }

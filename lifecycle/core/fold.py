@@ -11,6 +11,7 @@ from lifecycle.core.events import (
     ActionStarted,
     BuffersAllocated,
     BuffersDropped,
+    ClockAligned,
     CollectiveFinished,
     CollectivesDumped,
     CollectiveStarted,
@@ -113,6 +114,7 @@ class RankFold:
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
     last_progress: float | None = None
     shutdown_wall: float | None = None
+    clock: ClockAligned | None = None
 
     def apply(self, stored: StoredEvent) -> None:
         at = stored.wall_time
@@ -192,6 +194,9 @@ class RankFold:
                 self._mark(event.groups)
             case CollectivesDumped():
                 self.dumps.append((at, stored.state, event))
+            case ClockAligned():
+                self.clock = event
+                self._onto_rank0_clock(event.offset_s, before=at)
             case Shutdown():
                 self.shutdown = event
             case UnknownEvent():
@@ -201,6 +206,32 @@ class RankFold:
         # The envelope's state is authoritative: it is what the rank had committed to.
         if stored.state != self.state and stored.state in _STATES:
             self._enter(stored.state, at)
+
+    def _onto_rank0_clock(self, offset_s: float, *, before: float) -> None:
+        """The few events before the rank's clock was aligned (its start, the rendezvous, the
+        heartbeats while it waited) carry its own clock: put them on rank 0's too."""
+        if not offset_s:
+            return
+
+        def moved(wall: float | None) -> float | None:
+            return None if wall is None else wall - offset_s
+
+        self.first_wall = moved(self.first_wall)
+        self.action_at = moved(self.action_at)
+        self.last_heartbeat_wall = moved(self.last_heartbeat_wall)
+        self.last_progress = before if self.last_progress is not None else None
+        self.recent_heartbeats = deque(
+            (w - offset_s for w in self.recent_heartbeats), maxlen=RECENT_HEARTBEATS
+        )
+        self.spans = [
+            Span(
+                state=span.state,
+                entered_at=span.entered_at - offset_s,
+                left_at=moved(span.left_at),
+            )
+            for span in self.spans
+        ]
+        self.last_wall = before
 
     def _mark(self, marks: tuple[GroupMark, ...]) -> None:
         """Progress a heartbeat or a finished request reports, for collectives whose records
@@ -308,6 +339,7 @@ class RankFold:
             recent_heartbeats=tuple(self.recent_heartbeats),
             last_progress=self.last_progress,
             shutdown_wall=self.shutdown_wall,
+            clock=self.clock,
         )
 
     @property

@@ -8,6 +8,7 @@ from lifecycle.core.events import (
     ActionStarted,
     BuffersAllocated,
     BuffersDropped,
+    ClockAligned,
     CollectivesDumped,
     CollectiveStarted,
     Error,
@@ -141,6 +142,7 @@ class RankView:
     recent_heartbeats: tuple[float, ...]
     last_progress: float | None  # the last event that is neither a heartbeat nor a shutdown
     shutdown_wall: float | None
+    clock: ClockAligned | None  # its clock against rank 0's, measured at the rendezvous
 
     @property
     def terminal(self) -> bool:

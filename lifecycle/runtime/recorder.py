@@ -12,11 +12,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import structlog
 
+from lifecycle.core.errors import ConfigError
 from lifecycle.core.events import (
     CollectivesDumped,
     CollectiveStarted,
@@ -47,11 +48,36 @@ class Clock(Protocol):
 
 
 class SystemClock:
+    """The host's clocks. `skew_s` shifts the wall clock: LIFECYCLE_CLOCK_SKEW=RANK:SECONDS
+    gives one rank a clock that is off, standing in for another host's (one host has one
+    clock, so the alignment of ranks on different hosts is tested this way)."""
+
+    def __init__(self, *, skew_s: float = 0.0) -> None:
+        self._skew = skew_s
+
     def wall(self) -> float:
-        return time.time()
+        return time.time() + self._skew
 
     def mono_ns(self) -> int:
         return time.monotonic_ns()
+
+
+CLOCK_SKEW_ENV = "LIFECYCLE_CLOCK_SKEW"
+
+
+def clock_for(rank: int, env: Mapping[str, str]) -> SystemClock:
+    """This rank's clock, skewed where LIFECYCLE_CLOCK_SKEW names it (`RANK:SECONDS`)."""
+    spec = env.get(CLOCK_SKEW_ENV, "")
+    for part in spec.split(","):
+        name, _, seconds = part.partition(":")
+        if name.strip() == str(rank):
+            try:
+                return SystemClock(skew_s=float(seconds))
+            except ValueError:
+                raise ConfigError(
+                    f"{CLOCK_SKEW_ENV}={spec!r}: expected RANK:SECONDS", field="clock_skew"
+                ) from None
+    return SystemClock()
 
 
 Listener = Callable[[StoredEvent], None]
@@ -105,6 +131,7 @@ class Recorder:
         self.ring_dropped = 0  # records that fell out of the ring since its last dump
         self._listeners: list[Listener] = []
         self._state_of: Callable[[], State] = _not_started
+        self._offset_s = 0.0  # this rank's clock minus rank 0's, once measured
 
     @property
     def run_id(self) -> str:
@@ -118,6 +145,11 @@ class Recorder:
     def clock(self) -> Clock:
         return self._clock
 
+    def align_clock(self, offset_s: float) -> None:
+        """From now on stamp events on rank 0's clock: this clock's time less `offset_s`."""
+        with self._lock:
+            self._offset_s = offset_s
+
     def follow(self, state_of: Callable[[], State]) -> None:
         """Stamp events with the state `state_of` reports (the rank's machine, which is the
         only holder of its state)."""
@@ -128,7 +160,11 @@ class Recorder:
 
     def record(self, event: Event, *, state: State | None = None) -> StoredEvent | None:
         """Commit one event (its envelope state is `state`, else the current state)."""
-        stamp = (state or self._state_of()).value, self._clock.wall(), self._clock.mono_ns()
+        stamp = (
+            (state or self._state_of()).value,
+            self._clock.wall() - self._offset_s,
+            self._clock.mono_ns(),
+        )
         with self._lock:
             ring = self._ring
             if ring is not None:
@@ -159,7 +195,11 @@ class Recorder:
         with self._lock:
             if self._ring is None:
                 return 0  # before ready every collective record is in the journal already
-            stamp = self._state_of().value, self._clock.wall(), self._clock.mono_ns()
+            stamp = (
+                self._state_of().value,
+                self._clock.wall() - self._offset_s,
+                self._clock.mono_ns(),
+            )
             items = self._dump_items(reason, stamp)
             self._publish(self._writer.append_batch(items))
             return len(items) - 1

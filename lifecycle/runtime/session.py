@@ -29,6 +29,7 @@ from lifecycle.core.errors import (
 from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
+    ClockAligned,
     FaultInjected,
     RunStarted,
     Shutdown,
@@ -42,7 +43,11 @@ from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
 from lifecycle.runtime.heartbeat import HeartbeatThread
-from lifecycle.runtime.process_group import backend_for, join_process_group
+from lifecycle.runtime.process_group import (
+    backend_for,
+    join_process_group,
+    measure_clock_offset,
+)
 from lifecycle.runtime.recorder import Recorder
 
 FAULT_EXIT_CODE = 17
@@ -167,6 +172,7 @@ class RankSession:
                     env=os.environ,
                 ),
             )
+            self._align_clock(device)
         comm = Comm(
             layout=self.layout,
             sink=self.recorder,
@@ -183,6 +189,15 @@ class RankSession:
             device=device,
             meter=memory_meter(device),
             local_ranks=self.launch.local_ranks,
+        )
+
+    def _align_clock(self, device: torch.device) -> None:
+        """Measure this rank's clock against rank 0's, journal it, and stamp what follows on
+        rank 0's clock, so that "first" means first across hosts."""
+        offset, trip = measure_clock_offset(device, self.recorder.clock.wall)
+        self.recorder.align_clock(offset)
+        self.recorder.record(
+            ClockAligned(offset_s=offset, round_trip_s=trip, host=socket.gethostname())
         )
 
     def boot(self) -> State:

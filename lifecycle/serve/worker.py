@@ -147,14 +147,16 @@ def run_rank_process(
 ) -> int:
     """One rank from start to exit; returns the process exit status."""
     from lifecycle.runtime.process_group import leave_process_group
-    from lifecycle.runtime.recorder import Recorder
+    from lifecycle.runtime.recorder import Recorder, clock_for
     from lifecycle.runtime.session import RankLaunch, RankSession
     from lifecycle.store.runs import launch_command, open_run
 
     ranks = RankEnv.from_env(env)
     run_id = _agreed_run_id(env, created_at, ranks, args)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
-    recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank))
+    recorder = Recorder(
+        journal.writer(run_id=run_id, rank=ranks.rank), clock=clock_for(ranks.rank, env)
+    )
     launch = RankLaunch(
         run_id=run_id,
         rank=ranks.rank,

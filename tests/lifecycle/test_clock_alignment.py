@@ -1,0 +1,47 @@
+"""Ranks on hosts whose clocks disagree: each rank measures its clock against rank 0's at the
+rendezvous and journals on rank 0's clock, so "failed first" holds across hosts.
+
+One host has one clock: LIFECYCLE_CLOCK_SKEW=RANK:SECONDS gives one real rank process a wall
+clock that is off by that much, standing in for another host's."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+def test_a_rank_whose_clock_is_off_is_still_ordered_by_what_happened(
+    tmp_path: Path, skew: float
+) -> None:
+    """Rank 1's clock is 30 s ahead (or behind); it fails first in drop-buffers and rank 0
+    times out waiting for it. The verdict names rank 1's error as the first, at the time it
+    happened on rank 0's clock, and the measured offset is journaled."""
+    env = {**os.environ, "LIFECYCLE_CLOCK_SKEW": f"1:{skew}"}
+    run_cli(
+        "lifecycle",
+        ["boot", "--model", "micro-video", "--num-ranks", "2", "--calibrate", "--db", "j.db",
+         "--fault", "1:drop-buffers:raise", "--dist-timeout", "4", "--heartbeat-interval", "0.2",
+         "--log-level", "error"],
+        cwd=tmp_path, timeout=180, env=env,
+    )  # fmt: skip
+    done = run_cli("replay", ["diagnose", "latest", "j.db", "--json"], cwd=tmp_path)
+    doc = json.loads(done.stdout)
+    assert (doc["outcome"], doc["culprit_ranks"]) == ("hung", [1]), done.stdout
+    first = doc["first_error"]
+    assert (first["rank"], first["state"]) == (1, "drop-buffers")
+    assert 0 < first["at_s"] < 25, first  # on rank 0's clock, not 30 s off
+    shown = run_cli("replay", ["show", "latest", "j.db", "--rank", "1"], cwd=tmp_path).stdout
+    (line,) = [x for x in shown.splitlines() if "against rank 0's" in x]
+    measured = float(line.split()[1])
+    assert abs(measured - skew) < 0.5, line
+    spans = [x.split() for x in shown.splitlines() if x.strip().startswith("+")]
+    starts = [float(fields[0]) for fields in spans if len(fields) > 2 and fields[1] != "collective"]
+    assert all(0 <= s < 25 for s in starts), shown  # its start and rendezvous moved too
