@@ -97,7 +97,7 @@ def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
     return RunSummary(
         run_id=run.run_id,
         started=run.created_at,
-        host=run.host,
+        host=_hosts(run, [v.run_started.host if v.run_started else None for v in views]),
         world_size=run.world_size,
         mode=mode,
         path=path,
@@ -121,7 +121,7 @@ def summarize_settled(run: RunInfo, ranks: Sequence[Summary]) -> RunSummary:
     return RunSummary(
         run_id=run.run_id,
         started=run.created_at,
-        host=run.host,
+        host=_hosts(run, [s.host for s in ranks]),
         world_size=run.world_size,
         mode=_mode(run),
         path=path,
@@ -130,6 +130,13 @@ def summarize_settled(run: RunInfo, ranks: Sequence[Summary]) -> RunSummary:
         startup_to_ready_s=max(ready) - run.created_at if len(ready) == run.world_size else None,
         command=run.command,
     )
+
+
+def _hosts(run: RunInfo, hosts: Sequence[str | None]) -> str:
+    """The hosts a run's ranks ran on, as their run_started events name them, else the run
+    row's; several are listed, rank 0's first."""
+    named = list(dict.fromkeys(h for h in hosts if h))
+    return ",".join(named) if named else run.host
 
 
 def _mode(run: RunInfo) -> str:

@@ -47,6 +47,8 @@ from lifecycle.core.view import (
 # time: what diagnosis compares across members (a mismatch) and times (who came late) at the
 # end of a run. A fold's size, and a summary's, does not grow with the run.
 RECENT_STARTS = 16
+# Beyond this a measured clock offset is no offset (a clock not set at all): left as recorded.
+MAX_CLOCK_OFFSET_S = 1e8
 # Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
 RECENT_HEARTBEATS = 4
 
@@ -210,8 +212,8 @@ class RankFold:
     def _onto_rank0_clock(self, offset_s: float, *, before: float) -> None:
         """The few events before the rank's clock was aligned (its start, the rendezvous, the
         heartbeats while it waited) carry its own clock: put them on rank 0's too."""
-        if not offset_s:
-            return
+        if not offset_s or abs(offset_s) > MAX_CLOCK_OFFSET_S:
+            return  # none, or not an offset between two clocks that tell today's date
 
         def moved(wall: float | None) -> float | None:
             return None if wall is None else wall - offset_s

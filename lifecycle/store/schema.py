@@ -99,6 +99,7 @@ rank_summaries = Table(
     Column("planned", Boolean, nullable=False),  # it journaled a warmup plan
     Column("calibrated", Boolean, nullable=False),  # it went through probe
     Column("skip_reason", Text, nullable=True),  # its plan's calibration skip reason
+    Column("host", String(255), nullable=True),  # the host its run_started names
     PrimaryKeyConstraint("run_id", "rank"),
 )
 

@@ -26,6 +26,7 @@ BACKFILL_BATCH = 200  # summary rows inserted per transaction by `backfill`
 SUMMARY_COLUMNS = (
     "last_seq", "events", "state", "first_wall", "last_wall", "last_heartbeat_wall", "path",
     "first_error", "ready_at", "healthy", "ended", "planned", "calibrated", "skip_reason",
+    "host",
 )  # fmt: skip
 
 
@@ -47,6 +48,7 @@ def summary_values(fold: RankFold) -> dict[str, Any]:
         "planned": fold.plan is not None,
         "calibrated": State.PROBE in fold.path,
         "skip_reason": fold.plan.skip_reason if fold.plan is not None else None,
+        "host": fold.run_started.host[:255] if fold.run_started is not None else None,
     }
     return values
 
@@ -70,6 +72,7 @@ class Summary:
     planned: bool
     calibrated: bool
     skip_reason: str | None
+    host: str | None
     fold_version: int | None  # None without a checkpoint row
     fold_seq: int
     fold: str
@@ -92,6 +95,7 @@ def read_summaries(
         c.planned,
         c.calibrated,
         c.skip_reason,
+        c.host,
         k.fold_version,
         k.fold_seq,
         k.fold,
@@ -105,7 +109,7 @@ def read_summaries(
     out = []
     for row in conn.execute(stmt.order_by(c.run_id, c.rank)):
         (run_id, rank, last_seq, state, ready_at, healthy, ended, planned, calibrated, skip,
-         version, fold_seq, fold) = row  # fmt: skip
+         host, version, fold_seq, fold) = row  # fmt: skip
         if not (isinstance(run_id, str) and _is_int(rank) and _is_int(last_seq)):
             continue  # a damaged row: that rank is folded from its events instead
         flags = (healthy, ended, planned, calibrated)
@@ -126,6 +130,7 @@ def read_summaries(
                 planned=bool(planned),
                 calibrated=bool(calibrated),
                 skip_reason=skip if isinstance(skip, str) else None,
+                host=host if isinstance(host, str) else None,
                 fold_version=version,
                 fold_seq=fold_seq,
                 fold=fold,

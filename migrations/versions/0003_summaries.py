@@ -54,6 +54,7 @@ def upgrade() -> None:
         sa.Column("planned", sa.Boolean(), nullable=False),
         sa.Column("calibrated", sa.Boolean(), nullable=False),
         sa.Column("skip_reason", sa.Text(), nullable=True),
+        sa.Column("host", sa.String(255), nullable=True),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.run_id"], name=op.f("fk_rank_summaries_run_id_runs")
         ),

@@ -5,6 +5,7 @@ the real writer from generated events, and on a journal upgraded from before sum
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -138,3 +139,30 @@ def test_an_upgraded_journal_is_summarized_and_reads_the_same(
     assert after.stdout == before.stdout
     again = run_cli("lifecycle", ["db", "upgrade", "--db", str(old)], cwd=tmp_path)
     assert again.stdout.strip() == f"{old}: at {head_revision()}"
+
+
+def test_runs_names_every_host_of_a_run(tmp_path: Path) -> None:
+    """A run whose ranks ran on two hosts: `runs` names both, rank 0's first, from the
+    summaries of a run that ended healthy and from the fold of one that did not."""
+    from lifecycle.core.events import ActionFinished, RunStarted, Shutdown
+    from tests.replay.builder import AS_WRITTEN, JournalBuilder
+
+    for run_id, healthy in (("run-healthy", True), ("run-cut", False)):
+        built = JournalBuilder(tmp_path / "j.db", run_id=run_id)
+        for rank, host in ((0, "node-b"), (1, "node-a")):
+            stream = built.rank(rank)
+            stream.add(0.0, RunStarted(
+                world_size=2, host=host, pid=1, lifecycle_version="t", torch_version="t",
+                python_version="t", device="cpu", dist_backend="gloo",
+            ))  # fmt: skip
+            stream.walk(0.1, "gate-check", "bounded-warm", "ready")
+            if healthy:
+                stream.add(1.0, ActionFinished(action="ready", duration_s=0.1, ok=True))
+                stream.add(1.1, Shutdown(reason="t", signal=None, events_written=5,
+                                         journal_write_s=0.0))  # fmt: skip
+        built.close()
+    done = run_cli("replay", ["runs", str(tmp_path / "j.db"), "--json", *AS_WRITTEN], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    hosts = {row["run_id"]: (row["host"], row["outcome"]) for row in json.loads(done.stdout)}
+    assert hosts["run-healthy"] == ("node-b,node-a", "ready")
+    assert hosts["run-cut"][0] == "node-b,node-a" and hosts["run-cut"][1] != "ready"
