@@ -246,9 +246,11 @@ def test_a_journal_that_is_not_a_regular_file_is_refused(
             ["driver 'pymysql' for 'mysql+pymysql' is not installed", "pip install 'PyMySQL'"],
         ),
         (
-            "postgresql://u:secret@h/db",
-            ["postgresql://u:***@h/db: the database driver", "pip install"],
+            "postgresql+psycopg2://u:secret@h/db",
+            ["postgresql+psycopg2://u:***@h/db: the database driver", "pip install"],
         ),
+        # psycopg 3 (the postgres extra, installed with the tests): a host that is not there.
+        ("postgresql://u:secret@h/db", ["postgresql://u:***@h/db: failed to resolve host 'h'"]),
     ],
 )
 def test_a_database_url_that_cannot_be_used_is_one_line(
