@@ -28,8 +28,9 @@ INSERT = (
 )
 
 
-def new_journal(path: Path, *, run_id: str, world_size: int) -> None:
-    """A journal file made by the library's own migrations, with one run row."""
+def new_journal(path: Path | str, *, run_id: str, world_size: int) -> None:
+    """A journal (a file, or a database URL) made by the library's own migrations, with one
+    run row."""
     from lifecycle import __version__
     from lifecycle.store.journal import Journal
     from lifecycle.store.rows import RunRow

@@ -36,6 +36,7 @@ class Benchmark:
 MODULES = (
     "bench.overhead",
     "bench.journal",
+    "bench.postgres",
     "bench.calibration",
     "bench.collectives",
     "bench.replay",

@@ -25,11 +25,12 @@ _COLUMN_ORDER = (
     "run_id", "rank", "seq", "wall_time", "mono_ns", "kind", "version", "state", "data",
     "group_name", "group_seq", "op",
 )  # fmt: skip
-# The summary's checkpoint of the fold is rewritten with any event a verdict turns on, and
-# at least every this many events, so that a reader folds at most about this many after it.
+# The fold's checkpoint is rewritten at least every this many events, so that a reader folds
+# at most this many after it (the summary row itself is current with every append).
 CHECKPOINT_EVERY = 64
-# Kinds that only move counters a checkpoint can be a little behind on.
-_ROUTINE_KINDS = frozenset({"heartbeat", "collective_started", "collective_finished"})
+# Kinds after which a rank may well write nothing more: its checkpoint is taken with them, so
+# that an ended, failed or dumped rank is read without any event after its checkpoint.
+_CLOSING_KINDS = frozenset({"shutdown", "error", "collectives_dumped", "stalled"})
 
 _CHECKPOINT = ("fold_version", "fold_seq", "fold")
 
@@ -162,12 +163,12 @@ class RankWriter:
     def _summary(
         self, first: int, items: list[tuple[Event, str, float, int]]
     ) -> list[tuple[str, Any]]:
-        """The statement that brings this rank's summary row up to the batch, in its
-        transaction: a new checkpoint of the fold when the batch holds anything a verdict
-        turns on, or the last one is CHECKPOINT_EVERY events old; else only the counters."""
+        """The statements that bring this rank's summary row up to the batch, in its
+        transaction, and a new checkpoint of the fold when the batch holds an event that may
+        end the rank's journal, or the last one is CHECKPOINT_EVERY events old."""
         fold = self._fold
-        notable = any(item[0].kind not in _ROUTINE_KINDS for item in items)
-        fresh = first == 0 or notable or fold.last_seq - self._fold_seq >= CHECKPOINT_EVERY
+        closing = any(item[0].kind in _CLOSING_KINDS for item in items)
+        fresh = first == 0 or closing or fold.last_seq - self._fold_seq >= CHECKPOINT_EVERY
         key = {"key_run_id": self.run_id, "key_rank": self.rank}
         row = {"run_id": self.run_id, "rank": self.rank} if first == 0 else key
         then = [self._summary_insert if first == 0 else self._summary_update]

@@ -1,0 +1,171 @@
+"""The journal on PostgreSQL beside SQLite: one append against raw psycopg on the same server,
+and appends from 1, 2, 4 and 8 processes into one database against one SQLite file.
+
+The server is a throwaway cluster started the way the tests start theirs (tests/pg.py:
+Debian's initdb and pg_ctl, on a free loopback port); without those binaries the rows say
+so instead of a figure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import TYPE_CHECKING
+
+from bench.compare import compared_seconds
+from bench.journal import (
+    PROCESS_COUNTS,
+    RATIO_TARGET,
+    RUN_ID,
+    STATE,
+    TIMEOUT_S,
+    _append_in_processes,
+    new_journal,
+)
+from bench.procs import Pool
+from bench.stats import interleave, median, percentile
+from bench.suite import Benchmark, Settings, progress
+from bench.table import Row, format_ratio, verdict
+
+if TYPE_CHECKING:
+    from tests.pg import PostgresServer
+
+INSERT = (
+    "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_names = itertools.count()
+
+
+def _database(server: PostgresServer, stem: str) -> str:
+    url = server.create_database(f"bench_{stem}_{next(_names)}")
+    new_journal(url, run_id=RUN_ID, world_size=max(PROCESS_COUNTS))
+    return url
+
+
+def latency_rows(settings: Settings, server: PostgresServer) -> list[Row]:
+    import psycopg
+
+    from lifecycle.core.codec import encode
+    from lifecycle.core.events import ActionStarted
+    from lifecycle.store.journal import Journal
+
+    pairs = 200 if settings.quick else 2000
+    discard = 20 if settings.quick else 100
+    progress(f"postgres: append latency, {pairs} interleaved pairs")
+    lifecycle_url = _database(server, "latency")
+    raw_url = _database(server, "raw")
+    event = ActionStarted(action="bounded-warmup")
+    payload = encode(event)
+    journal = Journal.open_for_write(lifecycle_url)
+    writer = journal.writer(run_id=RUN_ID, rank=0)
+    raw = psycopg.connect(server.dsn(raw_url.rsplit("/", 1)[1]))
+    raw_seq = itertools.count()
+
+    def through_lifecycle() -> float:
+        started = time.perf_counter()
+        writer.append(event, state=STATE, wall_time=time.time(), mono_ns=time.monotonic_ns())
+        return time.perf_counter() - started
+
+    def raw_psycopg() -> float:
+        started = time.perf_counter()
+        raw.execute(
+            INSERT,
+            (RUN_ID, 0, next(raw_seq), time.time(), time.monotonic_ns(), event.kind, 1, STATE,
+             payload),
+        )  # fmt: skip
+        raw.commit()
+        return time.perf_counter() - started
+
+    try:
+        paired = interleave(through_lifecycle, raw_psycopg, pairs=pairs, discard=discard)
+    finally:
+        writer.close()
+        journal.close()
+        raw.close()
+    how = (
+        f"{pairs} appends each side, interleaved one by one ({discard} pairs discarded), into"
+        " two databases of one local PostgreSQL server made by the same migrations"
+        " (fsync off: the server's own floor, not the disk's); lifecycle: RankWriter.append"
+        " of an action_started event (JSON encoding and the rank's summary row included);"
+        " raw: psycopg 3 INSERT of the same row, pre-encoded, then COMMIT"
+    )
+    return [
+        compared_seconds(
+            figure=f"journal append latency on PostgreSQL, {name}",
+            value_s=pick(paired.a),
+            baseline_s=pick(paired.b),
+            target=verdict(
+                f"<= {RATIO_TARGET:g}x raw", met=pick(paired.a) / pick(paired.b) <= RATIO_TARGET
+            ),
+            how=how,
+        )
+        for name, pick in (("median", median), ("p99", lambda s: percentile(s, 99)))
+    ]
+
+
+def throughput_rows(settings: Settings, server: PostgresServer) -> list[Row]:
+    events = 300 if settings.quick else 2000
+    template = settings.workdir / "pg-procs-template.db"
+    new_journal(template, run_id=RUN_ID, world_size=max(PROCESS_COUNTS))
+    rows = []
+    with Pool(
+        "bench.journal", size=max(PROCESS_COUNTS), workdir=settings.workdir, timeout_s=TIMEOUT_S
+    ) as pool:
+        for processes in PROCESS_COUNTS:
+            progress(f"postgres: {processes} process(es) x {events} appends")
+            url = _database(server, f"procs{processes}")
+            results = pool.round(
+                [{"db": url, "rank": i, "events": events} for i in range(processes)]
+            )
+            appended = sum(int(r["appended"]) for r in results)
+            span = max(float(r["finished"]) for r in results) - min(
+                float(r["started"]) for r in results
+            )
+            rate = appended / span if span > 0 else 0.0
+            errors = sum(int(r["lock_errors"]) + int(r["other_errors"]) for r in results)
+            sqlite = _append_in_processes(
+                settings, pool, template, processes=processes, shared=True, events=events,
+                tag=f"pg-{processes}",
+            )  # fmt: skip
+            lost = processes * events - _read_back(url)
+            rows.append(
+                Row(
+                    figure=f"journal append throughput on PostgreSQL, {processes} process(es)",
+                    value=f"{rate:,.0f} events/s (one database)",
+                    baseline=f"{sqlite.events_per_s:,.0f} events/s (one SQLite file)",
+                    ratio=format_ratio(rate / sqlite.events_per_s),
+                    target=verdict(
+                        f"0 lost, 0 errors (lost {lost}, errors {errors})",
+                        met=lost == 0 and errors == 0,
+                    ),
+                    how=(
+                        f"{processes} worker process(es) x {events} durable appends"
+                        " (RankWriter.append, one rank each) into one database, released"
+                        " together; events/s = all appended / (last finish - first start);"
+                        " beside the same into one SQLite file, in the same run"
+                    ),
+                )
+            )
+    return rows
+
+
+def _read_back(url: str) -> int:
+    from lifecycle.store.journal import Journal
+
+    with Journal.open_for_read(url) as journal:
+        return sum(1 for _ in journal.read(run_id=RUN_ID))
+
+
+def measure(settings: Settings) -> list[Row]:
+    from tests.pg import bindir, postgres_server
+
+    try:
+        bindir()
+    except RuntimeError as exc:
+        return [Row(figure="journal on PostgreSQL", value="not measured", how=str(exc))]
+    with postgres_server() as server:
+        return [*latency_rows(settings, server), *throughput_rows(settings, server)]
+
+
+BENCHMARK = Benchmark(name="postgres", measure=measure)
