@@ -17,6 +17,8 @@ ROW_NAMES = (
     "journal append latency, p99",
     "journal append throughput, 1 process(es)",
     "journal append throughput, 8 process(es)",
+    "journal append latency on PostgreSQL, median",
+    "journal append throughput on PostgreSQL, 8 process(es)",
     "calibration cost, startup to ready, 1 rank",
     "calibration cost, warmup, 4 ranks",
     "collective recording, durable (startup)",
