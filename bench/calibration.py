@@ -106,8 +106,11 @@ def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate
         proc.communicate(timeout=10.0)
         raise BenchError(f"`{' '.join(command[1:])}` did not finish in time") from None
     if proc.returncode != 0:
-        tail = (stderr.strip() or stdout.strip()).splitlines()[-1:] or ["no output"]
-        raise BenchError(f"`{' '.join(command[1:])}` exited {proc.returncode}: {tail[0]}")
+        # Every rank's summary line, and what went to stderr: which rank did not get there.
+        said = [*stdout.strip().splitlines()[-ranks:], *stderr.strip().splitlines()[-3:]]
+        raise BenchError(
+            f"`{' '.join(command[1:])}` exited {proc.returncode}: {' | '.join(said) or 'no output'}"
+        )
     with Journal.open_for_read(str(db)) as journal:
         new = [run for run in journal.runs() if run.run_id not in before]
         if len(new) != 1:

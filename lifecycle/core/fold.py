@@ -205,8 +205,13 @@ class RankFold:
                 self.unknown.append(event)
             case _:
                 pass
-        # The envelope's state is authoritative: it is what the rank had committed to.
-        if stored.state != self.state and stored.state in _STATES:
+        # The envelope's state is authoritative: it is what the rank had committed to. Not for
+        # collective records, which a dump of the ring writes after the state they ran in.
+        if (
+            stored.state != self.state
+            and stored.state in _STATES
+            and not isinstance(event, CollectiveStarted | CollectiveFinished)
+        ):
             self._enter(stored.state, at)
 
     def _onto_rank0_clock(self, offset_s: float, *, before: float) -> None:

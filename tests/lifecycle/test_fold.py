@@ -128,3 +128,23 @@ def test_plan_sets_the_skip_reason() -> None:
     """The plan's skip reason is the rank's final decision."""
     plan = PlanBuilt(skip_reason="residency planner not available", requests=(), probe_fit=None)
     assert fold_rank(stream((1.0, "gate-check", plan))).skip_reason == plan.skip_reason
+
+
+def test_collective_records_dumped_after_a_stop_do_not_move_the_state_back() -> None:
+    """A dump of the ring writes records stamped with the state they ran in (ready) after the
+    rank stopped: they count as collectives, and the rank stays stopped."""
+    view = fold_rank(
+        stream(
+            (1.0, "ready", hop("created", "ready")),
+            (2.0, "stopped", hop("ready", "stopped")),
+            (1.5, "ready", started(7)),
+            (
+                1.6,
+                "ready",
+                CollectiveFinished(group="ulysses0", group_seq=7, op="all_to_all", duration_s=0.1),
+            ),
+        )  # fmt: skip
+    )
+    assert view.state == "stopped"
+    assert view.path == ("created", "ready", "stopped")
+    assert [(g.group, g.started, g.finished) for g in view.groups] == [("ulysses0", 7, 7)]
