@@ -143,7 +143,7 @@ def test_collective_records_dumped_after_a_stop_do_not_move_the_state_back() -> 
                 "ready",
                 CollectiveFinished(group="ulysses0", group_seq=7, op="all_to_all", duration_s=0.1),
             ),
-        )  # fmt: skip
+        )
     )
     assert view.state == "stopped"
     assert view.path == ("created", "ready", "stopped")
