@@ -67,17 +67,22 @@ def test_ranks_journal_to_postgres_and_the_password_appears_nowhere(
 
 
 @pytest.mark.parametrize(
-    ("fault", "outcome"), [("1:drop-buffers:raise", "hung"), ("1:probe:exit", "crashed")]
+    ("layout", "fault", "outcome"),
+    [
+        (["--num-ranks", "4", "--cfg-parallel", "2"], "1:drop-buffers:raise", "hung"),
+        (["--num-ranks", "2"], "1:probe:exit", "crashed"),
+    ],
 )
 def test_the_fields_failure_and_a_crash_are_diagnosed_from_postgres(
-    postgres: PostgresServer, tmp_path: Path, fault: str, outcome: str
+    postgres: PostgresServer, tmp_path: Path, layout: list[str], fault: str, outcome: str
 ) -> None:
-    """The field's failure (an error in drop-buffers, peers left in the next all-to-all) and a
-    rank that dies in probe, journaled to PostgreSQL: the same verdicts as on SQLite."""
+    """The field's failure on 4 ranks (an error in drop-buffers, peers left in the next
+    all-to-all) and a rank that dies in probe, journaled to PostgreSQL: the verdicts SQLite
+    gives."""
     url = database(postgres)
     run_cli(
         "lifecycle",
-        ["boot", *MICRO, "--num-ranks", "2", "--calibrate", "--db", url, "--fault", fault,
+        ["boot", *MICRO, *layout, "--calibrate", "--db", url, "--fault", fault,
          "--dist-timeout", "5"],
         cwd=tmp_path, timeout=180,
     )  # fmt: skip
