@@ -1,8 +1,9 @@
 """`lifecycle db copy`: a node's journal (its black box) into the fleet's, run by run.
 
 Each rank's events are written as its own writer wrote them (same sequence numbers, states,
-times), through a RankWriter, so the copy gets its summaries and its key checks: a rank the
-destination already holds is left as it is and counted, never merged into.
+times), through a RankWriter, so the copy gets its summaries and its key checks. A rank the
+destination holds all of is left as it is and counted; one it holds the start of (a run that
+was still being written at the last copy) is completed from where it ends.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ class Copied:
     runs: int = 0
     ranks: int = 0
     events: int = 0
-    present: int = 0  # ranks the destination held already
+    present: int = 0  # ranks the destination held whole already
+    completed: int = 0  # ranks it held the start of, completed
     undecodable: int = 0  # rows of kinds this lifecycle cannot write back (left out)
 
     def line(self, source: str, destination: str) -> str:
@@ -29,6 +31,8 @@ class Copied:
             f"{source} -> {destination}: copied {self.events:,} events of {self.ranks} rank(s)"
             f" in {self.runs} run(s)"
         )
+        if self.completed:
+            text += f" ({self.completed} of them completed from where an earlier copy ended)"
         if self.present:
             text += f"; {self.present} rank(s) already there, left as they are"
         if self.undecodable:
@@ -45,14 +49,19 @@ def copy_journal(source: Journal, destination: Journal, *, run_ids: set[str] | N
         destination.create_run(run)
         copied_any = False
         for rank in source.ranks(run.run_id):
-            try:
-                writer = destination.writer(run_id=run.run_id, rank=rank)
-            except JournalConflict:
+            have = destination.last_seq(run.run_id, rank)
+            if have is not None and have >= (source.last_seq(run.run_id, rank) or -1):
                 done.present += 1
                 continue
             try:
+                writer = destination.writer(run_id=run.run_id, rank=rank, resume=have is not None)
+            except JournalConflict:
+                done.present += 1  # another copy or writer took it meanwhile
+                continue
+            try:
                 batch: list[tuple[Event, str, float, int]] = []
-                for stored in source.read(run_id=run.run_id, rank=rank):
+                start = 0 if have is None else have + 1
+                for stored in source.read(run_id=run.run_id, rank=rank, from_seq=start):
                     if isinstance(stored.event, UnknownEvent):
                         done.undecodable += 1
                         continue
@@ -65,6 +74,7 @@ def copy_journal(source: Journal, destination: Journal, *, run_ids: set[str] | N
             finally:
                 writer.close()
             done.ranks += 1
+            done.completed += have is not None
             copied_any = True
         done.runs += copied_any
     return done

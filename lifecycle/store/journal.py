@@ -12,6 +12,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 from lifecycle.core.codec import UNKNOWN_KIND, decode_or_unknown
 from lifecycle.core.errors import JournalError, NotAJournal
 from lifecycle.core.events import StoredEvent, UnknownEvent
+from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend, backend_for
 from lifecycle.store.errors import DATABASE_ERRORS, Fault, fault_of, journal_error, write_failure
 from lifecycle.store.revisions import (
@@ -229,10 +230,19 @@ class Journal:
 
     # -- events --------------------------------------------------------------------------------
 
-    def writer(self, *, run_id: str, rank: int) -> RankWriter:
+    def writer(self, *, run_id: str, rank: int, resume: bool = False) -> RankWriter:
+        """The writer of a rank with no events yet; with `resume`, of one that has some, going
+        on after its last (what a copy does to complete a rank copied part way)."""
         if not self.writable:
             raise JournalError(f"{self.location}: opened read-only")
-        return RankWriter(engine=self.engine, backend=self.backend, run_id=run_id, rank=rank)
+        after = None
+        if resume:
+            after = RankFold(run_id=run_id, rank=rank)
+            for stored in self.read(run_id=run_id, rank=rank):
+                after.apply(stored)
+        return RankWriter(
+            engine=self.engine, backend=self.backend, run_id=run_id, rank=rank, after=after
+        )
 
     def last_collectives(self, run_id: str, rank: int, count: int) -> list[StoredEvent]:
         """A rank's last `count` collective records (started and finished), in seq order."""

@@ -68,7 +68,17 @@ class RankWriter:
     Thread-safe: the rank's main thread and its heartbeat thread share one writer.
     """
 
-    def __init__(self, *, engine: Engine, backend: Backend, run_id: str, rank: int) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        backend: Backend,
+        run_id: str,
+        rank: int,
+        after: RankFold | None = None,
+    ) -> None:
+        """A writer of a rank with no events yet; or, given `after` (the fold of every event
+        the rank has), one that goes on from them (`lifecycle db copy` completing a rank)."""
         self.run_id = run_id
         self.rank = rank
         self._location = backend.location
@@ -92,11 +102,11 @@ class RankWriter:
         except DATABASE_ERRORS as exc:
             self._conn.close()
             raise journal_error(exc, self._location) from None
-        if existing is not None:
+        if (existing is not None) != (after is not None):
             self._appender.close()
             self._conn.close()
-            raise JournalConflict(run_id=run_id, rank=rank, seq=0)
-        self._next_seq = 0
+            raise JournalConflict(run_id=run_id, rank=rank, seq=0 if after is None else -1)
+        self._next_seq = 0 if after is None else after.last_seq + 1
         self._closed = False
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
         dialect = engine.dialect
@@ -104,8 +114,9 @@ class RankWriter:
         self._summary_update = _summary_update(rank_summaries, SUMMARY_COLUMNS, dialect)
         self._checkpoint_insert = _Statement(rank_checkpoints.insert(), dialect)
         self._checkpoint_update = _summary_update(rank_checkpoints, _CHECKPOINT, dialect)
-        self._fold = RankFold(run_id=run_id, rank=rank)
-        self._fold_seq = -1
+        self._fold = after or RankFold(run_id=run_id, rank=rank)
+        # Going on from earlier events: the first append takes a checkpoint.
+        self._fold_seq = -1 if after is None else -CHECKPOINT_EVERY
 
     @property
     def next_seq(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -152,10 +153,20 @@ def test_a_node_journal_is_copied_into_postgres_and_reads_the_same(
     for extra in ([], failed):
         run_cli("lifecycle", ["boot", *MICRO, "--db", str(node), *extra], cwd=tmp_path, timeout=180)
     url = database(postgres)
+    # The node's file as it was part way through its second run: rank 0 had written 12 events.
+    early = tmp_path / "early.db"
+    with sqlite3.connect(node) as source, sqlite3.connect(early) as copy:
+        source.backup(copy)
+    with sqlite3.connect(early) as conn:
+        (second,) = conn.execute("SELECT max(run_id) FROM runs").fetchone()
+        conn.execute("DELETE FROM events WHERE run_id = ? AND rank = 0 AND seq > 11", (second,))
+    first = run_cli("lifecycle", ["db", "copy", "--db", str(early), "--to", url], cwd=tmp_path)
+    assert "of 3 rank(s) in 2 run(s)" in first.stdout, first.stderr
     copied = run_cli("lifecycle", ["db", "copy", "--db", str(node), "--to", url], cwd=tmp_path)
     assert copied.returncode == 0, copied.stderr
     (line,) = copied.stdout.strip().splitlines()
-    assert "of 3 rank(s) in 2 run(s)" in line and PASSWORD not in line
+    assert "of 1 rank(s) in 1 run(s) (1 of them completed" in line, line
+    assert "2 rank(s) already there" in line and PASSWORD not in line
     runs = json.loads(run_cli("replay", ["runs", str(node), "--json"], cwd=tmp_path).stdout)
     assert [r["outcome"] for r in runs] == ["ready", "hung"]
     for run in runs:
