@@ -101,16 +101,24 @@ class PostgresServer:
             "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync",
             "--locale=C",
         )  # fmt: skip
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the cluster's server (again, after `stop`)."""
+        # fsync off: a commit is written to the OS before it is acknowledged, but not forced
+        # to the disk; a server killed at once keeps it (only the machine going down would
+        # not), so a test of a killed server sees what a real one would keep.
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-            " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            " -c full_page_writes=off -c max_connections=200"
         )
         self._run(
-            str(binaries / "pg_ctl"), "-D", str(self.data), "-o", options,
+            str(bindir() / "pg_ctl"), "-D", str(self.data), "-o", options,
             "-l", str(self.root / "server.log"), "-w", "-t", str(START_TIMEOUT_S), "start",
         )  # fmt: skip
 
     def stop(self) -> None:
+        """Stop the server at once, as a crash would (clients' connections are cut)."""
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self._run(str(bindir() / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
 

@@ -4,11 +4,13 @@ lock, so that ranks and hosts opening one new database at once create its tables
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
 from lifecycle.store.errors import DATABASE_ERRORS, journal_error
 from lifecycle.store.generic import GenericBackend
@@ -19,6 +21,9 @@ DRIVER = "psycopg"
 # each other, which costs nothing (they are rare and short) and needs no name to hash.
 MIGRATION_LOCK_KEY = 0x6C6966656379  # "lifecy"
 EXTRA = "lifecycle[postgres]"
+# psycopg warns through logging when it drops a pipeline on a lost connection; the store says
+# what failed in its own one line, so the driver's note is not printed beside it.
+logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 
 def is_postgres(url: URL) -> bool:
@@ -41,12 +46,19 @@ class PipelineAppender:
         self._sql = sql
 
     def insert(self, rows: list[Any], then: list[tuple[str, Any]]) -> None:
+        import psycopg
+
         driver = self._driver
-        with driver.pipeline(), driver.cursor() as cur:
-            cur.executemany(self._sql, rows)
-            for sql, params in then:
-                cur.execute(sql, params)
-            driver.commit()
+        try:
+            with driver.pipeline(), driver.cursor() as cur:
+                cur.executemany(self._sql, rows)
+                for sql, params in then:
+                    cur.execute(sql, params)
+                driver.commit()
+        except psycopg.Error as exc:
+            # Under SQLAlchemy's wrapper, as every other database error reaches the store's
+            # one mapping (lifecycle.store.errors).
+            raise DBAPIError.instance(self._sql, None, exc, psycopg.Error) from exc
 
     def rollback(self) -> None:
         # After a lost connection the rollback fails too; the write's own error is the one to

@@ -179,3 +179,59 @@ def test_a_node_journal_is_copied_into_postgres_and_reads_the_same(
     assert node_show.splitlines()[1:] == copy_show.splitlines()[1:]
     again = run_cli("lifecycle", ["db", "copy", "--db", str(node), "--to", url], cwd=tmp_path)
     assert "copied 0 events of 0 rank(s) in 0 run(s); 3 rank(s) already there" in again.stdout
+
+
+def test_the_server_going_away_mid_run_is_one_line_and_loses_nothing(tmp_path: Path) -> None:
+    """A rank hangs in bounded-warm, heartbeating into PostgreSQL; the server is stopped at
+    once under it. The rank's next write fails: one line, exit 3 (the journal could not be
+    written). Started again, the server holds every event the rank committed before."""
+    from lifecycle.store.journal import Journal
+    from tests.pg import postgres_server
+
+    with postgres_server() as server:
+        url = server.create_database("goes_away")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lifecycle", "boot", *MICRO, "--db", url,
+             "--fault", "0:bounded-warm:hang", "--log-level", "error"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            seen = _wait_for_heartbeats(url, at_least=5, within=60)
+            server.stop()
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        assert proc.returncode == 3, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        (line,) = lines
+        assert line.startswith("lifecycle: error: journal postgresql://lifecycle:***@"), line
+        assert "could not be written" in line and PASSWORD not in line
+        server.resume()
+        with Journal.open_for_read(url) as journal:
+            (run,) = journal.runs()
+            kept = [e.seq for e in journal.read(run_id=run.run_id)]
+        assert kept == list(range(len(kept))) and len(kept) >= seen
+
+
+def _wait_for_heartbeats(url: str, *, at_least: int, within: float) -> int:
+    """How many events the run has once it has `at_least` heartbeats."""
+    import time
+
+    from lifecycle.core.errors import JournalError
+    from lifecycle.store.journal import Journal
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with Journal.open_for_read(url) as journal:
+                runs = journal.runs()
+                stored = list(journal.read(run_id=runs[0].run_id)) if runs else []
+        except JournalError:
+            stored = []
+        if sum(e.kind == "heartbeat" for e in stored) >= at_least:
+            return len(stored)
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {at_least} heartbeats within {within} s")
