@@ -235,3 +235,27 @@ def _wait_for_heartbeats(url: str, *, at_least: int, within: float) -> int:
             return len(stored)
         time.sleep(0.2)
     raise AssertionError(f"fewer than {at_least} heartbeats within {within} s")
+
+
+def test_a_role_that_may_not_create_tables_is_one_line(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """A login that may connect but not create the journal's tables: one line naming the
+    lack of privilege, exit 2, no password, and nothing created."""
+    import psycopg
+
+    url = database(postgres)
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres.dsn(name), autocommit=True) as conn:
+        conn.execute("CREATE ROLE reader LOGIN PASSWORD 'reader-pw-42'")
+    guest = url.replace(f"lifecycle:{PASSWORD}@", "reader:reader-pw-42@")
+    done = run_cli("lifecycle", ["boot", *MICRO, "--db", guest], cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("lifecycle: error: postgresql://reader:***@"), line
+    assert "permission denied" in line and "reader-pw-42" not in done.stdout + done.stderr
+    with psycopg.connect(postgres.dsn(name)) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchone()
+    assert tables == (0,)
