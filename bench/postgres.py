@@ -150,6 +150,48 @@ def throughput_rows(settings: Settings, server: PostgresServer) -> list[Row]:
     return rows
 
 
+def diagnose_rows(settings: Settings, server: PostgresServer) -> list[Row]:
+    """`replay diagnose` on PostgreSQL copies of bench.replay's synthetic journals, beside
+    the same journals read from SQLite, in the same run."""
+    from bench.replay import RANKS, journal_of, timed
+    from lifecycle.store.copy import copy_journal
+    from lifecycle.store.journal import Journal
+
+    small, large = (10_000, 100_000) if settings.quick else (10_000, 1_000_000)
+    rounds = 3
+    urls: dict[int, str] = {}
+    for size in (small, large):
+        source = journal_of(settings, size)
+        url = server.create_database(f"bench_diagnose_{size}")
+        progress(f"postgres: copying the {size:,}-event journal into PostgreSQL")
+        with Journal.open_for_read(str(source)) as src, Journal.open_for_write(url) as into:
+            copy_journal(src, into, run_ids=None)
+        urls[size] = url
+    seconds: dict[tuple[str, int], list[float]] = {}
+    for index in range(rounds):
+        for size in (small, large) if index % 2 == 0 else (large, small):
+            for name, where in (("pg", urls[size]), ("sqlite", str(journal_of(settings, size)))):
+                took = timed(["diagnose", "latest", where, "--json"], cwd=settings.workdir)
+                seconds.setdefault((name, size), []).append(took.seconds)
+    best = {key: median(values) for key, values in seconds.items()}
+    how = (
+        f"`replay diagnose latest URL --json` in a child process on PostgreSQL copies (lifecycle"
+        f" db copy) of bench.replay's synthetic {RANKS}-rank journals, beside the same"
+        f" journals in SQLite; median of {rounds}, sizes and stores interleaved"
+    )
+    return [
+        Row(
+            figure=f"replay diagnose on PostgreSQL, {size:,} events ({RANKS} ranks)",
+            value=f"{best[('pg', size)] * 1000:,.0f} ms",
+            baseline=f"{best[('sqlite', size)] * 1000:,.0f} ms on SQLite",
+            ratio=format_ratio(best[("pg", size)] / best[("sqlite", size)]),
+            target=verdict("< 2 s", met=best[("pg", size)] < 2.0),
+            how=how,
+        )
+        for size in (small, large)
+    ]
+
+
 def _read_back(url: str) -> int:
     from lifecycle.store.journal import Journal
 
@@ -165,7 +207,11 @@ def measure(settings: Settings) -> list[Row]:
     except RuntimeError as exc:
         return [Row(figure="journal on PostgreSQL", value="not measured", how=str(exc))]
     with postgres_server() as server:
-        return [*latency_rows(settings, server), *throughput_rows(settings, server)]
+        return [
+            *latency_rows(settings, server),
+            *throughput_rows(settings, server),
+            *diagnose_rows(settings, server),
+        ]
 
 
 BENCHMARK = Benchmark(name="postgres", measure=measure)

@@ -19,6 +19,7 @@ ROW_NAMES = (
     "journal append throughput, 8 process(es)",
     "journal append latency on PostgreSQL, median",
     "journal append throughput on PostgreSQL, 8 process(es)",
+    "replay diagnose on PostgreSQL, 100,000 events (64 ranks)",
     "calibration cost, startup to ready, 1 rank",
     "calibration cost, warmup, 4 ranks",
     "collective recording, durable (startup)",
