@@ -22,7 +22,7 @@ from lifecycle.store.revisions import (
     migrate,
     read_revision,
 )
-from lifecycle.store.rows import RunRow, without_secrets
+from lifecycle.store.rows import RunRow, is_int, is_number, without_secrets
 from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
 from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_summaries
 from lifecycle.store.writer import RankWriter
@@ -210,7 +210,7 @@ class Journal:
         if not isinstance(parsed, dict):
             self.malformed_rows.append(f"run {run_id}: config is not a JSON object")
             parsed = {}
-        if not (isinstance(run_id, str) and _is_number(created_at) and _is_int(world_size)):
+        if not (isinstance(run_id, str) and is_number(created_at) and is_int(world_size)):
             self.malformed_rows.append(
                 f"run {run_id!r}: run_id, created_at or world_size of the wrong type"
             )
@@ -331,14 +331,14 @@ class Journal:
                 value = conn.execute(stmt).scalar()
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location) from None
-        return value if _is_int(value) else None
+        return value if is_int(value) else None
 
     def ranks(self, run_id: str) -> list[int]:
         """The ranks that have events of `run_id` in this journal."""
         stmt = select(events.c.rank).where(events.c.run_id == run_id).distinct()
         try:
             with self.engine.connect() as conn:
-                return sorted(int(r) for r in conn.execute(stmt).scalars() if _is_int(r))
+                return sorted(int(r) for r in conn.execute(stmt).scalars() if is_int(r))
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location) from None
 
@@ -346,12 +346,12 @@ class Journal:
         run_id, rank, seq, wall_time, mono_ns, kind, version, state, data = row
         if not (
             isinstance(run_id, str)
-            and _is_int(rank)
-            and _is_int(seq)
-            and _is_number(wall_time)
-            and _is_int(mono_ns)
+            and is_int(rank)
+            and is_int(seq)
+            and is_number(wall_time)
+            and is_int(mono_ns)
             and isinstance(kind, str)
-            and _is_int(version)
+            and is_int(version)
             and isinstance(state, str)
         ):
             self.malformed_rows.append(f"run {run_id!r} rank {rank!r} seq {seq!r}: bad envelope")
@@ -378,11 +378,3 @@ class Journal:
             state=state,
             event=event,
         )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -42,12 +42,13 @@ class PipelineAppender:
     pipeline, so an append waits for one round trip to the server, not one a statement."""
 
     def __init__(self, conn: Connection, sql: str) -> None:
+        import psycopg  # there: the connection is one of its
+
         self._driver: Any = conn.connection.driver_connection
+        self._errors: type[Exception] = psycopg.Error
         self._sql = sql
 
     def insert(self, rows: list[Any], then: list[tuple[str, Any]]) -> None:
-        import psycopg
-
         driver = self._driver
         try:
             with driver.pipeline(), driver.cursor() as cur:
@@ -55,10 +56,10 @@ class PipelineAppender:
                 for sql, params in then:
                     cur.execute(sql, params)
                 driver.commit()
-        except psycopg.Error as exc:
+        except self._errors as exc:
             # Under SQLAlchemy's wrapper, as every other database error reaches the store's
             # one mapping (lifecycle.store.errors).
-            raise DBAPIError.instance(self._sql, None, exc, psycopg.Error) from exc
+            raise DBAPIError.instance(self._sql, None, exc, self._errors) from exc
 
     def rollback(self) -> None:
         # After a lost connection the rollback fails too; the write's own error is the one to

@@ -30,3 +30,12 @@ def without_secrets(row: RunRow) -> RunRow:
     if config is row.config and command == row.command:
         return row
     return replace(row, config=config, command=command)
+
+
+def is_int(value: object) -> bool:
+    """An integer as a row holds it (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

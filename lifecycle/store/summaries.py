@@ -16,6 +16,7 @@ from lifecycle.core.checkpoint import FOLD_VERSION, checkpoint
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
+from lifecycle.store.rows import is_int
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
 
 SUMMARY_REVISION = "0003"  # the first revision with rank_summaries
@@ -110,13 +111,13 @@ def read_summaries(
     for row in conn.execute(stmt.order_by(c.run_id, c.rank)):
         (run_id, rank, last_seq, state, ready_at, healthy, ended, planned, calibrated, skip,
          host, version, fold_seq, fold) = row  # fmt: skip
-        if not (isinstance(run_id, str) and _is_int(rank) and _is_int(last_seq)):
+        if not (isinstance(run_id, str) and is_int(rank) and is_int(last_seq)):
             continue  # a damaged row: that rank is folded from its events instead
         flags = (healthy, ended, planned, calibrated)
         if not all(f in (0, 1) for f in flags) or not isinstance(ready_at, float | None):
             healthy = ended = False  # not a settled run: judged from its fold instead
             ready_at = None
-        if not (_is_int(version) and _is_int(fold_seq) and isinstance(fold, str)):
+        if not (is_int(version) and is_int(fold_seq) and isinstance(fold, str)):
             version, fold_seq, fold = None, -1, ""
         out.append(
             Summary(
@@ -172,7 +173,3 @@ def backfill(
             conn.execute(rank_summaries.insert(), rows)
             conn.execute(rank_checkpoints.insert(), checkpoints)
         yield from ((r["run_id"], r["rank"]) for r in rows)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
