@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,9 @@ from bench.table import Row
 
 BOOT_TIMEOUT_S = {True: 180.0, False: 600.0}  # quick, full
 FOUR_RANKS = ("--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2")
+# Auto mode calibrates a pipeline that declares residency options: the bounded side closes
+# calibration as before the planner, and `--calibrate` opens it again on the other.
+BOUNDED_ENV = {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,8 +71,17 @@ FIGURES = (
 )
 
 
-def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate: bool) -> Boot:
-    """Run `python -m lifecycle boot` to completion and read its run back."""
+def boot_once(
+    settings: Settings,
+    *,
+    db: Path,
+    model: str,
+    ranks: int,
+    calibrate: bool,
+    env: Mapping[str, str] | None = None,
+) -> Boot:
+    """Run `python -m lifecycle boot` to completion, with `env` added to the environment, and
+    read its run back."""
     from lifecycle.core.fold import fold_run
     from lifecycle.store.journal import Journal
 
@@ -92,7 +104,7 @@ def boot_once(settings: Settings, *, db: Path, model: str, ranks: int, calibrate
     proc = subprocess.Popen(
         command,
         cwd=settings.workdir,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -153,7 +165,14 @@ def _rows_for(settings: Settings, *, model: str, ranks: int, pairs: int) -> list
                 f"calibration: {model}, {ranks} rank(s), pair {index + 1}/{pairs},"
                 f" {'calibrated' if calibrate else 'bounded'}"
             )
-            boot = boot_once(settings, db=db, model=model, ranks=ranks, calibrate=calibrate)
+            boot = boot_once(
+                settings,
+                db=db,
+                model=model,
+                ranks=ranks,
+                calibrate=calibrate,
+                env=None if calibrate else BOUNDED_ENV,
+            )
             if boot.calibrated != calibrate:
                 raise BenchError(
                     f"a boot {'with' if calibrate else 'without'} --calibrate took the"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import socket
 import sqlite3
@@ -13,7 +14,7 @@ from typing import Any
 
 from bench.compare import compared_seconds
 from bench.procs import Pool, serve
-from bench.stats import interleave, median, percentile
+from bench.stats import Paired, interleave, median, percentile
 from bench.suite import Benchmark, Settings, progress
 from bench.table import Row, format_ratio, verdict
 
@@ -26,6 +27,9 @@ INSERT = (
     "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# An events row as INSERT takes it: run_id, rank, seq, wall_time, mono_ns, kind, version,
+# state, data.
+RawRow = tuple[str, int, int, float, int, str, int, str, str]
 
 
 def new_journal(path: Path | str, *, run_id: str, world_size: int) -> None:
@@ -65,11 +69,59 @@ def raw_connection(path: Path) -> sqlite3.Connection:
 # One append
 
 
-def latency_rows(settings: Settings) -> list[Row]:
+def interleaved_appends(
+    lifecycle_journal: str, raw_insert: Callable[[RawRow], None], *, pairs: int, discard: int
+) -> Paired:
+    """Seconds per append of one action_started event: through the library into
+    `lifecycle_journal` (side a), interleaved one by one with `raw_insert` of the same row,
+    pre-encoded (side b)."""
     from lifecycle.core.codec import encode
     from lifecycle.core.events import ActionStarted
     from lifecycle.store.journal import Journal
 
+    event = ActionStarted(action="bounded-warmup")
+    payload = encode(event)
+    raw_seq = itertools.count()
+    journal = Journal.open_for_write(lifecycle_journal)
+    writer = journal.writer(run_id=RUN_ID, rank=0)
+
+    def through_lifecycle() -> float:
+        started = time.perf_counter()
+        writer.append(event, state=STATE, wall_time=time.time(), mono_ns=time.monotonic_ns())
+        return time.perf_counter() - started
+
+    def raw() -> float:
+        started = time.perf_counter()
+        raw_insert(
+            (RUN_ID, 0, next(raw_seq), time.time(), time.monotonic_ns(), event.kind, 1, STATE,
+             payload)
+        )  # fmt: skip
+        return time.perf_counter() - started
+
+    try:
+        return interleave(through_lifecycle, raw, pairs=pairs, discard=discard)
+    finally:
+        writer.close()
+        journal.close()
+
+
+def latency_compared(paired: Paired, *, figure: str, how: str) -> list[Row]:
+    """The median and p99 rows of an `interleaved_appends`, the library against raw."""
+    return [
+        compared_seconds(
+            figure=f"{figure}, {name}",
+            value_s=pick(paired.a),
+            baseline_s=pick(paired.b),
+            target=verdict(
+                f"<= {RATIO_TARGET:g}x raw", met=pick(paired.a) / pick(paired.b) <= RATIO_TARGET
+            ),
+            how=how,
+        )
+        for name, pick in (("median", median), ("p99", lambda s: percentile(s, 99)))
+    ]
+
+
+def latency_rows(settings: Settings) -> list[Row]:
     pairs = 300 if settings.quick else 4000
     discard = 30 if settings.quick else 200
     progress(f"journal: append latency, {pairs} interleaved pairs")
@@ -77,46 +129,18 @@ def latency_rows(settings: Settings) -> list[Row]:
     raw_db = settings.workdir / "append-raw.db"
     new_journal(lifecycle_db, run_id=RUN_ID, world_size=1)
     new_journal(raw_db, run_id=RUN_ID, world_size=1)
-    event = ActionStarted(action="bounded-warmup")
-    payload = encode(event)
-    journal = Journal.open_for_write(str(lifecycle_db))
-    writer = journal.writer(run_id=RUN_ID, rank=0)
     raw = raw_connection(raw_db)
-    raw_seq = [0]
 
-    def through_lifecycle() -> float:
-        started = time.perf_counter()
-        writer.append(event, state=STATE, wall_time=time.time(), mono_ns=time.monotonic_ns())
-        return time.perf_counter() - started
-
-    def raw_sqlite() -> float:
-        started = time.perf_counter()
+    def raw_sqlite(row: RawRow) -> None:
         cur = raw.cursor()
         cur.execute("BEGIN IMMEDIATE")
-        cur.execute(
-            INSERT,
-            (
-                RUN_ID,
-                0,
-                raw_seq[0],
-                time.time(),
-                time.monotonic_ns(),
-                event.kind,
-                1,
-                STATE,
-                payload,
-            ),
-        )
+        cur.execute(INSERT, row)
         cur.execute("COMMIT")
         cur.close()
-        raw_seq[0] += 1
-        return time.perf_counter() - started
 
     try:
-        paired = interleave(through_lifecycle, raw_sqlite, pairs=pairs, discard=discard)
+        paired = interleaved_appends(str(lifecycle_db), raw_sqlite, pairs=pairs, discard=discard)
     finally:
-        writer.close()
-        journal.close()
         raw.close()
     how = (
         f"{pairs} appends each side, interleaved one by one ({discard} pairs discarded), on two"
@@ -125,19 +149,7 @@ def latency_rows(settings: Settings) -> list[Row]:
         " BEGIN IMMEDIATE / INSERT of the same row, pre-encoded / COMMIT with WAL,"
         " synchronous=NORMAL, foreign_keys=ON"
     )
-    rows = []
-    for name, pick in (("median", median), ("p99", lambda s: percentile(s, 99))):
-        value, floor = pick(paired.a), pick(paired.b)
-        rows.append(
-            compared_seconds(
-                figure=f"journal append latency, {name}",
-                value_s=value,
-                baseline_s=floor,
-                target=verdict(f"<= {RATIO_TARGET:g}x raw", met=value / floor <= RATIO_TARGET),
-                how=how,
-            )
-        )
-    return rows
+    return latency_compared(paired, figure="journal append latency", how=how)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -205,7 +206,9 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
     path = "calibrated" if calibrate else "bounded"
     db = settings.workdir / f"overhead-{path}.db"
     args = ServerArgs(
-        model=MODEL_PRESETS[sized.model],
+        # Without residency options: the planner would change the decoder's work on the
+        # lifecycle side only (its cost is bench/residency.py's); --calibrate measures.
+        model=dataclasses.replace(MODEL_PRESETS[sized.model], declares_residency=False),
         db=str(db),
         calibrate=calibrate,
         smoke_request=SmokeRequest.OFF,  # the plain loop runs the warmup plan only

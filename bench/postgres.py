@@ -9,21 +9,20 @@ so instead of a figure.
 from __future__ import annotations
 
 import itertools
-import time
 from typing import TYPE_CHECKING
 
-from bench.compare import compared_seconds
 from bench.journal import (
     PROCESS_COUNTS,
-    RATIO_TARGET,
     RUN_ID,
-    STATE,
     TIMEOUT_S,
+    RawRow,
     _append_in_processes,
+    interleaved_appends,
+    latency_compared,
     new_journal,
 )
 from bench.procs import Pool
-from bench.stats import interleave, median, percentile
+from bench.stats import median
 from bench.suite import Benchmark, Settings, progress
 from bench.table import Row, format_ratio, verdict
 
@@ -46,43 +45,18 @@ def _database(server: PostgresServer, stem: str) -> str:
 def latency_rows(settings: Settings, server: PostgresServer) -> list[Row]:
     import psycopg
 
-    from lifecycle.core.codec import encode
-    from lifecycle.core.events import ActionStarted
-    from lifecycle.store.journal import Journal
-
     pairs = 200 if settings.quick else 2000
     discard = 20 if settings.quick else 100
     progress(f"postgres: append latency, {pairs} interleaved pairs")
     lifecycle_url = _database(server, "latency")
     raw_url = _database(server, "raw")
-    event = ActionStarted(action="bounded-warmup")
-    payload = encode(event)
-    journal = Journal.open_for_write(lifecycle_url)
-    writer = journal.writer(run_id=RUN_ID, rank=0)
-    raw = psycopg.connect(server.dsn(raw_url.rsplit("/", 1)[1]))
-    raw_seq = itertools.count()
+    with psycopg.connect(server.dsn(raw_url.rsplit("/", 1)[1])) as raw:
 
-    def through_lifecycle() -> float:
-        started = time.perf_counter()
-        writer.append(event, state=STATE, wall_time=time.time(), mono_ns=time.monotonic_ns())
-        return time.perf_counter() - started
+        def raw_psycopg(row: RawRow) -> None:
+            raw.execute(INSERT, row)
+            raw.commit()
 
-    def raw_psycopg() -> float:
-        started = time.perf_counter()
-        raw.execute(
-            INSERT,
-            (RUN_ID, 0, next(raw_seq), time.time(), time.monotonic_ns(), event.kind, 1, STATE,
-             payload),
-        )  # fmt: skip
-        raw.commit()
-        return time.perf_counter() - started
-
-    try:
-        paired = interleave(through_lifecycle, raw_psycopg, pairs=pairs, discard=discard)
-    finally:
-        writer.close()
-        journal.close()
-        raw.close()
+        paired = interleaved_appends(lifecycle_url, raw_psycopg, pairs=pairs, discard=discard)
     how = (
         f"{pairs} appends each side, interleaved one by one ({discard} pairs discarded), into"
         " two databases of one local PostgreSQL server made by the same migrations"
@@ -90,18 +64,7 @@ def latency_rows(settings: Settings, server: PostgresServer) -> list[Row]:
         " of an action_started event (JSON encoding and the rank's summary row included);"
         " raw: psycopg 3 INSERT of the same row, pre-encoded, then COMMIT"
     )
-    return [
-        compared_seconds(
-            figure=f"journal append latency on PostgreSQL, {name}",
-            value_s=pick(paired.a),
-            baseline_s=pick(paired.b),
-            target=verdict(
-                f"<= {RATIO_TARGET:g}x raw", met=pick(paired.a) / pick(paired.b) <= RATIO_TARGET
-            ),
-            how=how,
-        )
-        for name, pick in (("median", median), ("p99", lambda s: percentile(s, 99)))
-    ]
+    return latency_compared(paired, figure="journal append latency on PostgreSQL", how=how)
 
 
 def throughput_rows(settings: Settings, server: PostgresServer) -> list[Row]:

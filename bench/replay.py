@@ -55,9 +55,9 @@ def build_journal(path: Path, events: int) -> None:
         CollectiveStarted,
         Event,
         Heartbeat,
-        PendingCollective,
         Transition,
     )
+    from lifecycle.core.records import PendingCollective
     from lifecycle.store.journal import Journal
     from lifecycle.store.rows import RunRow
 

@@ -147,9 +147,9 @@ def runs_rows(settings: Settings) -> list[Row]:
     runs = 1_000 if settings.quick else 10_000
     rounds = 3 if settings.quick else 5
     templates = settings.workdir / "runs-templates.db"
-    progress("scale: two real startups (bounded, calibrated) to copy")
+    progress("scale: two real startups (calibrated, then bounded on its verified plan) to copy")
     _boot(settings, templates)
-    _boot(settings, templates, "--calibrate")
+    _boot(settings, templates)
     one = settings.workdir / "runs-1.db"
     many = settings.workdir / f"runs-{runs}.db"
     build_runs_journal(one, templates=templates, runs=1)

@@ -38,6 +38,7 @@ MODULES = (
     "bench.journal",
     "bench.postgres",
     "bench.calibration",
+    "bench.residency",
     "bench.collectives",
     "bench.replay",
     "bench.serving",

@@ -5,12 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
+from lifecycle.core.agreement import (
+    agreed_decision,
+    agreed_probe_shape,
+    first_failed_gate,
+    reuse_token,
+)
 from lifecycle.core.config import ServerArgs, WarmupMode, args_from_json
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.events import GateDecided, PlanBuilt, StoredEvent, Transition
-from lifecycle.core.gates import calibration_skip_reason, evaluate_gates
+from lifecycle.core.events import (
+    GateDecided,
+    PlanBuilt,
+    ResidencyPlanned,
+    StoredEvent,
+    Transition,
+)
+from lifecycle.core.gates import (
+    RESIDENCY_GATE,
+    RESIDENCY_PLANNER_NOT_AVAILABLE,
+    calibration_skip_reason,
+    evaluate_gates,
+)
 from lifecycle.core.plan import WarmupPlan, WarmupRequest, build_plan, fit_probe
+from lifecycle.core.residency import candidates, choose, plan_residency
 from lifecycle.core.states import State, Trigger, next_state
 from replay.load import RunInfo
 
@@ -30,6 +47,7 @@ class VerifyReport:
 class _RankRecord:
     gate: GateDecided | None = None
     plan: PlanBuilt | None = None
+    residency: ResidencyPlanned | None = None
     transitions: list[Transition] = field(default_factory=list)
 
 
@@ -42,6 +60,8 @@ def _collect(events: Iterable[StoredEvent]) -> dict[int, _RankRecord]:
             record.gate = event
         elif isinstance(event, PlanBuilt):
             record.plan = event
+        elif isinstance(event, ResidencyPlanned):
+            record.residency = event
         elif isinstance(event, Transition):
             record.transitions.append(event)
     return ranks
@@ -72,18 +92,24 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
     ranks = _collect(events)
     decided = {r: rec for r, rec in ranks.items() if rec.gate is not None}
     first_failed: list[int] = []
+    tokens: list[int] = []
+    reuses: list[str | None] = []
     for rank, record in sorted(decided.items()):
         assert record.gate is not None
         platform = record.gate.platform
-        first_failed.append(first_failed_gate(evaluate_gates(args, platform)))
-        local = calibration_skip_reason(args, platform)
+        reuse = _recorded_reuse(record.gate)
+        first_failed.append(first_failed_gate(evaluate_gates(args, platform, reuse=reuse)))
+        tokens.append(reuse_token(reuse))
+        reuses.append(reuse)
+        local = calibration_skip_reason(args, platform, reuse=reuse)
         checked.append(f"rank {rank} gates")
         if local != record.gate.local_skip_reason:
             divergences.append(
                 f"rank {rank}: recorded gate decision {_reason(record.gate.local_skip_reason)};"
                 f" today's gates: {_reason(local)}"
             )
-    agreed = agreed_skip_reason(first_failed)
+    agreed, _ = agreed_decision(first_failed, tokens, next(iter(reuses), None))
+    divergences.extend(_verify_residency(ranks, checked))
     today_plans = _today_plans(args, decided, agreed)
     for rank, record in sorted(ranks.items()):
         plan = today_plans.get(rank)
@@ -105,6 +131,38 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
         divergences.extend(_walk(rank, record.transitions, plan.calibration_open))
         checked.append(f"rank {rank} transitions")
     return VerifyReport(run_id=run.run_id, divergences=tuple(divergences), checked=tuple(checked))
+
+
+def _recorded_reuse(gate: GateDecided) -> str | None:
+    """The verified plan a rank found to reuse, as its residency-planner gate recorded it (the
+    journal's history at the time is not replayed, only what the rank found in it)."""
+    outcome = next((o for o in gate.gates if o.name == RESIDENCY_GATE), None)
+    if outcome is None or outcome.passed or outcome.reason == RESIDENCY_PLANNER_NOT_AVAILABLE:
+        return None
+    return outcome.reason
+
+
+def _verify_residency(ranks: dict[int, _RankRecord], checked: list[str]) -> list[str]:
+    """Decide every rank's residency plan again from the inputs it journaled, agreeing as the
+    ranks did, and compare with the plan each recorded."""
+    planned = {r: rec.residency for r, rec in sorted(ranks.items()) if rec.residency is not None}
+    if not planned:
+        return []
+    tables = [candidates(p.given) for p in planned.values()]
+    if len({len(t) for t in tables}) != 1:
+        return ["ranks recorded residency options of different lengths: no common plan"]
+    agreed = choose(tables)
+    out = []
+    for rank, recorded in planned.items():
+        today = plan_residency(recorded.given, agreed=agreed)
+        checked.append(f"rank {rank} residency plan")
+        if (today.plan_id, today.fits) != (recorded.plan.plan_id, recorded.plan.fits):
+            out.append(
+                f"rank {rank}: recorded residency plan {recorded.plan.plan_id}"
+                f" ({'fits' if recorded.plan.fits else 'none fits'}); today's planner:"
+                f" {today.plan_id} ({'fits' if today.fits else 'none fits'})"
+            )
+    return out
 
 
 def _today_plans(

@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +34,15 @@ def run_cli(
     cwd: Path,
     timeout: float = 240.0,
     env: dict[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> Completed:
-    """Run `python -m module args...` to completion, bounded by `timeout` seconds."""
-    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    """Run `python -m module args...`, after the command `prefix` if one is given, to
+    completion, bounded by `timeout` seconds."""
     proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+        [*prefix, sys.executable, "-m", module, *args],
+        cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -120,12 +117,17 @@ def as_unprivileged() -> list[str]:
 
 
 def run_unprivileged(cwd: Path, module: str, *args: str) -> Completed:
-    proc = subprocess.run(
-        [*as_unprivileged(), sys.executable, "-m", module, *args],
-        cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True,
-        timeout=180, check=False,
-    )  # fmt: skip
-    return Completed(proc.returncode, proc.stdout, proc.stderr)
+    return run_cli(module, args, cwd=cwd, timeout=180, prefix=as_unprivileged())
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """Kill `proc` on leaving the block if it is still running, pass or fail."""
+    try:
+        yield proc
+    finally:
+        proc.kill()  # a no-op once it has exited (Popen polls before it signals)
+        proc.wait(timeout=10)
 
 
 def wait_until(condition: Callable[[], bool], *, within: float, what: str) -> None:

@@ -24,8 +24,6 @@ from lifecycle.core.events import (
     Event,
     FaultInjected,
     GateDecided,
-    GroupMark,
-    PendingCollective,
     PlanBuilt,
     RunStarted,
     Shutdown,
@@ -34,6 +32,7 @@ from lifecycle.core.events import (
     WarmupRecord,
 )
 from lifecycle.core.fold import RECENT_HEARTBEATS, RECENT_STARTS, GroupTally, RankFold
+from lifecycle.core.records import GroupMark, PendingCollective
 from lifecycle.core.view import OpenCollective, RecentStart, SeqGap, Span
 
 FOLD_VERSION = 1
@@ -105,16 +104,24 @@ class FoldCheckpoint:
     clock: ClockAligned | None
 
 
+# The noted events, each kind by the name of the RankFold list that keeps it, in the order a
+# checkpoint writes them.
+_NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
+    (Error, "errors"),
+    (FaultInjected, "faults"),
+    (Stalled, "stalls"),
+    (BuffersAllocated, "buffer_allocations"),
+    (BuffersDropped, "buffer_drops"),
+    (CollectivesDumped, "dumps"),
+)
+
+
 def _noted(fold: RankFold) -> tuple[NotedEvent, ...]:
-    kept: list[tuple[float, str, Event]] = [
-        *fold.errors,
-        *fold.faults,
-        *fold.stalls,
-        *fold.buffer_allocations,
-        *fold.buffer_drops,
-        *fold.dumps,
-    ]
-    return tuple(NotedEvent.of(at, state, event) for at, state, event in kept)
+    return tuple(
+        NotedEvent.of(at, state, event)
+        for _, name in _NOTED_LISTS
+        for at, state, event in getattr(fold, name)
+    )
 
 
 # RankFold's fields a checkpoint holds as they are (lists as tuples); the others are the noted
@@ -154,19 +161,10 @@ def restore(text: str) -> RankFold:
         setattr(fold, name, list(value) if name in _LISTS else value)
     fold.recent_heartbeats = deque(c.recent_heartbeats, maxlen=RECENT_HEARTBEATS)
     for at, state, event in (noted.restore() for noted in c.noted):
-        match event:
-            case Error():
-                fold.errors.append((at, state, event))
-            case FaultInjected():
-                fold.faults.append((at, state, event))
-            case Stalled():
-                fold.stalls.append((at, state, event))
-            case BuffersAllocated():
-                fold.buffer_allocations.append((at, state, event))
-            case BuffersDropped():
-                fold.buffer_drops.append((at, state, event))
-            case CollectivesDumped():
-                fold.dumps.append((at, state, event))
+        for kind, name in _NOTED_LISTS:
+            if isinstance(event, kind):
+                getattr(fold, name).append((at, state, event))
+                break
     fold.groups = {g.group: GroupTally.of(g) for g in c.groups}
     fold.open_collectives = {o.started.group: o for o in c.open_collectives}
     fold.recent_starts = {g.group: deque(g.starts, maxlen=RECENT_STARTS) for g in c.recent_starts}

@@ -50,6 +50,7 @@ MAX_PROMPT_CHARS = 4096
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
 
+MIN_MEMORY_BUDGET = 64 * 2**20
 DEFAULT_RING_CAPACITY = 65536
 MAX_RING_CAPACITY = 1 << 22
 
@@ -109,6 +110,8 @@ class ModelSpec:
     supports_residency_calibration: bool = True
     backend: str = "native"
     realtime_adapter: bool = False
+    # Whether its pipeline declares residency options for the planner (a plug-in opts in).
+    declares_residency: bool = False
     memory: MemoryModel = field(
         default_factory=lambda: MemoryModel(fixed_bytes=0, bytes_per_token=0, bytes_per_pixel=0)
     )
@@ -141,6 +144,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         default_height=720,
         default_frames=81,
         default_steps=50,
+        declares_residency=True,
         memory=TINY_MEMORY,
     ),
     # The same architecture at a small default request, for quick multi-rank runs.
@@ -151,6 +155,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         default_height=288,
         default_frames=33,
         default_steps=20,
+        declares_residency=True,
         memory=TINY_MEMORY,
     ),
 }
@@ -180,6 +185,8 @@ class ServerArgs:
     # Collective records kept per rank after ready (a few requests of a 40-block DiT).
     ring_capacity: int = DEFAULT_RING_CAPACITY
     smoke_request: SmokeRequest = SmokeRequest.AUTO
+    # The residency planner's per-rank budget; None: the device's free memory less headroom.
+    memory_budget_bytes: int | None = None
     faults: tuple[FaultSpec, ...] = ()
     seed: int = 0
 
@@ -251,6 +258,11 @@ def validate(args: ServerArgs) -> None:
         raise ConfigError(
             f"--max-batch-size must be at least 1, not {args.max_batch_size}",
             field="max_batch_size",
+        )
+    if args.memory_budget_bytes is not None and args.memory_budget_bytes < MIN_MEMORY_BUDGET:
+        raise ConfigError(
+            f"--memory-budget must be at least 64MiB, not {args.memory_budget_bytes} bytes",
+            field="memory_budget_bytes",
         )
     placed: dict[tuple[int, str], FaultSpec] = {}
     for fault in args.faults:

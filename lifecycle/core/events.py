@@ -7,50 +7,16 @@ from typing import ClassVar
 
 from lifecycle.core.config import Shape
 from lifecycle.core.errors import classify
+from lifecycle.core.fingerprint import Fingerprint
 from lifecycle.core.gates import GateOutcome, Platform
 from lifecycle.core.plan import ProbeFit, Role, WarmupRequest
+from lifecycle.core.records import GroupMark, PendingCollective, StageRecord, ThreadStack
+from lifecycle.core.residency import PlannerInput, ResidencyPlan
 
-# ---------------------------------------------------------------------------------------------
-# Nested records. These, and the domain values the events below hold (Shape, Platform,
-# GateOutcome, WarmupRequest, ProbeFit, Role), are part of the journal format: change any of
-# them only with a version bump of every kind that holds it, and an upcaster.
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageRecord:
-    name: str  # text_encoder, dit, vae
-    ran: bool
-    seconds: float
-    peak_bytes: int | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PendingCollective:
-    group: str
-    group_seq: int
-    op: str
-    purpose: str
-    waiting_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupMark:
-    """A process group's progress on one rank: the highest group sequence numbers started and
-    finished (-1 before the first), and how many collectives it ran."""
-
-    group: str
-    ranks: tuple[int, ...]
-    started: int
-    finished: int
-    count: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ThreadStack:
-    name: str
-    ident: int
-    stack: str
-
+# Nested records (lifecycle.core.records), and the domain values the events below hold (Shape,
+# Platform, GateOutcome, WarmupRequest, ProbeFit, Role, and the residency planner's values), are
+# part of the journal format: change any of them only with a version bump of every kind that
+# holds it, and an upcaster.
 
 # ---------------------------------------------------------------------------------------------
 # Event kinds
@@ -293,6 +259,54 @@ class ClockAligned(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyEvent(Event):
+    """A step of the residency planner: every one carries the plan and its fingerprint, so the
+    newest of a run says how its plan ended (what a later startup decides reuse from)."""
+
+    fingerprint: Fingerprint
+    plan: ResidencyPlan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyPlanned(ResidencyEvent):
+    """The planner's decision after the probe, with the inputs it decided from; `reuse` says
+    why no earlier plan was reused."""
+
+    kind: ClassVar[str] = "residency_planned"
+    given: PlannerInput
+    reuse: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyApplied(ResidencyEvent):
+    """A plan applied: before re-warm after calibration, or before bounded-warm when reused
+    (`reused_from` names the run that verified it)."""
+
+    kind: ClassVar[str] = "residency_applied"
+    reused_from: str | None
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyVerified(ResidencyEvent):
+    """Every rank's re-warm measured within the budget and near its prediction."""
+
+    kind: ClassVar[str] = "residency_verified"
+    measured_bytes: int
+    predicted_bytes: int  # at the re-warm's shape
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyRolledBack(ResidencyEvent):
+    """A rank could not apply or verify the plan: every rank went back to its reference
+    residency; `ranks` are the ranks that failed, `reason` this rank's own or theirs."""
+
+    kind: ClassVar[str] = "residency_rolled_back"
+    reason: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Shutdown(Event):
     kind: ClassVar[str] = "shutdown"
     reason: str
@@ -334,6 +348,10 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RequestFinished,
         CollectivesDumped,
         ClockAligned,
+        ResidencyPlanned,
+        ResidencyApplied,
+        ResidencyVerified,
+        ResidencyRolledBack,
         Shutdown,
     )
 }

@@ -15,6 +15,7 @@ class FaultKind(StrEnum):
     HANG = "hang"
     EXIT = "exit"
     SKIP_COLLECTIVE = "skip-collective"
+    OVER_BUDGET = "over-budget"  # re-warm only: the residency plan's verification measures over
 
 
 # A fault fires on entering a state that runs actions; anywhere else it would never fire.
@@ -77,6 +78,12 @@ def parse_fault(spec: str) -> FaultSpec:
             spec=spec,
         )
     state = State.READY if request is not None else faultable[state_text]
+    if kinds[kind_text] is FaultKind.OVER_BUDGET and state is not State.RE_WARM:
+        raise FaultSpecError(
+            f"bad fault spec {spec!r}: over-budget fires only in re-warm, where the residency"
+            " plan is verified",
+            spec=spec,
+        )
     return FaultSpec(rank=int(rank_text), state=state, kind=kinds[kind_text], request=request)
 
 

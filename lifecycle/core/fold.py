@@ -18,9 +18,7 @@ from lifecycle.core.events import (
     Error,
     FaultInjected,
     GateDecided,
-    GroupMark,
     Heartbeat,
-    PendingCollective,
     PlanBuilt,
     RequestFinished,
     RequestStarted,
@@ -32,6 +30,7 @@ from lifecycle.core.events import (
     UnknownEvent,
     WarmupRecord,
 )
+from lifecycle.core.records import GroupMark, PendingCollective
 from lifecycle.core.states import State
 from lifecycle.core.view import (
     GroupProgress,

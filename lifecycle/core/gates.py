@@ -45,6 +45,7 @@ class GateOutcome:
 
 
 RESIDENCY_PLANNER_NOT_AVAILABLE = "residency planner not available"
+RESIDENCY_GATE = "residency-planner"
 
 
 def _has_synthetic_warmup(args: ServerArgs, platform: Platform) -> bool:
@@ -119,24 +120,37 @@ GATES: tuple[Gate, ...] = (
         passes=_has_synthetic_warmup,
     ),
     Gate(
-        name="residency-planner",
+        name=RESIDENCY_GATE,
         reason=RESIDENCY_PLANNER_NOT_AVAILABLE,
-        # No residency planner consumes a measured peak yet; --calibrate opts in to measure.
-        passes=lambda a, p: a.calibrate,
+        # The planner consumes the probe when the pipeline declares residency options;
+        # --calibrate measures even without them.
+        passes=lambda a, p: a.model.declares_residency or a.calibrate,
     ),
 )
+RESIDENCY_GATE_INDEX = len(GATES) - 1
 
 
-def evaluate_gates(args: ServerArgs, platform: Platform) -> tuple[GateOutcome, ...]:
-    """Every gate's outcome, in order (the first failure is the one that decides)."""
-    return tuple(
-        GateOutcome(name=g.name, passed=g.passes(args, platform), reason=g.reason) for g in GATES
-    )
+def evaluate_gates(
+    args: ServerArgs, platform: Platform, *, reuse: str | None = None
+) -> tuple[GateOutcome, ...]:
+    """Every gate's outcome, in order (the first failure is the one that decides).
 
-
-def calibration_skip_reason(args: ServerArgs, platform: Platform) -> str | None:
-    """The reason of the first gate that fails, or None when calibration runs."""
+    `reuse` names a verified residency plan this startup may apply instead of calibrating:
+    the residency-planner gate then skips the probe with that as its reason, unless
+    --calibrate asks for a calibration all the same.
+    """
+    outcomes = []
     for gate in GATES:
-        if not gate.passes(args, platform):
-            return gate.reason
-    return None
+        passed, reason = gate.passes(args, platform), gate.reason
+        if passed and gate.name == RESIDENCY_GATE and reuse is not None and not args.calibrate:
+            passed, reason = False, reuse
+        outcomes.append(GateOutcome(name=gate.name, passed=passed, reason=reason))
+    return tuple(outcomes)
+
+
+def calibration_skip_reason(
+    args: ServerArgs, platform: Platform, *, reuse: str | None = None
+) -> str | None:
+    """The reason of the first gate that fails, or None when calibration runs."""
+    failed = (o for o in evaluate_gates(args, platform, reuse=reuse) if not o.passed)
+    return next((o.reason for o in failed), None)

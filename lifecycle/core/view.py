@@ -14,7 +14,6 @@ from lifecycle.core.events import (
     Error,
     FaultInjected,
     GateDecided,
-    PendingCollective,
     PlanBuilt,
     RunStarted,
     Shutdown,
@@ -22,6 +21,7 @@ from lifecycle.core.events import (
     UnknownEvent,
     WarmupRecord,
 )
+from lifecycle.core.records import PendingCollective
 from lifecycle.core.states import State
 
 

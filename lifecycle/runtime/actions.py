@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypedDict
 
 import torch
 
-from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
+from lifecycle.core.agreement import (
+    agreed_decision,
+    agreed_probe_shape,
+    first_failed_gate,
+    reuse_token,
+)
 from lifecycle.core.config import RankLayout, ServerArgs, Shape, SmokeRequest
 from lifecycle.core.events import (
     GateDecided,
-    GroupMark,
     PlanBuilt,
     RequestFinished,
     RequestStarted,
     WarmupRecord,
 )
-from lifecycle.core.gates import Platform, calibration_skip_reason, evaluate_gates
+from lifecycle.core.fingerprint import Fingerprint, Reuse, StoredPlan
+from lifecycle.core.gates import RESIDENCY_GATE_INDEX, Platform, evaluate_gates
 from lifecycle.core.plan import (
     PROBE_DOES_NOT_FIT,
     Role,
@@ -31,12 +36,21 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
+from lifecycle.core.records import GroupMark
+from lifecycle.core.residency import ResidencyPlan
 from lifecycle.core.states import State
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import MemoryMeter, probe_platform, release_cache
 from lifecycle.runtime.pipeline import Pipeline, build_pipeline
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.request import RequestResult, run_request
+from lifecycle.runtime.residency import (
+    apply_before_rewarm,
+    apply_reused,
+    find_reuse,
+    plan_after_probe,
+    verify_after_rewarm,
+)
 
 WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
 
@@ -56,6 +70,15 @@ class RankRuntime:
     platform: Platform | None = None
     plan: WarmupPlan | None = None
     dropped_buffers: bool = False
+    # The warmup requests' results by role, for the residency planner.
+    measured: dict[Role, RequestResult] = field(default_factory=dict)
+    # The residency planner's state (lifecycle.runtime.residency).
+    fingerprint: Fingerprint | None = None
+    reuse: Reuse | None = None  # the reuse decision at gate-check, and why
+    reused: StoredPlan | None = None  # the verified plan every rank agreed to reuse
+    residency: ResidencyPlan | None = None  # the plan this rank runs, until a rollback
+    residency_failure: str | None = None  # why applying it failed on this rank
+    over_budget_fault: bool = False  # --fault RANK:re-warm:over-budget fired
 
     @property
     def decodes(self) -> bool:
@@ -75,16 +98,32 @@ def load_pipeline(rt: RankRuntime) -> None:
 
 
 def decide_path(rt: RankRuntime) -> None:
-    """Probe the platform, evaluate the gates, agree with every rank, build the plan."""
+    """Probe the platform, look for a verified residency plan to reuse, evaluate the gates,
+    agree with every rank, build the plan."""
     args, world = rt.args, rt.comm.world
     platform = probe_platform(rt.device, rt.meter, local_ranks=rt.local_ranks)
     rt.platform = platform
-    outcomes = evaluate_gates(args, platform)
-    local_reason = calibration_skip_reason(args, platform)
-    # Exchanging the minimum is enough: agreed_skip_reason takes the earliest failing gate.
-    decision = torch.tensor([first_failed_gate(outcomes)], dtype=torch.int64)
+    reuse = rt.reuse = find_reuse(rt, platform)
+    reusing = reuse.reason if reuse.stored is not None and not args.calibrate else None
+    outcomes = evaluate_gates(args, platform, reuse=reusing)
+    local_reason = next((o.reason for o in outcomes if not o.passed), None)
+    first = first_failed_gate(outcomes)
+    # Exchanging the minimum is enough to agree on the earliest failing gate.
+    decision = torch.tensor([first], dtype=torch.int64)
     world.all_reduce(decision, op="min", purpose="gate-agree")
-    skip_reason = agreed_skip_reason([int(decision.item())])
+    rows = [[int(decision.item()), 0]]
+    if rows[0][0] == RESIDENCY_GATE_INDEX:
+        # Some rank would reuse a plan (or has no planner): which plan, rank by rank. Every
+        # row starts as this rank's own, should the gather not run.
+        mine = torch.tensor([first, reuse_token(reusing)], dtype=torch.int64)
+        everyone = mine.repeat(world.size, 1)
+        world.all_gather(everyone, mine, purpose="reuse-agree")
+        rows = everyone.tolist()
+    skip_reason, reused = agreed_decision([r[0] for r in rows], [r[1] for r in rows], reusing)
+    if reused:
+        rt.reused = reuse.stored
+    elif reusing is not None:
+        rt.reuse = Reuse(stored=None, reason=f"{reuse.reason}, but not every rank found it")
     rt.recorder.record(
         GateDecided(
             gates=outcomes,
@@ -143,6 +182,7 @@ def _warm(rt: RankRuntime, request: WarmupRequest) -> None:
         device=rt.device,
         decode=rt.decodes,
     )
+    rt.measured[request.role] = result
     rt.recorder.record(
         WarmupRecord(
             role=request.role,
@@ -277,9 +317,16 @@ Action = Callable[[RankRuntime], None]
 STARTUP_ACTIONS: Mapping[State, tuple[tuple[str, Action], ...]] = MappingProxyType(
     {
         State.GATE_CHECK: (("load-pipeline", load_pipeline), ("decide-path", decide_path)),
-        State.BOUNDED_WARM: (("bounded-warmup", bounded_warm),),
-        State.PROBE: (("probe", probe),),
-        State.RE_WARM: (("re-warmup", re_warm),),
+        State.BOUNDED_WARM: (
+            ("apply-reused-residency", apply_reused),
+            ("bounded-warmup", bounded_warm),
+        ),
+        State.PROBE: (("probe", probe), ("plan-residency", plan_after_probe)),
+        State.RE_WARM: (
+            ("apply-residency", apply_before_rewarm),
+            ("re-warmup", re_warm),
+            ("verify-residency", verify_after_rewarm),
+        ),
         State.DROP_BUFFERS: (("drop-buffers", drop_buffers),),
         State.READY: (("mark-ready", ready),),
     }

@@ -20,8 +20,8 @@ from lifecycle.core.events import (
     CollectiveFinished,
     CollectiveStarted,
     Event,
-    GroupMark,
 )
+from lifecycle.core.records import GroupMark
 from lifecycle.runtime.pending import Pending, PendingTracker
 
 

@@ -9,8 +9,9 @@ import traceback
 from collections.abc import Callable
 
 from lifecycle.core.errors import JournalError, JournalWriteFailed
-from lifecycle.core.events import GroupMark, Heartbeat, PendingCollective, Stalled, ThreadStack
+from lifecycle.core.events import Heartbeat, Stalled
 from lifecycle.core.machine import LifecycleMachine
+from lifecycle.core.records import GroupMark, PendingCollective, ThreadStack
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
 

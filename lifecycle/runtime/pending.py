@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from lifecycle.core.events import PendingCollective
+from lifecycle.core.records import PendingCollective
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

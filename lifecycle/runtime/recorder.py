@@ -26,6 +26,7 @@ from lifecycle.core.events import (
     GateDecided,
     PlanBuilt,
     RequestFinished,
+    ResidencyEvent,
     Shutdown,
     Stalled,
     StoredEvent,
@@ -144,6 +145,11 @@ class Recorder:
     @property
     def clock(self) -> Clock:
         return self._clock
+
+    def residency_history(self, model: str) -> list[StoredEvent]:
+        """The journal's residency events of `model`'s newest runs, newest first: what a
+        startup decides the reuse of a verified plan from."""
+        return self._writer.residency_history(model)
 
     def align_clock(self, offset_s: float) -> None:
         """From now on stamp events on rank 0's clock: this clock's time less `offset_s`."""
@@ -277,6 +283,21 @@ def log_fields(event: Event) -> dict[str, Any]:
                 "peak_bytes": event.peak_bytes,
                 "baseline_bytes": event.baseline_bytes,
                 "memory_source": event.memory_source,
+            }
+        case ResidencyEvent():
+            plan = event.plan
+            summary = {
+                "plan": plan.plan_id,
+                "fits": plan.fits,
+                "predicted_peak_bytes": plan.predicted_peak_bytes,
+                "budget_bytes": plan.budget_bytes,
+                "fingerprint": event.fingerprint.key,
+            }
+            skip = {"plan", "fingerprint", "given"}
+            return summary | {
+                f.name: _loggable(getattr(event, f.name))
+                for f in dataclasses.fields(event)
+                if f.name not in skip
             }
         case Stalled():
             return {

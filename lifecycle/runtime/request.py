@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from lifecycle.core.config import Shape
-from lifecycle.core.events import StageRecord
+from lifecycle.core.records import StageRecord
 from lifecycle.runtime.device import MemoryMeter, synchronize
 from lifecycle.runtime.pipeline import Pipeline
 

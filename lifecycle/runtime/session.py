@@ -306,6 +306,8 @@ class RankSession:
             self._skip_armed = spec  # journaled when it fires, with the collective it skipped
             return
         self.recorder.record(FaultInjected(fault=str(spec), fault_kind=kind.value))
+        if kind is FaultKind.OVER_BUDGET and self.runtime is not None:
+            self.runtime.over_budget_fault = True  # the residency verification reads it
         if kind is FaultKind.RAISE:
             raise InjectedFault(rank=self.launch.rank, state=spec.where)
         if kind is FaultKind.EXIT:

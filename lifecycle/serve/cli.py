@@ -20,6 +20,7 @@ from lifecycle.core.config import (
 )
 from lifecycle.core.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
 from lifecycle.core.faults import parse_faults
+from lifecycle.core.residency import parse_size
 from lifecycle.serve.logs import LEVELS, configure_logging
 
 EXIT_READY = 0
@@ -64,7 +65,14 @@ def _add_startup_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--calibrate",
         action="store_true",
-        help="opt in to the calibration path (passes the residency-planner gate only)",
+        help="calibrate even when a verified residency plan could be reused (and on a"
+        " pipeline without residency options: measure only)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="the residency planner's budget per rank, e.g. 600MiB or 2GiB (default: the"
+        " device's free memory less max(1 GiB, total / 50) of headroom)",
     )
     p.add_argument("--num-ranks", type=int, default=1)
     p.add_argument("--cfg-parallel", type=int, default=1)
@@ -225,6 +233,7 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
         startup_timeout_s=ns.startup_timeout,
         ring_capacity=ns.ring_size,
         smoke_request=SmokeRequest(ns.smoke_request),
+        memory_budget_bytes=None if ns.memory_budget is None else parse_size(ns.memory_budget),
         faults=parse_faults(ns.fault, os.environ.get("LIFECYCLE_FAULTS")),
         seed=ns.seed,
     )

@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection, Listener
 
 from lifecycle.core.config import Shape
 from lifecycle.core.errors import LifecycleError
-from lifecycle.core.events import StageRecord
+from lifecycle.core.records import StageRecord
 
 # -- messages ----------------------------------------------------------------------------------
 

@@ -9,6 +9,10 @@ from lifecycle.core.events import (
     Error,
     FaultInjected,
     PlanBuilt,
+    ResidencyApplied,
+    ResidencyPlanned,
+    ResidencyRolledBack,
+    ResidencyVerified,
     StoredEvent,
     Transition,
     WarmupRecord,
@@ -79,6 +83,23 @@ class ProgressPrinter:
                     f" steps {event.total_s:.2f} s, peak {format_bytes(event.peak_bytes)}"
                     f" ({event.memory_source or 'unmeasured'})"
                 )
+            case ResidencyPlanned():
+                plan = event.plan
+                verdict = "plan" if plan.fits else "no plan applied"
+                details.append(
+                    f"{verdict} {plan.plan_id}: peak {format_bytes(plan.predicted_peak_bytes)}"
+                    f" predicted, budget {format_bytes(plan.budget_bytes)} (not reused:"
+                    f" {event.reuse})"
+                )
+            case ResidencyApplied() if event.reused_from is not None:
+                details.append(f"applied {event.plan.plan_id}")
+            case ResidencyVerified():
+                details.append(
+                    f"verified {event.plan.plan_id}: peak {format_bytes(event.measured_bytes)}"
+                    f" (predicted {format_bytes(event.predicted_bytes)})"
+                )
+            case ResidencyRolledBack():
+                details.append(f"rolled back {event.plan.plan_id}: {event.reason}")
             case BuffersDropped():
                 freed = format_bytes(event.bytes_freed)
                 details.append(f"dropped {event.buffers} staging buffers, freed {freed}")

@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import Engine, Text, func, null, select, type_coerce
 from sqlalchemy.pool import PoolProxiedConnection
 
-from lifecycle.core.codec import UNKNOWN_KIND, decode_or_unknown
 from lifecycle.core.errors import JournalError, NotAJournal
-from lifecycle.core.events import StoredEvent, UnknownEvent
+from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend, backend_for
+from lifecycle.store.decode import EVENT_ROW, decode_row
 from lifecycle.store.errors import DATABASE_ERRORS, Fault, fault_of, journal_error, write_failure
 from lifecycle.store.revisions import (
     EMPTY,
@@ -28,18 +28,6 @@ from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_
 from lifecycle.store.writer import RankWriter
 
 READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
-# An event row as readers select it.
-_ROW = select(
-    events.c.run_id,
-    events.c.rank,
-    events.c.seq,
-    events.c.wall_time,
-    events.c.mono_ns,
-    events.c.kind,
-    events.c.version,
-    events.c.state,
-    type_coerce(events.c.data, Text),
-)
 
 
 class Journal:
@@ -249,7 +237,7 @@ class Journal:
         if not self.has_summaries or count <= 0:
             return []  # before revision 0003 no column tells a collective record cheaply
         stmt = (
-            _ROW.where(
+            EVENT_ROW.where(
                 events.c.run_id == run_id,
                 events.c.rank == rank,
                 events.c.group_name.is_not(None),
@@ -269,7 +257,7 @@ class Journal:
         self, *, run_id: str | None = None, rank: int | None = None, from_seq: int = 0
     ) -> Iterator[StoredEvent]:
         """Events in (run_id, rank, seq) order, decoded; unknown or corrupt payloads included."""
-        stmt = _ROW.order_by(events.c.run_id, events.c.rank, events.c.seq)
+        stmt = EVENT_ROW.order_by(events.c.run_id, events.c.rank, events.c.seq)
         if run_id is not None:
             stmt = stmt.where(events.c.run_id == run_id)
         if rank is not None:
@@ -343,38 +331,6 @@ class Journal:
             raise journal_error(exc, self.location) from None
 
     def _stored(self, row: Any) -> StoredEvent | None:
-        run_id, rank, seq, wall_time, mono_ns, kind, version, state, data = row
-        if not (
-            isinstance(run_id, str)
-            and is_int(rank)
-            and is_int(seq)
-            and is_number(wall_time)
-            and is_int(mono_ns)
-            and isinstance(kind, str)
-            and is_int(version)
-            and isinstance(state, str)
-        ):
-            self.malformed_rows.append(f"run {run_id!r} rank {rank!r} seq {seq!r}: bad envelope")
-            return None
-        try:
-            payload = data if isinstance(data, str) else json.dumps(data)
-        except (TypeError, ValueError, RecursionError):
-            # A BLOB or worse: kept as an undecodable event, and said.
-            self.malformed_rows.append(
-                f"{self.location}: run {run_id} rank {rank} seq {seq}: payload is not JSON text"
-            )
-            payload = repr(data)[:200]
-        event = decode_or_unknown(kind, version, payload)
-        if isinstance(event, UnknownEvent) and event.reason != UNKNOWN_KIND:
-            self.malformed_rows.append(
-                f"{self.location}: run {run_id} rank {rank} seq {seq}: {kind} {event.reason}"[:300]
-            )
-        return StoredEvent(
-            run_id=run_id,
-            rank=rank,
-            seq=seq,
-            wall_time=float(wall_time),
-            mono_ns=mono_ns,
-            state=state,
-            event=event,
-        )
+        stored, problems = decode_row(row, self.location)
+        self.malformed_rows.extend(problems)
+        return stored

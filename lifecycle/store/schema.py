@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -77,13 +79,23 @@ events = Table(
     ),
 )
 
+
+def _per_rank(name: str, *columns: Column[Any]) -> Table:
+    """A table of one row per run and rank: keyed by (run_id, rank), then `columns`."""
+    return Table(
+        name,
+        metadata,
+        Column("run_id", String(64), ForeignKey("runs.run_id"), nullable=False),
+        Column("rank", Integer, nullable=False),
+        *columns,
+        PrimaryKeyConstraint("run_id", "rank"),
+    )
+
+
 # One row per run and rank, kept current by the rank's writer in the transaction of every
 # append (revision 0003): what a verdict needs without reading every event.
-rank_summaries = Table(
+rank_summaries = _per_rank(
     "rank_summaries",
-    metadata,
-    Column("run_id", String(64), ForeignKey("runs.run_id"), nullable=False),
-    Column("rank", Integer, nullable=False),
     Column("last_seq", Integer, nullable=False),
     Column("events", Integer, nullable=False),
     Column("state", String(32), nullable=False),
@@ -100,18 +112,13 @@ rank_summaries = Table(
     Column("calibrated", Boolean, nullable=False),  # it went through probe
     Column("skip_reason", Text, nullable=True),  # its plan's calibration skip reason
     Column("host", String(255), nullable=True),  # the host its run_started names
-    PrimaryKeyConstraint("run_id", "rank"),
 )
 
 # Each rank's fold after event `fold_seq` (format `fold_version`, JSON), rewritten by its writer
 # with the events a verdict turns on (revision 0003); a reader folds only the events after it.
-rank_checkpoints = Table(
+rank_checkpoints = _per_rank(
     "rank_checkpoints",
-    metadata,
-    Column("run_id", String(64), ForeignKey("runs.run_id"), nullable=False),
-    Column("rank", Integer, nullable=False),
     Column("fold_version", Integer, nullable=False),
     Column("fold_seq", Integer, nullable=False),
     Column("fold", Text, nullable=False),
-    PrimaryKeyConstraint("run_id", "rank"),
 )

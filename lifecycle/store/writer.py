@@ -15,6 +15,7 @@ from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, 
 from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend
 from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
+from lifecycle.store.plans import residency_history
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
 from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
 
@@ -82,6 +83,7 @@ class RankWriter:
         self.run_id = run_id
         self.rank = rank
         self._location = backend.location
+        self._engine = engine
         self._lock = threading.Lock()
         self._failure: JournalWriteFailed | None = None
         try:
@@ -206,6 +208,16 @@ class RankWriter:
                 if isinstance(error, JournalWriteFailed):
                     self._failure = error
                 raise error from None
+
+    def residency_history(self, model: str) -> list[StoredEvent]:
+        """Rank 0's residency events of `model`'s newest runs, newest first (store.plans), read
+        on a connection of its own, apart from this writer's appends."""
+        try:
+            with self._engine.connect() as conn:
+                found: list[StoredEvent] = residency_history(conn, model)
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self._location) from None
+        return found
 
     def close(self) -> None:
         with self._lock:

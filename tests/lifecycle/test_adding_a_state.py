@@ -51,7 +51,9 @@ def test_a_new_state_needs_one_table_row_and_one_actions_entry(tmp_path: Path) -
     table = with_compile_state()
     actions = {**STARTUP_ACTIONS, Added.COMPILE: (("compile-graphs", compile_graphs),)}
     assert set(actions) == set(action_states(table))
-    args = ServerArgs(model=MODEL_PRESETS["micro-video"], db=str(tmp_path / "j.db"))
+    args = ServerArgs(
+        model=MODEL_PRESETS["micro-video"], db=str(tmp_path / "j.db"), disable_auto_residency=True
+    )
     run_id = new_run_id(time.time())
     journal = open_run(args, run_id=run_id, created_at=time.time())
     session = RankSession(

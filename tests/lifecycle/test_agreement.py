@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.agreement import agreed_probe_shape, agreed_skip_reason, first_failed_gate
+from lifecycle.core.agreement import agreed_decision, agreed_probe_shape, first_failed_gate
 from lifecycle.core.config import Shape
 from lifecycle.core.gates import GATES, GateOutcome
 
@@ -30,7 +30,13 @@ def test_the_first_failing_gate_is_the_index_of_the_first_failure() -> None:
 @given(st.lists(st.integers(0, len(GATES)), min_size=1, max_size=64))
 def test_the_agreed_skip_reason_is_the_earliest_failure_of_any_rank(first: list[int]) -> None:
     """Any rank closing calibration closes it for all, with the earliest gate's reason, and
-    the order the ranks report in does not matter."""
+    the order the ranks report in does not matter (no rank found a plan to reuse)."""
+
+    def agreed_skip_reason(first_failed: list[int]) -> str | None:
+        reason, reused = agreed_decision(first_failed, [0] * len(first_failed), None)
+        assert not reused
+        return reason
+
     reason = agreed_skip_reason(first)
     assert reason == agreed_skip_reason(list(reversed(first)))
     if all(i == len(GATES) for i in first):

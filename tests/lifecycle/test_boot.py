@@ -12,6 +12,9 @@ from lifecycle.core.events import (
     BuffersAllocated,
     BuffersDropped,
     RequestFinished,
+    ResidencyApplied,
+    ResidencyPlanned,
+    ResidencyVerified,
     Transition,
     WarmupRecord,
 )
@@ -26,14 +29,14 @@ def only_run(db: Path) -> list:  # type: ignore[type-arg]
     return list(journal.read(run_id=run.run_id))
 
 
-def test_auto_mode_boots_on_one_bounded_request(
+def test_disabling_auto_residency_boots_on_one_bounded_request(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
-    """Auto mode skips calibration (planner not available): gate-check, bounded-warm, ready,
+    """LIFECYCLE_DISABLE_AUTO_RESIDENCY keeps the old path: gate-check, bounded-warm, ready,
     one warmup request 832x480x17 at 2 steps, exit 0."""
-    result = lifecycle_cli("boot", "--db", "j.db")
+    result = lifecycle_cli("boot", "--db", "j.db", env={"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1"})
     assert result.returncode == 0, result.stderr
-    assert "calibration skipped: residency planner not available" in result.stdout
+    assert "calibration skipped: disabled by LIFECYCLE_DISABLE_AUTO_RESIDENCY" in result.stdout
     assert "startup to ready" in result.stdout
     events = only_run(tmp_path / "j.db")
     path = [e.event.dest for e in events if isinstance(e.event, Transition)]
@@ -49,20 +52,28 @@ def test_auto_mode_boots_on_one_bounded_request(
     assert all(s.ran and s.seconds > 0 for s in record.stages)
     assert len(record.step_s) == 2
     view = fold_run(events)[0]
-    assert view.skip_reason == "residency planner not available"
+    assert view.skip_reason == "disabled by LIFECYCLE_DISABLE_AUTO_RESIDENCY"
     assert not view.calibrated
+    assert not [e for e in events if e.kind.startswith("residency_")]
     assert [e.seq for e in events] == list(range(len(events)))
 
 
-def test_calibrate_runs_the_full_path_with_three_warmup_records(
+def run_events(db: Path, run_id: str) -> list:  # type: ignore[type-arg]
+    return list(Journal.open_for_read(str(db)).read(run_id=run_id))
+
+
+def test_auto_mode_calibrates_once_then_reuses_the_verified_plan(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
-    """--calibrate walks all six states: bounded (4 steps), probe at 1280x720x81, re-warm;
-    drop-buffers frees the staging buffers and the smoke request creates them again."""
-    result = lifecycle_cli("boot", "--db", "j.db", "--calibrate")
-    assert result.returncode == 0, result.stderr
-    assert "calibration on: probe 1280x720x81" in result.stdout
-    events = only_run(tmp_path / "j.db")
+    """The default startup calibrates tiny-video (its pipeline declares residency options):
+    all six states, bounded (4 steps), probe at 1280x720x81, a plan applied before the re-warm
+    and verified by it. The next startup finds the plan, skips the probe with a reason that
+    names the plan and its run, applies it before bounded-warm and runs the bounded path."""
+    first = lifecycle_cli("boot", "--db", "j.db")
+    assert first.returncode == 0, first.stderr
+    assert "calibration on: probe 1280x720x81" in first.stdout
+    (run,) = Journal.open_for_read(str(tmp_path / "j.db")).runs()
+    events = run_events(tmp_path / "j.db", run.run_id)
     path = [e.event.dest for e in events if isinstance(e.event, Transition)]
     assert path == [
         "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready", "stopped"
@@ -74,9 +85,19 @@ def test_calibrate_runs_the_full_path_with_three_warmup_records(
         ("rewarm", "832x480x17", 4),
     ]
     probe = records[1]
-    assert probe.tokens > records[0].tokens
     assert probe.peak_bytes is not None and records[0].peak_bytes is not None
     assert probe.peak_bytes > records[0].peak_bytes
+    kinds = [(e.kind, e.state) for e in events if e.kind.startswith("residency_")]
+    assert kinds == [
+        ("residency_planned", "probe"),
+        ("residency_applied", "re-warm"),
+        ("residency_verified", "re-warm"),
+    ]
+    planned = next(e.event for e in events if isinstance(e.event, ResidencyPlanned))
+    assert planned.plan.fits and planned.plan.changes_residency
+    assert planned.reuse == "no residency plan for tiny-video yet"
+    (verified,) = [e.event for e in events if isinstance(e.event, ResidencyVerified)]
+    assert verified.measured_bytes <= verified.plan.budget_bytes
     (drop,) = [e for e in events if isinstance(e.event, BuffersDropped)]
     assert drop.state == "drop-buffers"
     assert drop.event.bytes_freed > 0 and drop.event.buffers > 0
@@ -85,13 +106,31 @@ def test_calibrate_runs_the_full_path_with_three_warmup_records(
     smoke = [e.event for e in events if isinstance(e.event, RequestFinished)]
     assert len(smoke) == 1 and smoke[0].ok
 
+    second = lifecycle_cli("boot", "--db", "j.db")
+    assert second.returncode == 0, second.stderr
+    reason = f"verified residency plan {planned.plan.plan_id} from run {run.run_id}"
+    assert f"calibration skipped: {reason}" in second.stdout
+    newest = max(Journal.open_for_read(str(tmp_path / "j.db")).runs(), key=lambda r: r.created_at)
+    again = run_events(tmp_path / "j.db", newest.run_id)
+    assert [e.event.dest for e in again if isinstance(e.event, Transition)] == [
+        "gate-check", "bounded-warm", "ready", "stopped"
+    ]  # fmt: skip
+    (applied,) = [e for e in again if isinstance(e.event, ResidencyApplied)]
+    assert applied.state == "bounded-warm" and applied.event.reused_from == run.run_id
+    bounded = [e for e in again if isinstance(e.event, WarmupRecord)]
+    assert [(str(r.event.shape), r.event.steps) for r in bounded] == [("832x480x17", 2)]
+    assert applied.seq < bounded[0].seq
+    assert fold_run(again)[0].skip_reason == reason
+
 
 def test_every_journal_event_is_one_structlog_line(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """With --json-logs at debug level, each journal row appears once as a JSON log line
     bound to its run id, rank and state."""
-    result = lifecycle_cli("boot", "--db", "j.db", "--json-logs", "--log-level", "debug")
+    result = lifecycle_cli(
+        "boot", "--db", "j.db", "--model", "micro-video", "--json-logs", "--log-level", "debug"
+    )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     events = only_run(tmp_path / "j.db")
@@ -114,6 +153,9 @@ def test_every_journal_event_is_one_structlog_line(
         (["--num-ranks", "3", "--cfg-parallel", "2", "--ulysses", "2"], "must equal"),
         (["--model", "giant-video"], "is not one of"),
         (["--dist-timeout", "-1"], "--dist-timeout"),
+        (["--memory-budget", "lots"], "is not a size such as 600MiB"),
+        (["--memory-budget", "1MiB"], "--memory-budget must be at least 64MiB"),
+        (["--fault", "0:probe:over-budget"], "over-budget fires only in re-warm"),
     ],
 )
 def test_bad_flags_get_one_line_and_exit_2(

@@ -37,7 +37,8 @@ DESIGN_KINDS = {
     "run_started", "gate_decided", "plan_built", "transition", "action_started",
     "action_finished", "warmup_record", "collective_started", "collective_finished",
     "buffers_dropped", "buffers_allocated", "heartbeat", "stalled", "error", "fault_injected",
-    "request_started", "request_finished", "shutdown",
+    "request_started", "request_finished", "shutdown", "residency_planned", "residency_applied",
+    "residency_verified", "residency_rolled_back",
 }  # fmt: skip
 # Beyond DESIGN.md: the marker before the collective records a rank's ring writes on trouble
 # after ready (reason, records, dropped), so replay can say why and how many; and each rank's

@@ -52,7 +52,7 @@ FAILING: dict[str, tuple[dict[str, Any], Platform]] = {
         {"model": model(default_width=832, default_height=480, default_frames=17)},
         CPU,
     ),
-    "residency-planner": ({"calibrate": False}, CPU),
+    "residency-planner": ({"calibrate": False, "model": model(declares_residency=False)}, CPU),
 }
 
 EXPECTED_REASONS = {
@@ -90,14 +90,32 @@ def test_a_config_failing_one_gate_gets_exactly_its_reason(gate_name: str) -> No
     assert failed == [gate_name]
 
 
-def test_auto_mode_without_opt_in_stops_at_the_planner() -> None:
-    """The default auto-mode config passes every gate but the planner's."""
-    assert calibration_skip_reason(ServerArgs(), CPU) == "residency planner not available"
+def test_auto_mode_calibrates_when_the_pipeline_declares_residency_options() -> None:
+    """The planner consumes the probe: auto mode opens calibration for tiny-video, whose
+    pipeline declares options, and stops at the planner for one that declares none."""
+    assert calibration_skip_reason(ServerArgs(), CPU) is None
+    plain = ServerArgs(model=model(declares_residency=False))
+    assert calibration_skip_reason(plain, CPU) == "residency planner not available"
+
+
+def test_a_verified_plan_to_reuse_skips_the_probe_unless_calibrate_is_given() -> None:
+    """A reusable plan fails the planner gate with the reason that names it; --calibrate
+    calibrates all the same; an earlier gate still decides first."""
+    reuse = "verified residency plan vae=tiles-2x2 from run r1"
+    assert calibration_skip_reason(ServerArgs(), CPU, reuse=reuse) == reuse
+    outcomes = evaluate_gates(ServerArgs(), CPU, reuse=reuse)
+    assert [(o.name, o.reason) for o in outcomes if not o.passed] == [("residency-planner", reuse)]
+    assert calibration_skip_reason(ServerArgs(calibrate=True), CPU, reuse=reuse) is None
+    batching = ServerArgs(max_batch_size=2)
+    assert calibration_skip_reason(batching, CPU, reuse=reuse) == "batching max size > 1"
 
 
 def test_calibrate_passes_the_planner_gate_and_only_it() -> None:
-    """--calibrate opens calibration, yet does not override any earlier gate."""
+    """--calibrate opens calibration (a pipeline without options then only measures), yet
+    does not override any earlier gate."""
     assert calibration_skip_reason(ServerArgs(calibrate=True), CPU) is None
+    plain = ServerArgs(calibrate=True, model=model(declares_residency=False))
+    assert calibration_skip_reason(plain, CPU) is None
     speed = ServerArgs(calibrate=True, performance_mode=PerformanceMode.SPEED)
     assert calibration_skip_reason(speed, CPU) == "performance mode is not auto"
 

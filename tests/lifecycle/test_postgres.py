@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from lifecycle.serve.supervisor import free_port
-from tests.conftest import run_cli
+from tests.conftest import reaped, run_cli
 from tests.pg import PASSWORD, PostgresServer
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -195,14 +195,10 @@ def test_the_server_going_away_mid_run_is_one_line_and_loses_nothing(tmp_path: P
              "--fault", "0:bounded-warm:hang", "--log-level", "error"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        try:
+        with reaped(proc):
             seen = _wait_for_heartbeats(url, at_least=5, within=60)
             server.stop()
             _, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
         assert proc.returncode == 3, err
         lines = err.strip().splitlines()
         assert len(lines) == 1, err

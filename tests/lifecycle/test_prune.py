@@ -31,7 +31,7 @@ from lifecycle.store.prune import (
 )
 from lifecycle.store.revisions import alembic_config
 from lifecycle.store.schema import events, metadata, runs
-from tests.conftest import Completed, file_digest, wait_until
+from tests.conftest import Completed, file_digest, reaped, wait_until
 
 NOW = 1_900_000_000.0
 DAY = 86_400.0
@@ -48,8 +48,14 @@ class Run:
     last_event_at: float | None = None  # the newest event's wall time; default: created_at
 
 
-def build_journal(db: Path, *runs_to_write: Run) -> None:
-    """A journal at head holding `runs_to_write`, with rows in every table keyed by run id."""
+def aged(run_id: str, days: float, **more: Any) -> Run:
+    """A run created `days` days before NOW."""
+    return Run(run_id=run_id, created_at=NOW - days * DAY, **more)
+
+
+def build_journal(db: Path, *runs_to_write: Run) -> Path:
+    """A journal at `db`, at head, holding `runs_to_write`, with rows in every table keyed by
+    run id."""
     with Journal.open_for_write(str(db)) as journal:
         for run in runs_to_write:
             journal.create_run(
@@ -77,6 +83,7 @@ def build_journal(db: Path, *runs_to_write: Run) -> None:
                     conn.execute(table.insert().values(sample_row(table, run.run_id, rank)))
     engine.dispose()
     settle(db)
+    return db
 
 
 def other_run_keyed_tables() -> list[Table]:
@@ -124,14 +131,13 @@ def test_keep_runs_keeps_the_newest_and_removes_every_row_of_the_others(
 ) -> None:
     """--keep-runs 3 keeps the three newest runs (run id breaking a tie in created_at) and
     leaves no row of the others in any table keyed by run id."""
-    db = tmp_path / "j.db"
-    build_journal(
-        db,
-        Run(run_id="r1", created_at=NOW - 50 * DAY),
-        Run(run_id="r2", created_at=NOW - 40 * DAY),
-        Run(run_id="r3-a", created_at=NOW - 30 * DAY),
-        Run(run_id="r3-b", created_at=NOW - 30 * DAY),
-        Run(run_id="r4", created_at=NOW - 20 * DAY, ranks=4),
+    db = build_journal(
+        tmp_path / "j.db",
+        aged("r1", 50),
+        aged("r2", 40),
+        aged("r3-a", 30),
+        aged("r3-b", 30),
+        aged("r4", 20, ranks=4),
     )
     before = rows_by_table(db)
     result = prune(lifecycle_cli, db, "--keep-runs", "3", "--now", str(NOW))
@@ -149,13 +155,12 @@ def test_older_than_removes_the_runs_created_before_the_cutoff(
 ) -> None:
     """--older-than 30d removes the runs created more than 30 days before now, and says when
     the cutoff was."""
-    db = tmp_path / "j.db"
-    build_journal(
-        db,
-        Run(run_id="old-1", created_at=NOW - 40 * DAY),
-        Run(run_id="old-2", created_at=NOW - 31 * DAY),
-        Run(run_id="recent-1", created_at=NOW - 29 * DAY),
-        Run(run_id="recent-2", created_at=NOW - DAY),
+    db = build_journal(
+        tmp_path / "j.db",
+        aged("old-1", 40),
+        aged("old-2", 31),
+        aged("recent-1", 29),
+        aged("recent-2", 1),
     )
     result = prune(lifecycle_cli, db, "--older-than", "30d", "--now", str(NOW))
     assert result.returncode == 0, result.stderr
@@ -169,13 +174,8 @@ def test_with_both_options_only_runs_that_both_select_are_removed(
 ) -> None:
     """--keep-runs 1 --older-than 30d removes only the runs beyond the newest one that are
     also older than 30 days."""
-    db = tmp_path / "j.db"
-    build_journal(
-        db,
-        Run(run_id="a", created_at=NOW - 40 * DAY),
-        Run(run_id="b", created_at=NOW - 35 * DAY),
-        Run(run_id="c", created_at=NOW - 20 * DAY),
-        Run(run_id="d", created_at=NOW - 10 * DAY),
+    db = build_journal(
+        tmp_path / "j.db", aged("a", 40), aged("b", 35), aged("c", 20), aged("d", 10)
     )
     result = prune(lifecycle_cli, db, "--keep-runs", "1", "--older-than", "30d", "--now", str(NOW))
     assert result.returncode == 0, result.stderr
@@ -189,13 +189,7 @@ def test_dry_run_says_what_would_go_and_writes_nothing(
 ) -> None:
     """--dry-run prints the same summary as `would remove`, and the file is byte for byte as
     it was."""
-    db = tmp_path / "j.db"
-    build_journal(
-        db,
-        Run(run_id="a", created_at=NOW - 40 * DAY),
-        Run(run_id="b", created_at=NOW - 35 * DAY),
-        Run(run_id="c", created_at=NOW - 20 * DAY),
-    )
+    db = build_journal(tmp_path / "j.db", aged("a", 40), aged("b", 35), aged("c", 20))
     digest = file_digest(db)
     result = prune(lifecycle_cli, db, "--keep-runs", "1", "--dry-run", "--now", str(NOW))
     assert result.returncode == 0, result.stderr
@@ -211,12 +205,11 @@ def test_a_run_written_to_recently_is_skipped_and_counted(
 ) -> None:
     """An old run with an event in the last ten minutes is still being written: it stays,
     and the summary says so."""
-    db = tmp_path / "j.db"
-    build_journal(
-        db,
-        Run(run_id="old", created_at=NOW - 40 * DAY),
-        Run(run_id="old-but-live", created_at=NOW - 39 * DAY, last_event_at=NOW - 60),
-        Run(run_id="new", created_at=NOW - DAY),
+    db = build_journal(
+        tmp_path / "j.db",
+        aged("old", 40),
+        aged("old-but-live", 39, last_event_at=NOW - 60),
+        aged("new", 1),
     )
     result = prune(lifecycle_cli, db, "--older-than", "30d", "--now", str(NOW))
     assert result.returncode == 0, result.stderr
@@ -229,12 +222,7 @@ def test_the_newest_run_is_never_removed(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """--keep-runs 0 with --older-than that selects every run still keeps the newest run."""
-    db = tmp_path / "j.db"
-    build_journal(
-        db,
-        Run(run_id="a", created_at=NOW - 40 * DAY),
-        Run(run_id="b", created_at=NOW - 35 * DAY),
-    )
+    db = build_journal(tmp_path / "j.db", aged("a", 40), aged("b", 35))
     result = prune(lifecycle_cli, db, "--keep-runs", "0", "--older-than", "1d", "--now", str(NOW))
     assert result.returncode == 0, result.stderr
     assert run_ids_in(db) == {"b"}
@@ -246,13 +234,12 @@ def test_a_run_with_more_events_than_one_transaction_is_removed_whole(
 ) -> None:
     """A run with more events than one transaction deletes is removed over several, entirely,
     and the count of events is exact."""
-    db = tmp_path / "j.db"
     per_rank = EVENTS_PER_TRANSACTION + 1_234
-    build_journal(
-        db,
-        Run(run_id="big", created_at=NOW - 40 * DAY, events_per_rank=per_rank),
-        Run(run_id="small", created_at=NOW - 39 * DAY),
-        Run(run_id="new", created_at=NOW - DAY),
+    db = build_journal(
+        tmp_path / "j.db",
+        aged("big", 40, events_per_rank=per_rank),
+        aged("small", 39),
+        aged("new", 1),
     )
     result = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
     assert result.returncode == 0, result.stderr
@@ -305,15 +292,11 @@ def test_pruning_while_another_process_appends_to_another_run(
         cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    try:
+    with reaped(appender):
         wait_until(lambda: live_events(db) >= 20, within=60, what="the appender is appending")
         result = prune(lifecycle_cli, db, "--older-than", "30d")
         stop.touch()
         out, err = appender.communicate(timeout=60)
-    finally:
-        if appender.poll() is None:
-            appender.kill()
-            appender.wait(timeout=10)
     assert result.returncode == 0, result.stderr
     assert " removed 21 runs " in result.stdout
     assert appender.returncode == 0, err
@@ -355,7 +338,7 @@ def test_bad_options_are_one_line_and_exit_2(
     """A bad duration, a bad count, or neither option: one line on stderr, exit 2, the journal
     unchanged."""
     db = tmp_path / "j.db"
-    build_journal(db, Run(run_id="a", created_at=NOW - 40 * DAY), Run(run_id="b", created_at=NOW))
+    build_journal(db, aged("a", 40), aged("b", 0))
     digest = file_digest(db)
     result = prune(lifecycle_cli, db, *args)
     assert result.returncode == 2

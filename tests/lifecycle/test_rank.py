@@ -98,7 +98,9 @@ def test_the_boot_path_logs_each_step_bound_to_run_rank_and_state(tmp_path: Path
     startup as log events named by their kind, each bound to the run id, rank and state."""
     from structlog.testing import capture_logs
 
-    args = ServerArgs(model=MODEL_PRESETS["micro-video"], db=str(tmp_path / "j.db"))
+    args = ServerArgs(
+        model=MODEL_PRESETS["micro-video"], db=str(tmp_path / "j.db"), disable_auto_residency=True
+    )
     with capture_logs() as logs:
         session, journal, run_id = session_for(args)
         assert session.boot() is State.READY
@@ -115,6 +117,7 @@ def test_the_boot_path_logs_each_step_bound_to_run_rank_and_state(tmp_path: Path
         ("action_started", "gate-check", "load-pipeline"),
         ("action_started", "gate-check", "decide-path"),
         ("transition", "bounded-warm", "bounded-warm"),
+        ("action_started", "bounded-warm", "apply-reused-residency"),
         ("action_started", "bounded-warm", "bounded-warmup"),
         ("transition", "ready", "ready"),
         ("action_started", "ready", "mark-ready"),

@@ -41,13 +41,20 @@ def by_rank(events: list[StoredEvent]) -> dict[int, list[StoredEvent]]:
 
 
 def failed_boot(
-    lifecycle_cli: Callable[..., Completed], db: Path, *options: str, timeout: float
+    lifecycle_cli: Callable[..., Completed],
+    db: Path,
+    *options: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
 ) -> tuple[Completed, dict[int, list[StoredEvent]]]:
     """`lifecycle boot` of the micro model with `options`, which must exit 1; its result and
     the journal's events by rank."""
-    result = lifecycle_cli("boot", *MICRO, *options, timeout=timeout)
+    result = lifecycle_cli("boot", *MICRO, *options, timeout=timeout, env=env)
     assert result.returncode == 1
     return result, by_rank(run_events(db))
+
+
+CALIBRATED = ["gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready", "stopped"]
 
 
 def path_of(events: list[StoredEvent]) -> list[str]:
@@ -94,8 +101,10 @@ def test_every_rank_reaches_ready_in_step(
 ) -> None:
     """Every rank walks the same states in the same order, and in each group every member ran
     the same collectives at the same sequence numbers, all finished."""
+    # Bounded: auto residency disabled; calibrated: --calibrate (the planner plans as well).
     args = [*MICRO, *layout, *(["--calibrate"] if calibrate else [])]
-    result = lifecycle_cli("boot", *args, timeout=180)
+    env = None if calibrate else {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1"}
+    result = lifecycle_cli("boot", *args, timeout=180, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     ranks = by_rank(run_events(tmp_path / "j.db"))
     world = int(layout[1])
@@ -208,10 +217,12 @@ def test_a_skipped_collective_leaves_the_ranks_out_of_step(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """A rank that skips the gate agreement is journaled with the collective it skipped; its
-    peer is left waiting at that sequence number; the launcher exits 1."""
+    peer is left waiting at that sequence number; the launcher exits 1. (Calibration closed:
+    the skipping rank's next collectives are in its Ulysses group, not the world's.)"""
     _, ranks = failed_boot(
         lifecycle_cli, tmp_path / "j.db", "--num-ranks", "2", "--fault",
         "1:gate-check:skip-collective", "--dist-timeout", "4", timeout=120,
+        env={"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1"},
     )  # fmt: skip
     (skip,) = [e for e in ranks[1] if isinstance(e.event, FaultInjected)]
     assert skip.state == "gate-check"
@@ -259,9 +270,10 @@ def test_torchrun_starts_the_same_entry(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
         env={**__import__("os").environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
+    # Auto mode: micro-video declares residency options, so the first startup calibrates.
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = run_events(tmp_path / "j.db")
     ranks = by_rank(events)
     assert sorted(ranks) == [0, 1]
     for rank_events in ranks.values():
-        assert path_of(rank_events) == ["gate-check", "bounded-warm", "ready", "stopped"]
+        assert path_of(rank_events) == CALIBRATED

@@ -10,14 +10,13 @@ import os
 import signal
 import sqlite3
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_until
 from tests.lifecycle.test_server import BODY, Served, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -50,15 +49,6 @@ def diagnose(tmp_path: Path) -> dict:  # type: ignore[type-arg]
     doc["exit"] = result.returncode
     doc["text"] = run_cli("replay", args, cwd=tmp_path).stdout
     return doc
-
-
-def wait_for(check, *, within: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within} s: {what}")
 
 
 def test_healthy_requests_journal_their_summaries_not_their_collectives(tmp_path: Path) -> None:
@@ -143,7 +133,7 @@ def test_a_hang_killed_before_any_dump_is_placed_by_heartbeats(tmp_path: Path) -
                 bool(beats) and (json.loads(beats[0][0])["pending"] or {}).get("waiting_s", 0) > 3
             )
 
-        wait_for(waiting_in_a_collective, within=60, what="rank 0 waiting 3 s in a collective")
+        wait_until(waiting_in_a_collective, within=60, what="rank 0 waiting 3 s in a collective")
         for pid in (*pids.values(), served.proc.pid):
             os.kill(pid, signal.SIGKILL)
         served.proc.wait(timeout=30)
@@ -176,14 +166,14 @@ def test_dumps_on_request_write_every_rank_ring(tmp_path: Path) -> None:
         assert served.client.post("/generate", json=BODY).status_code == 200
         answer = served.client.post("/debug/dump")
         assert answer.status_code == 200 and answer.json() == {"ranks": [0, 1]}
-        wait_for(
+        wait_until(
             lambda: len(rows(served.db, "kind = 'collectives_dumped'")) == 2,
             within=30,
             what="both ranks dumped",
         )
         assert served.client.post("/generate", json=BODY).status_code == 200
         os.kill(rank_pids(served.db)[1], signal.SIGUSR1)
-        wait_for(
+        wait_until(
             lambda: rows(served.db, "kind = 'collectives_dumped'")[(1, "collectives_dumped")] == 2,
             within=30,
             what="rank 1 dumped on SIGUSR1",

@@ -56,7 +56,8 @@ def test_every_action_is_announced_on_disk_before_it_runs(tmp_path: Path) -> Non
     assert session.boot() is State.READY
     session.close()
     assert [name for name, *_ in seen] == [
-        "load-pipeline", "decide-path", "bounded-warmup", "probe", "re-warmup", "drop-buffers",
+        "load-pipeline", "decide-path", "apply-reused-residency", "bounded-warmup", "probe",
+        "plan-residency", "apply-residency", "re-warmup", "verify-residency", "drop-buffers",
         "mark-ready",
     ]  # fmt: skip
     for name, announced, journaled_state, state in seen:

@@ -20,12 +20,12 @@ class Journaled:
     run_ids: tuple[str, ...]
 
 
-def boot(db: Path, *args: str) -> None:
+def boot(db: Path, *args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run(
         [sys.executable, "-m", "lifecycle", "boot", "--model", "micro-video", "--db", str(db),
          "--log-level", "error", *args],
         cwd=db.parent, capture_output=True, timeout=180, check=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
     )  # fmt: skip
 
 
@@ -39,9 +39,9 @@ def run_ids(db: Path) -> tuple[str, ...]:
 
 @pytest.fixture(scope="session")
 def bounded_and_calibrated(tmp_path_factory: pytest.TempPathFactory) -> Journaled:
-    """One journal holding a bounded and then a calibrated run of the same config."""
+    """One journal holding a bounded run (auto residency disabled) and then a calibrated one."""
     db = tmp_path_factory.mktemp("single") / "j.db"
-    boot(db)
+    boot(db, env={"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1"})
     boot(db, "--calibrate")
     return Journaled(db=db, run_ids=run_ids(db))
 

@@ -26,15 +26,15 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_runs_lists_each_run_with_its_path_and_outcome(
     bounded_and_calibrated: Journaled, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One row per run: the bounded one skipped for the planner, the calibrated one not;
-    both ready, with a startup time."""
+    """One row per run: the bounded one skipped by the explicit disable, the calibrated one
+    not; both ready, with a startup time."""
     status, out, _ = run(capsys, "runs", str(bounded_and_calibrated.db), "--json")
     assert status == 0
     rows = json.loads(out)
     assert [r["run_id"] for r in rows] == list(bounded_and_calibrated.run_ids)
     bounded, calibrated = rows
     assert (bounded["path"], bounded["skip_reason"], bounded["mode"]) == (
-        "bounded", "residency planner not available", "auto"
+        "bounded", "disabled by LIFECYCLE_DISABLE_AUTO_RESIDENCY", "auto"
     )  # fmt: skip
     assert (calibrated["path"], calibrated["skip_reason"], calibrated["mode"]) == (
         "calibrated", None, "auto +calibrate"
@@ -44,7 +44,7 @@ def test_runs_lists_each_run_with_its_path_and_outcome(
         assert row["startup_to_ready_s"] > 0
         assert row["world_size"] == 1
     status, text, _ = run(capsys, "runs", str(bounded_and_calibrated.db))
-    assert "residency planner not available" in text and "calibrated" in text
+    assert "disabled by LIFECYCLE_DISABLE_AUTO_RESIDENCY" in text and "calibrated" in text
 
 
 def test_show_gives_timeline_records_and_buffers(
@@ -110,8 +110,9 @@ def test_verify_is_consistent_on_todays_runs(
 def test_verify_catches_a_path_todays_gates_would_not_take(
     bounded_and_calibrated: Journaled, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A calibrated run whose recorded config no longer opts in: today's gates skip with the
-    planner reason, and verify says the recorded path probed."""
+    """A calibrated run whose recorded config no longer opts in (a model without residency
+    options, no --calibrate): today's gates skip with the planner reason, and verify says the
+    recorded path probed."""
     db = tmp_path / "edited.db"
     shutil.copy(bounded_and_calibrated.db, db)
     run_id = bounded_and_calibrated.run_ids[1]
@@ -119,6 +120,7 @@ def test_verify_catches_a_path_todays_gates_would_not_take(
         (config,) = conn.execute("SELECT config FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         edited = json.loads(config)
         edited["calibrate"] = False
+        edited["model"]["declares_residency"] = False
         conn.execute("UPDATE runs SET config = ? WHERE run_id = ?", (json.dumps(edited), run_id))
     status, out, _ = run(capsys, "verify", run_id, str(db))
     assert status == 1

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from lifecycle.core.config import MODEL_PRESETS, ModelSpec, Shape
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.residency import ResidencyOption
 from lifecycle.runtime.comm import Comm
 
 
@@ -39,6 +40,23 @@ class Pipeline(Protocol):
     ) -> torch.Tensor: ...
 
     def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor: ...
+
+
+class ResidentPipeline(Pipeline, Protocol):
+    """A pipeline whose spec declares residency options: the planner chooses among them."""
+
+    def residency_options(self, shape: Shape) -> tuple[ResidencyOption, ...]: ...
+
+    def apply_residency(self, choices: Sequence[ResidencyOption]) -> None: ...
+
+
+def resident(pipeline: Pipeline | None) -> ResidentPipeline | None:
+    """The pipeline as one the planner can drive, or None when it declares no options."""
+    if pipeline is None or not pipeline.spec.declares_residency:
+        return None
+    if not hasattr(pipeline, "residency_options") or not hasattr(pipeline, "apply_residency"):
+        return None
+    return pipeline  # type: ignore[return-value]
 
 
 PipelineFactory = Callable[[ModelSpec, Comm], Pipeline]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +12,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from lifecycle.core.config import ModelSpec, Shape
+from lifecycle.core.residency import ResidencyOption
 from lifecycle.runtime.comm import Comm, UlyssesAttention
+from lifecycle.runtime.pipeline.decoder import Decoder, decode_video
+from lifecycle.runtime.pipeline.residency import (
+    OFFLOADED,
+    TEXT_ENCODER,
+    DecoderGeometry,
+    DecoderResidency,
+    Offloader,
+    options_for,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +35,9 @@ class TinyConfig:
     text_dim: int = 64
     text_layers: int = 2
     text_len: int = 32
+    # A hashed byte-bigram table: like a real text encoder's, its weights are the largest a
+    # component holds between requests (64 MiB), and so worth offloading when memory is short.
+    text_buckets: int = 1 << 18
     patch: int = 2
     vae_spatial: int = 32
     vae_temporal: int = 4
@@ -51,6 +64,7 @@ class TextEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(257, cfg.text_dim)  # 256 byte values + padding
+        self.bigrams = nn.Embedding(cfg.text_buckets, cfg.text_dim)
         self.pos = nn.Parameter(torch.zeros(cfg.text_len, cfg.text_dim))
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(
@@ -72,7 +86,9 @@ class TextEncoder(nn.Module):
         return torch.tensor(rows, dtype=torch.long)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        pairs = (tokens[:, :-1] * 257 + tokens[:, 1:]) % self.cfg.text_buckets
         x = self.embed(tokens) + self.pos
+        x[:, 1:] += self.bigrams(pairs)
         for layer in self.layers:
             x = layer(x)
         out: torch.Tensor = self.norm(x)
@@ -154,28 +170,6 @@ class DiT(nn.Module):
         return out
 
 
-class Decoder(nn.Module):
-    """A VAE-style decoder: latent frames to pixels by convolution and depth-to-space."""
-
-    def __init__(self, cfg: TinyConfig) -> None:
-        super().__init__()
-        s, hidden = cfg.vae_spatial, cfg.vae_hidden
-        self.cfg = cfg
-        self.conv_in = nn.Conv2d(cfg.latent_channels, hidden, 3, padding=1)
-        self.conv_mid = nn.Conv2d(hidden, hidden, 3, padding=1)
-        self.first_frame = nn.Conv2d(hidden, 3 * s * s, 1)
-        self.later_frames = nn.Conv2d(hidden, 3 * cfg.vae_temporal * s * s, 1)
-
-    def decode_frame(self, latent: torch.Tensor, *, first: bool) -> torch.Tensor:
-        """One latent frame (B, C, h, w) to pixel frames (B, F, 3, h*s, w*s) in [-1, 1]."""
-        s = self.cfg.vae_spatial
-        y = F.silu(self.conv_mid(F.silu(self.conv_in(latent))))
-        head = self.first_frame if first else self.later_frames
-        pixels = F.pixel_shuffle(head(y), s)  # (B, 3*F, h*s, w*s)
-        b, cf, hh, ww = pixels.shape
-        return torch.tanh(pixels.view(b, cf // 3, 3, hh, ww))
-
-
 @dataclass(slots=True)
 class PromptEmbeds:
     text: torch.Tensor  # (branches, L, text_dim)
@@ -202,6 +196,9 @@ class TinyVideoPipeline:
                     param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
                 module.to(device).eval()
         self.attention = UlyssesAttention(comm)
+        self.decoder_residency = DecoderResidency()
+        self.offload_text_encoder = False
+        self.text_offloader = Offloader(self.text_encoder, device)
 
     @property
     def parameter_bytes(self) -> int:
@@ -221,7 +218,11 @@ class TinyVideoPipeline:
         branches = self.branches()
         prompts = [prompt if b == "cond" else "" for b in branches]
         tokens = self.text_encoder.tokenize(prompts).to(self.comm.device)
-        return PromptEmbeds(text=self.text_encoder(tokens), branches=branches)
+        self.text_offloader.restore()
+        text = self.text_encoder(tokens)
+        if self.offload_text_encoder:
+            self.text_offloader.offload()
+        return PromptEmbeds(text=text, branches=branches)
 
     def latent_shape(self, shape: Shape) -> tuple[int, int, int, int]:
         cfg = self.cfg
@@ -322,18 +323,33 @@ class TinyVideoPipeline:
         x = tokens.view(1, t, h // p, w // p, c, p, p).permute(0, 4, 1, 2, 5, 3, 6)
         return x.reshape(1, c, t, h, w)
 
+    # -- residency ---------------------------------------------------------------------------
+
+    def residency_options(self, shape: Shape) -> tuple[ResidencyOption, ...]:
+        """The options the planner may choose from, with their expected effect at `shape`."""
+        cfg = self.cfg
+        _, frames, height, width = self.latent_shape(shape)
+        s = cfg.vae_spatial
+        geometry = DecoderGeometry(
+            latent_frames=frames,
+            frame_output_bytes=3 * cfg.vae_temporal * height * width * s * s * 4,
+            video_bytes=shape.pixels * 3,
+        )
+        encoder_bytes = sum(p.numel() * p.element_size() for p in self.text_encoder.parameters())
+        return options_for(geometry, encoder_bytes, self.comm.device.type)
+
+    def apply_residency(self, choices: Sequence[ResidencyOption]) -> None:
+        """Run with these options from the next request on."""
+        self.decoder_residency = DecoderResidency.of(choices)
+        self.offload_text_encoder = any(
+            o.component == TEXT_ENCODER and o.name == OFFLOADED for o in choices
+        )
+        if self.offload_text_encoder:
+            self.text_offloader.offload()
+        else:
+            self.text_offloader.restore()
+
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
-        """Decode latent frame by frame into a uint8 video (frames, height, width, 3)."""
-        video = torch.empty(
-            (shape.frames, shape.height, shape.width, 3), dtype=torch.uint8, device=latents.device
-        )
-        written = 0
-        for index in range(latents.shape[2]):
-            frames = self.vae.decode_frame(latents[:, :, index], first=index == 0)[0]
-            frames = frames[:, :, : shape.height, : shape.width]
-            count = min(frames.shape[0], shape.frames - written)
-            pixels = ((frames[:count] + 1.0) * 127.5).clamp_(0, 255).to(torch.uint8)
-            video[written : written + count] = pixels.permute(0, 2, 3, 1)
-            written += count
-        return video
+        """Decode latents into a uint8 video (frames, height, width, 3)."""
+        return decode_video(self.vae, latents, shape, self.decoder_residency)

@@ -1,0 +1,150 @@
+"""The residency options of the built-in pipelines: how the decoder is chunked or tiled, and
+whether the text encoder stays resident between requests.
+
+On CPU these change the process's peak RSS and time for real: the decoder's working memory
+grows with the latent frames it decodes at once and shrinks with spatial tiles, and an
+offloaded text encoder's weights are written to a file and freed between requests. On CUDA
+offloading moves the weights to host memory between uses (that path has not run on hardware).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lifecycle.core.residency import ResidencyOption
+
+VAE = "vae"
+TEXT_ENCODER = "text_encoder"
+FRAMES_ONE = "frames-1"
+TILES = "tiles-2x2"
+RESIDENT = "resident"
+OFFLOADED = "offloaded"
+# Full-size float tensors of one latent frame's output alive at the decoder's peak (the
+# head's output, the pixel shuffle, tanh and the scaling), measured on CPU at 1280x720.
+DECODE_TEMPORARIES = 2.5
+# Expected time against decoding one latent frame whole, by device type. On CPU (measured on
+# 2 cores at 1280x720x81, `python -m bench --only residency`) a smaller working set stays in
+# cache, so tiles are faster as well as smaller; on CUDA (not measured: no GPU here) batching
+# frames is faster and tiles redo the convolutions' borders.
+_FRAMES_TIME = {"cpu": {4: 0.93, 0: 0.86}, "cuda": {4: 0.9, 0: 0.8}}  # 0: all latent frames
+_TILES_TIME = {"cpu": 0.45, "cuda": 1.1}
+HOST_BYTES_PER_S = 1e9  # writing an offloaded encoder out and reading it back
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecoderGeometry:
+    """What the decoder's working memory depends on, for one request shape."""
+
+    latent_frames: int
+    frame_output_bytes: int  # one latent frame's float output at full resolution
+    video_bytes: int  # the uint8 video the request returns
+
+    def working(self, frames_at_once: int, tiles: int = 1) -> float:
+        frames = min(frames_at_once, self.latent_frames)
+        per_frame = DECODE_TEMPORARIES * self.frame_output_bytes / tiles
+        return self.video_bytes + frames * per_frame
+
+
+def frames_option(geometry: DecoderGeometry, frames: int, device: str) -> ResidencyOption:
+    """Decode `frames` latent frames at once (0: all of them)."""
+    at_once = geometry.latent_frames if frames == 0 else frames
+    return ResidencyOption(
+        component=VAE,
+        name="frames-all" if frames == 0 else f"frames-{frames}",
+        peak_scale=geometry.working(at_once) / geometry.working(1),
+        time_scale=_FRAMES_TIME[device].get(frames, 1.0),
+        reference=frames == 1,
+    )
+
+
+def options_for(
+    geometry: DecoderGeometry, encoder_bytes: int, device: str
+) -> tuple[ResidencyOption, ...]:
+    """Every option of the tiny pipelines, with its expected effect at one shape."""
+    kind = "cuda" if device == "cuda" else "cpu"
+    return (
+        frames_option(geometry, 1, kind),
+        frames_option(geometry, 4, kind),
+        frames_option(geometry, 0, kind),
+        ResidencyOption(
+            component=VAE,
+            name=TILES,
+            peak_scale=geometry.working(1, tiles=4) / geometry.working(1),
+            time_scale=_TILES_TIME[kind],
+        ),
+        ResidencyOption(
+            component=TEXT_ENCODER, name=RESIDENT, peak_scale=1.0, time_scale=1.0, reference=True
+        ),
+        ResidencyOption(
+            component=TEXT_ENCODER,
+            name=OFFLOADED,
+            peak_scale=1.0,
+            time_scale=1.0,
+            released_bytes=encoder_bytes,
+            reload_s=2 * encoder_bytes / HOST_BYTES_PER_S,
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecoderResidency:
+    """How the decoder runs: latent frames decoded at once (0: all), and spatial tiles."""
+
+    frames_at_once: int = 1
+    tiles: int = 1
+
+    @classmethod
+    def of(cls, choices: Sequence[ResidencyOption]) -> DecoderResidency:
+        name = next((o.name for o in choices if o.component == VAE), FRAMES_ONE)
+        if name == TILES:
+            return cls(frames_at_once=1, tiles=2)
+        count = name.removeprefix("frames-")
+        return cls(frames_at_once=0 if count == "all" else int(count), tiles=1)
+
+
+class Offloader:
+    """Keeps a module's weights elsewhere between uses: on CUDA in host memory, on CPU in a
+    file (so that the process's resident memory really shrinks), and brings them back."""
+
+    def __init__(self, module: nn.Module, device: torch.device) -> None:
+        self.module = module
+        self.device = device
+        self._path: str | None = None
+        self.offloaded = False
+
+    def offload(self) -> None:
+        if self.offloaded:
+            return
+        if self.device.type == "cuda":
+            self.module.to("cpu")
+        else:
+            fd, path = tempfile.mkstemp(prefix="lifecycle-offload-", suffix=".pt")
+            os.close(fd)
+            torch.save(self.module.state_dict(), path)
+            self._path = path
+            self.module.to_empty(device="meta")
+        self.offloaded = True
+
+    def restore(self) -> None:
+        if not self.offloaded:
+            return
+        if self.device.type == "cuda":
+            self.module.to(self.device)
+        else:
+            assert self._path is not None
+            state = torch.load(self._path, map_location=self.device, weights_only=True)
+            self.module.load_state_dict(state, assign=True)  # no second copy of the weights
+            os.unlink(self._path)
+            self._path = None
+        self.offloaded = False
+
+    def close(self) -> None:
+        if self._path is not None:
+            os.unlink(self._path)
+            self._path = None

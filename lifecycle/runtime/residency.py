@@ -1,0 +1,260 @@
+"""The residency planner's steps on a rank: find a verified plan to reuse at gate-check, plan
+after the probe, apply before the re-warm (or before bounded-warm when reused), verify after
+it, and roll back on every rank when any rank's plan fails; each agreed through a recorded
+collective and journaled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from lifecycle import __version__
+from lifecycle.core.agreement import agreed_rollback
+from lifecycle.core.errors import JournalError
+from lifecycle.core.events import (
+    ResidencyApplied,
+    ResidencyEvent,
+    ResidencyPlanned,
+    ResidencyRolledBack,
+    ResidencyVerified,
+    StoredEvent,
+)
+from lifecycle.core.fingerprint import (
+    PlanStatus,
+    Reuse,
+    StoredPlan,
+    choose_reuse,
+    fingerprint,
+)
+from lifecycle.core.gates import Platform
+from lifecycle.core.plan import Role
+from lifecycle.core.residency import (
+    MIB,
+    Candidate,
+    ComponentCost,
+    PlannerInput,
+    ResidencyOption,
+    ResidencyPlan,
+    candidates,
+    check_options,
+    choose,
+    default_budget,
+    plan_residency,
+    predict,
+    reference_choices,
+    verify_peak,
+)
+from lifecycle.runtime.pipeline import resident
+from lifecycle.runtime.request import RequestResult
+
+if TYPE_CHECKING:
+    from lifecycle.runtime.actions import RankRuntime
+
+
+def stored_plans(history: Sequence[StoredEvent]) -> list[StoredPlan]:
+    """One plan per run, from its rank 0's residency events (newest first): the newest event of
+    a run says how its plan ended. A startup that reused a plan carries it on, verified."""
+    plans: dict[str, StoredPlan] = {}
+    for stored in history:
+        event = stored.event
+        if stored.run_id in plans or not isinstance(event, ResidencyEvent):
+            continue
+        status, note, verified_in = PlanStatus.PLANNED, "", ""
+        if isinstance(event, ResidencyVerified):
+            status, verified_in = PlanStatus.VERIFIED, stored.run_id
+        elif isinstance(event, ResidencyRolledBack):
+            status, note = PlanStatus.ROLLED_BACK, event.reason
+        elif isinstance(event, ResidencyApplied) and event.reused_from is not None:
+            status, verified_in = PlanStatus.VERIFIED, event.reused_from
+        plans[stored.run_id] = StoredPlan(
+            run_id=stored.run_id,
+            fingerprint=event.fingerprint,
+            plan=event.plan,
+            status=status,
+            note=note,
+            verified_in=verified_in,
+        )
+    return list(plans.values())
+
+
+def budget_for(rt: RankRuntime, platform: Platform) -> int:
+    given = rt.args.memory_budget_bytes
+    if given is not None:
+        return given
+    return default_budget(free_bytes=platform.free_bytes, total_bytes=platform.total_bytes)
+
+
+def find_reuse(rt: RankRuntime, platform: Platform) -> Reuse:
+    """The verified plan this startup may reuse, and why (gate-check)."""
+    args = rt.args
+    rt.fingerprint = fingerprint(
+        args,
+        device=platform.name,
+        total_bytes=platform.total_bytes,
+        torch_version=torch.__version__,
+        lifecycle=__version__,
+    )
+    if not args.model.declares_residency:
+        return Reuse(stored=None, reason=f"{args.model.name} declares no residency options")
+    try:
+        history = rt.recorder.residency_history(args.model.name)
+    except JournalError as exc:
+        return Reuse(stored=None, reason=f"the journal's plans could not be read: {exc}")
+    return choose_reuse(
+        rt.fingerprint, stored_plans(history), budget_bytes=budget_for(rt, platform)
+    )
+
+
+def _options(rt: RankRuntime, role: Role) -> tuple[ResidencyOption, ...]:
+    requests = rt.plan.by_role(role) if rt.plan is not None else ()
+    pipeline = resident(rt.pipeline)
+    if not requests or pipeline is None:
+        return ()
+    return pipeline.residency_options(requests[0].shape)
+
+
+def _costs(result: RequestResult) -> tuple[ComponentCost, ...]:
+    return tuple(
+        ComponentCost(component=s.name, seconds=s.seconds, peak_bytes=s.peak_bytes)
+        for s in result.stages
+        if s.ran and s.peak_bytes is not None
+    )
+
+
+def _agree_candidates(rt: RankRuntime, table: tuple[Candidate, ...]) -> tuple[int, bool]:
+    """Every rank's predictions for every combination, gathered: the combination to run."""
+    world = rt.comm.world
+    local = torch.tensor(
+        [[float(c.fits), c.seconds, float(c.peak_bytes)] for c in table], dtype=torch.float64
+    )
+    everyone = local.repeat(world.size, 1, 1)  # this rank's own, should the gather not run
+    world.all_gather(everyone, local, purpose="residency-plan")
+    tables = [
+        [
+            Candidate(choices=c.choices, fits=bool(row[0]), seconds=row[1], peak_bytes=int(row[2]))
+            for c, row in zip(table, rank_rows, strict=True)
+        ]
+        for rank_rows in everyone.tolist()
+    ]
+    return choose(tables)
+
+
+def plan_after_probe(rt: RankRuntime) -> None:
+    """Plan from the probe's measurement; the ranks agree on one combination (probe)."""
+    probe = rt.measured.get(Role.PROBE)
+    options = _options(rt, Role.PROBE)
+    platform, fp = rt.platform, rt.fingerprint
+    if probe is None or not options or platform is None or fp is None:
+        return  # --calibrate on a pipeline without options: the probe only measures
+    problem = check_options(options)
+    if problem is not None or probe.baseline_bytes is None:
+        rt.reuse = Reuse(stored=None, reason=problem or "the probe measured no memory")
+        return
+    given = PlannerInput(
+        baseline_bytes=probe.baseline_bytes,
+        costs=_costs(probe),
+        options=options,
+        total_bytes=platform.total_bytes,
+        free_bytes=platform.free_bytes,
+        budget_bytes=budget_for(rt, platform),
+    )
+    plan = plan_residency(given, agreed=_agree_candidates(rt, candidates(given)))
+    rt.residency = plan
+    reuse = rt.reuse.reason if rt.reuse is not None else "no reuse decision"
+    if rt.args.calibrate and rt.reuse is not None and rt.reuse.stored is not None:
+        reuse = f"--calibrate asked for a calibration; {reuse} could have been reused"
+    rt.recorder.record(ResidencyPlanned(fingerprint=fp, given=given, plan=plan, reuse=reuse))
+
+
+def _apply(rt: RankRuntime, plan: ResidencyPlan, *, reused_from: str | None) -> str | None:
+    """Apply `plan` to the pipeline and journal it; why it failed, or None."""
+    pipeline = resident(rt.pipeline)
+    assert pipeline is not None and rt.fingerprint is not None
+    started = time.perf_counter()
+    try:
+        pipeline.apply_residency(plan.choices)
+    except Exception as exc:  # any failure to apply rolls every rank back, agreed
+        return f"applying {plan.plan_id} failed: {type(exc).__name__}: {exc}"
+    rt.recorder.record(
+        ResidencyApplied(
+            fingerprint=rt.fingerprint,
+            plan=plan,
+            reused_from=reused_from,
+            seconds=time.perf_counter() - started,
+        )
+    )
+    return None
+
+
+def apply_before_rewarm(rt: RankRuntime) -> None:
+    """Apply the agreed plan before the re-warm measures it (re-warm)."""
+    plan = rt.residency
+    if plan is None or not plan.fits or not plan.changes_residency:
+        return
+    rt.residency_failure = _apply(rt, plan, reused_from=None)
+
+
+def apply_reused(rt: RankRuntime) -> None:
+    """Apply the verified plan the ranks agreed to reuse, before the bounded warmup measures
+    it (bounded-warm); a failure rolls every rank back."""
+    reused = rt.reused
+    if reused is None:
+        return
+    rt.residency = reused.plan
+    failure = _apply(rt, reused.plan, reused_from=reused.verified_in or reused.run_id)
+    _agree_outcome(rt, failure, measured=None, predicted=None)
+
+
+def verify_after_rewarm(rt: RankRuntime) -> None:
+    """Hold the re-warm's measured peak to the plan's prediction at its shape and the budget;
+    the ranks agree, and all roll back if any failed (re-warm)."""
+    plan = rt.residency
+    if plan is None or not plan.fits or not plan.changes_residency:
+        return
+    failure = rt.residency_failure
+    measured = predicted = None
+    rewarm, bounded = rt.measured.get(Role.REWARM), rt.measured.get(Role.BOUNDED)
+    if failure is None and rewarm is not None and bounded is not None:
+        by_name = {(o.component, o.name): o for o in _options(rt, Role.REWARM)}
+        choices = [by_name.get((o.component, o.name), o) for o in plan.choices]
+        predicted, _ = predict(bounded.baseline_bytes or 0, _costs(bounded), choices)
+        measured = rewarm.peak_bytes or 0
+        if rt.over_budget_fault:
+            measured = max(measured, plan.budget_bytes + 64 * MIB)
+        failure = verify_peak(
+            measured_bytes=measured, predicted_bytes=predicted, budget_bytes=plan.budget_bytes
+        )
+    _agree_outcome(rt, failure, measured=measured, predicted=predicted)
+
+
+def _agree_outcome(
+    rt: RankRuntime, failure: str | None, *, measured: int | None, predicted: int | None
+) -> None:
+    """Exchange every rank's outcome; journal verified, or roll back with the failed ranks."""
+    plan, fp = rt.residency, rt.fingerprint
+    assert plan is not None and fp is not None
+    world = rt.comm.world
+    # One slot a rank, set by a rank whose plan failed: the sum says which ranks failed.
+    flags = torch.zeros(world.size, dtype=torch.int64)
+    flags[world.ranks.index(rt.layout.rank)] = int(failure is not None)
+    world.all_reduce(flags, op="sum", purpose="residency-agree")
+    failed = agreed_rollback(bool(f) for f in flags.tolist())
+    if not failed:
+        if measured is not None and predicted is not None:
+            rt.recorder.record(
+                ResidencyVerified(
+                    fingerprint=fp, plan=plan, measured_bytes=measured, predicted_bytes=predicted
+                )
+            )
+        return
+    reason = failure or f"rank {failed[0]} could not apply or verify the plan"
+    pipeline = resident(rt.pipeline)
+    assert pipeline is not None
+    pipeline.apply_residency(
+        reference_choices(pipeline.residency_options(rt.args.model.default_shape))
+    )
+    rt.residency = None
+    rt.recorder.record(ResidencyRolledBack(fingerprint=fp, plan=plan, reason=reason, ranks=failed))

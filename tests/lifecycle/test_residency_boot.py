@@ -1,0 +1,205 @@
+"""The residency planner live: real ranks, real forward passes, real peak RSS, a real journal.
+
+Memory is the process's peak RSS (VmHWM); offloading on CPU writes the text encoder's weights
+to a file. Moving modules to host memory on CUDA cannot run here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from lifecycle.core.config import MODEL_PRESETS, RankLayout, Shape
+from lifecycle.core.events import (
+    ResidencyApplied,
+    ResidencyPlanned,
+    ResidencyRolledBack,
+    ResidencyVerified,
+    StoredEvent,
+    Transition,
+)
+from lifecycle.runtime.comm import Comm
+from lifecycle.runtime.device import LinuxRssMeter
+from lifecycle.runtime.pipeline.residency import DecoderResidency
+from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
+from lifecycle.store.journal import Journal
+from tests.conftest import Completed
+
+MIB = 2**20
+
+
+def runs_of(db: Path) -> list[list[StoredEvent]]:
+    """Every run's events, oldest run first."""
+    journal = Journal.open_for_read(str(db))
+    ordered = sorted(journal.runs(), key=lambda r: r.created_at)
+    return [list(journal.read(run_id=r.run_id)) for r in ordered]
+
+
+def of(events: list[StoredEvent], kind: type) -> list[StoredEvent]:
+    return [e for e in events if isinstance(e.event, kind)]
+
+
+def path(events: list[StoredEvent], rank: int = 0) -> list[str]:
+    return [e.event.dest for e in events if isinstance(e.event, Transition) and e.rank == rank]
+
+
+CALIBRATED = ["gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready", "stopped"]
+
+
+def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reused(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """`--fault 1:re-warm:over-budget` makes rank 1 measure over the budget: both ranks agree
+    through a recorded collective, roll back to the reference residency, and still reach
+    ready; the next startup does not reuse that plan and says why, and the one after that
+    reuses the plan it verified, on both ranks, agreed through `reuse-agree`."""
+    common = ("boot", "--db", "j.db", "--model", "micro-video", "--num-ranks", "2")
+    result = lifecycle_cli(*common, "--fault", "1:re-warm:over-budget")
+    assert result.returncode == 0, result.stderr
+    assert "rolled back vae=" in result.stdout
+    (events,) = runs_of(tmp_path / "j.db")
+    for rank in (0, 1):
+        assert path(events, rank) == CALIBRATED
+        (rolled,) = [e for e in of(events, ResidencyRolledBack) if e.rank == rank]
+        assert rolled.state == "re-warm" and rolled.event.ranks == (1,)
+    reasons = {e.rank: e.event.reason for e in of(events, ResidencyRolledBack)}
+    assert reasons[1].startswith("measured peak") and "exceeds the budget" in reasons[1]
+    assert reasons[0] == "rank 1 could not apply or verify the plan"
+    assert not of(events, ResidencyVerified)
+    agree = [
+        e
+        for e in events
+        if e.kind == "collective_started" and e.event.purpose == "residency-agree"  # type: ignore[attr-defined]
+    ]
+    assert sorted(e.rank for e in agree) == [0, 1]
+
+    again = lifecycle_cli(*common)
+    assert again.returncode == 0, again.stderr
+    second = runs_of(tmp_path / "j.db")[1]
+    assert path(second) == CALIBRATED
+    (planned,) = [e for e in of(second, ResidencyPlanned) if e.rank == 0]
+    assert "rolled back in run" in planned.event.reuse and "it is not reused" in planned.event.reuse
+
+    reused = lifecycle_cli(*common)
+    assert reused.returncode == 0, reused.stderr
+    third = runs_of(tmp_path / "j.db")[2]
+    reason = f"verified residency plan {planned.event.plan.plan_id} from run {second[0].run_id}"
+    for rank in (0, 1):
+        assert path(third, rank) == ["gate-check", "bounded-warm", "ready", "stopped"]
+        (applied,) = [e for e in of(third, ResidencyApplied) if e.rank == rank]
+        assert applied.event.reused_from == second[0].run_id
+    purposes = [e.event.purpose for e in third if e.kind == "collective_started" and e.rank == 0]  # type: ignore[attr-defined]
+    assert purposes[:2] == ["gate-agree", "reuse-agree"]
+    assert f"calibration skipped: {reason}" in reused.stdout
+
+
+def test_a_budget_nothing_fits_keeps_the_reference_residency_and_is_not_reused(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """With a budget below any plan's peak plus the headroom, the planner says none fits;
+    nothing is applied or verified, the startup is ready on the reference residency, and a
+    later startup calibrates again because that plan never verified."""
+    args = ("boot", "--db", "j.db", "--model", "micro-video", "--memory-budget", "1GiB")
+    result = lifecycle_cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert "no plan applied" in result.stdout
+    (events,) = runs_of(tmp_path / "j.db")
+    (planned,) = of(events, ResidencyPlanned)
+    assert not planned.event.plan.fits
+    assert planned.event.plan.reason.startswith("none of 8 plans fits")
+    assert planned.event.given.budget_bytes == 2**30
+    assert not of(events, ResidencyApplied) and not of(events, ResidencyVerified)
+    assert path(events) == CALIBRATED
+
+    again = lifecycle_cli(*args)
+    assert again.returncode == 0, again.stderr
+    (replanned,) = of(runs_of(tmp_path / "j.db")[1], ResidencyPlanned)
+    assert replanned.event.reuse.endswith("never verified")
+
+
+def test_calibrate_and_a_new_budget_calibrate_again_and_say_why(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """After a verified plan, --calibrate calibrates all the same, and a different budget is a
+    different fingerprint; each journals why the plan was not reused. `replay verify` decides
+    every plan again from its journaled inputs and agrees."""
+    args = ("boot", "--db", "j.db", "--model", "micro-video")
+    assert lifecycle_cli(*args).returncode == 0
+    forced = lifecycle_cli(*args, "--calibrate")
+    assert forced.returncode == 0, forced.stderr
+    budget = lifecycle_cli(*args, "--memory-budget", "8GiB")
+    assert budget.returncode == 0, budget.stderr
+    _, second, third = runs_of(tmp_path / "j.db")
+    assert path(second) == CALIBRATED and path(third) == CALIBRATED
+    (planned,) = of(second, ResidencyPlanned)
+    assert planned.event.reuse.startswith("--calibrate asked for a calibration; verified")
+    (other,) = of(third, ResidencyPlanned)
+    assert other.event.reuse.endswith(f"(run {second[0].run_id}) differs in budget")
+    verified = lifecycle_cli("boot", "--db", "j.db", "--model", "micro-video")
+    assert "calibration skipped: verified residency plan" in verified.stdout
+    from tests.conftest import run_cli
+
+    check = run_cli("replay", ["verify", "--all", "j.db"], cwd=tmp_path, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count("consistent") == 4
+
+
+def _pipeline() -> TinyVideoPipeline:
+    class Unrecorded:
+        def record(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    comm = Comm(
+        layout=RankLayout(rank=0, cfg_parallel=1, ulysses=1),
+        sink=Unrecorded(),  # type: ignore[arg-type]
+        device=torch.device("cpu"),
+        timeout_s=60.0,
+        skip=lambda *a: False,
+        distributed=False,
+    )
+    return TinyVideoPipeline(MODEL_PRESETS["tiny-video"], comm=comm)
+
+
+def test_decoder_options_change_peak_memory_and_not_the_picture() -> None:
+    """Decoding every latent frame at once peaks far above tiles (measured RSS, in this
+    process); the video differs at most by one uint8 step where convolutions round otherwise."""
+    pipeline = _pipeline()
+    shape = Shape(width=832, height=480, frames=33)
+    latents = torch.randn(
+        (1, *pipeline.latent_shape(shape)), generator=torch.Generator().manual_seed(1)
+    )
+    meter = LinuxRssMeter()
+    videos, peaks = {}, {}
+    for name, mode in {
+        "all": DecoderResidency(frames_at_once=0),
+        "one": DecoderResidency(frames_at_once=1),
+        "tiles": DecoderResidency(frames_at_once=1, tiles=2),
+    }.items():
+        pipeline.decoder_residency = mode
+        base = meter.current_bytes() or 0
+        meter.reset_peak()
+        videos[name] = pipeline.decode(latents, shape)
+        peaks[name] = (meter.peak_bytes() or 0) - base
+    assert peaks["all"] > peaks["one"] + 100 * MIB
+    assert peaks["tiles"] < peaks["one"]
+    for name in ("all", "tiles"):
+        diff = (videos[name].int() - videos["one"].int()).abs()
+        assert int(diff.max()) <= 1 and float(diff.float().mean()) < 0.01
+
+
+def test_an_offloaded_text_encoder_gives_its_weights_back_and_encodes_the_same() -> None:
+    pipeline = _pipeline()
+    before = pipeline.encode_prompt("a fox").text.clone()
+    options = pipeline.residency_options(Shape(width=832, height=480, frames=17))
+    offload = [o for o in options if o.name in ("frames-1", "offloaded")]
+    meter = LinuxRssMeter()
+    resident = meter.current_bytes() or 0
+    pipeline.apply_residency(offload)
+    assert all(p.is_meta for p in pipeline.text_encoder.parameters())
+    assert (meter.current_bytes() or 0) < resident - 32 * MIB
+    assert torch.equal(pipeline.encode_prompt("a fox").text, before)
+    assert all(p.is_meta for p in pipeline.text_encoder.parameters())
+    pipeline.apply_residency([o for o in options if o.reference])
+    assert not any(p.is_meta for p in pipeline.text_encoder.parameters())
