@@ -245,7 +245,13 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve_http(
-    args: ServerArgs, *, created_at: float, options: LaunchOptions, host: str, port: int
+    args: ServerArgs,
+    *,
+    created_at: float,
+    options: LaunchOptions,
+    host: str,
+    port: int,
+    linger_s: float,
 ) -> int:
     """Start the ranks, serve HTTP until SIGTERM or SIGINT, then stop the ranks."""
     try:

@@ -53,9 +53,16 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
 
 
 def serve(
-    args: ServerArgs, *, created_at: float, options: LaunchOptions, host: str, port: int
+    args: ServerArgs,
+    *,
+    created_at: float,
+    options: LaunchOptions,
+    host: str,
+    port: int,
+    linger_s: float = DEFAULT_LINGER_S,
 ) -> int:
-    """Boot the ranks as processes of their own and serve HTTP here until SIGTERM."""
+    """Boot the ranks as processes of their own and serve HTTP here until SIGTERM, or until
+    `linger_s` after a fatal startup failure (then exit 1, so that a pod restarts)."""
     if under_torchrun(os.environ):
         raise ConfigError(
             "lifecycle serve starts its own rank processes; under torchrun use lifecycle boot",
@@ -63,7 +70,14 @@ def serve(
         )
     from lifecycle.serve.http import serve_http
 
-    return serve_http(args, created_at=created_at, options=options, host=host, port=port)
+    return serve_http(
+        args, created_at=created_at, options=options, host=host, port=port, linger_s=linger_s
+    )
+
+
+# After a fatal startup failure `serve` stays up this long (a scrape of /metrics, a read of
+# /lifecycle), then exits 1.
+DEFAULT_LINGER_S = 60.0
 
 
 def _torchrun_env(env: Mapping[str, str]) -> str:
