@@ -52,6 +52,11 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     return boot_ranks(args, created_at=created_at, options=options)
 
 
+# After a fatal startup failure `serve` stays up this long (a scrape of /metrics, a read of
+# /lifecycle), then exits 1.
+DEFAULT_LINGER_S = 60.0
+
+
 def serve(
     args: ServerArgs,
     *,
@@ -73,11 +78,6 @@ def serve(
     return serve_http(
         args, created_at=created_at, options=options, host=host, port=port, linger_s=linger_s
     )
-
-
-# After a fatal startup failure `serve` stays up this long (a scrape of /metrics, a read of
-# /lifecycle), then exits 1.
-DEFAULT_LINGER_S = 60.0
 
 
 def _torchrun_env(env: Mapping[str, str]) -> str:
