@@ -14,21 +14,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
+from lifecycle import __version__
+from replay.helptext import DIAGNOSE_HELP, JOURNAL_HELP, RUN_HELP, epilog
+
 if TYPE_CHECKING:
     from replay.diagnose import Diagnosis
     from replay.load import Journals, RunInfo
 
 EXIT_OK = 0
-DEFAULT_LAST_COLLECTIVES = 10
-EXIT_FAILURE = 1  # a failure diagnosed, or a divergence found
+EXIT_FAILURE = 1  # diagnose: a failure found; verify: a run inconsistent with today's code
 EXIT_BAD_INPUT = 2
+DEFAULT_LAST_COLLECTIVES = 10
+DEFAULT_JOURNAL = "lifecycle.db"  # where `lifecycle boot` writes when $LIFECYCLE_DB is unset
 
-DIAGNOSE_HELP = (
-    "the verdict: outcome, culprit rank and state, first error, evidence. Exit status: 0 ready;"
-    " 1 failed, hung or crashed; 3 no failure found but not ready (running: still starting;"
-    " stopped: stopped from outside before ready; incomplete: the journals end before a"
-    " verdict, e.g. a rank's journal is missing); 2 bad input"
-)
+
+class _Usage(Exception):
+    """A command given what it cannot use: one line, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,16 +40,29 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="replay",
-        description="Read lifecycle journals (paths or SQLAlchemy URLs, merged by run id) and"
-        " say what happened. RUN is a run id, a unique prefix, or 'latest'.",
+        description="Read lifecycle journals after the fact and say what happened.",
+        epilog=epilog("replay") + "\n\nColour only on a terminal, never with NO_COLOR set.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"replay (lifecycle {__version__})")
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, title="commands", metavar="COMMAND"
+    )
+
+    def subparser(name: str, text: str, *, run: bool = True) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            epilog=epilog(name, run=run),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
     def command(name: str, text: str, *, run: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=text, description=text)
+        p = subparser(name, text, run=run)
         if run:
-            p.add_argument("run", metavar="RUN")
-        p.add_argument("journals", metavar="JOURNAL", nargs="+")
+            p.add_argument("run", metavar="RUN", help=RUN_HELP)
+        p.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
         p.add_argument("--json", action="store_true", help="print JSON")
         return p
 
@@ -85,14 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--at", type=float, metavar="SECONDS", help="every rank's state this long after the start"
     )
     judged_now(command("diagnose", DIAGNOSE_HELP))
-    verify = sub.add_parser(
-        "verify",
-        help="replay a run against today's gates, plan and transition table",
-        description="replay a run against today's gates, plan and transition table"
-        " (verify RUN JOURNAL... or verify --all JOURNAL...)",
+    verify = subparser(
+        "verify", "replay a run (or every run) against today's gates, plan and transition table"
     )
-    verify.add_argument("--all", action="store_true", help="check every run")
-    verify.add_argument("targets", metavar="RUN|JOURNAL", nargs="+")
+    verify.usage = "replay verify [-h] [--json] (RUN | --all) [JOURNAL ...]"
+    verify.add_argument("--all", action="store_true", help="check every run (then no RUN)")
+    verify.add_argument(
+        "targets",
+        metavar="RUN JOURNAL",
+        nargs="*",
+        default=(),
+        help=f"RUN, {RUN_HELP}; then JOURNAL, {JOURNAL_HELP}",
+    )
     verify.add_argument("--json", action="store_true", help="print JSON")
     trace = command("trace", "Chrome Trace Event JSON for chrome://tracing and Perfetto")
     trace.add_argument(
@@ -102,13 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a new file or a regular file to replace (never a journal being read); - for stdout",
     )
-    diff = sub.add_parser("diff", help="two runs side by side, with a verdict")
-    diff.add_argument("run_a", metavar="RUN_A")
-    diff.add_argument("run_b", metavar="RUN_B")
-    diff.add_argument("journals", metavar="JOURNAL", nargs="+")
+    diff = subparser("diff", "two runs side by side, with a verdict")
+    diff.add_argument("run_a", metavar="RUN_A", help=RUN_HELP)
+    diff.add_argument("run_b", metavar="RUN_B", help=RUN_HELP)
+    diff.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
     diff.add_argument("--json", action="store_true", help="print JSON")
     judged_now(diff)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, JOURNALs after an option included: argparse (3.11 at least) matches
+    an empty `nargs="*"` before the first option and leaves the JOURNALs after it unclaimed."""
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    if extra and not any(arg.startswith("-") for arg in extra):
+        field = "targets" if ns.command == "verify" else "journals"
+        setattr(ns, field, [*getattr(ns, field), *extra])
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return ns
 
 
 def _count(text: str) -> int:
@@ -125,7 +156,23 @@ def _now(ns: argparse.Namespace) -> float:
 def _style(out: IO[str]) -> Any:
     from replay.render import Style
 
-    return Style(color=out.isatty() and "NO_COLOR" not in os.environ)
+    # https://no-color.org: NO_COLOR present and not empty turns colour off.
+    return Style(color=out.isatty() and not os.environ.get("NO_COLOR"))
+
+
+def _locations(given: Sequence[str]) -> list[str]:
+    """The journals named, else the one `lifecycle boot` writes by default, which must exist:
+    replay reads and never creates one."""
+    if given:
+        return list(given)
+    from lifecycle.store.location import is_url, shown_location
+
+    named = os.environ.get("LIFECYCLE_DB")
+    location = named or DEFAULT_JOURNAL
+    if not is_url(location) and not os.path.exists(os.path.expanduser(location)):
+        where = f"$LIFECYCLE_DB ({shown_location(location)})" if named else f"./{location}"
+        raise _Usage(f"no JOURNAL given, and {where} does not exist: name a JOURNAL")
+    return [location]
 
 
 def _warn(problems: list[str], err: IO[str]) -> None:
@@ -155,7 +202,7 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.load import Journals
     from replay.render import format_runs, runs_json, summarize_run, summarize_settled
 
-    with Journals.open(ns.journals) as journals:
+    with Journals.open(_locations(ns.journals)) as journals:
         now = _now(ns)
         journals.prefetch_summaries()
         summaries = []
@@ -187,7 +234,7 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         show_json,
     )
 
-    with Journals.open(ns.journals) as journals:
+    with Journals.open(_locations(ns.journals)) as journals:
         run = journals.resolve(ns.run)
         if ns.at is not None:
             analysis = analyze(run, journals.events(run), until=run.created_at + ns.at)
@@ -228,7 +275,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.load import Journals
     from replay.render import diagnosis_json, format_diagnosis
 
-    with Journals.open(ns.journals) as journals:
+    with Journals.open(_locations(ns.journals)) as journals:
         run = journals.resolve(ns.run)
         diagnosis = _diagnosis(journals, run, _now(ns))
         _warn(journals.problems, err)
@@ -244,10 +291,9 @@ def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.verify import format_verify, verify_json, verify_run
 
     targets = list(ns.targets)
-    if not ns.all and len(targets) < 2:
-        raise _Usage("verify needs RUN and at least one JOURNAL, or --all JOURNAL...")
-    journals_given = targets if ns.all else targets[1:]
-    with Journals.open(journals_given) as journals:
+    if not ns.all and not targets:
+        raise _Usage("verify needs RUN, or --all to check every run")
+    with Journals.open(_locations(targets if ns.all else targets[1:])) as journals:
         runs = journals.runs() if ns.all else [journals.resolve(targets[0])]
         reports = [verify_run(run, journals.events(run)) for run in runs]
         _warn(journals.problems, err)
@@ -263,8 +309,9 @@ def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.output import trace_target, write_replacing
     from replay.trace import build_trace
 
-    target = None if ns.output == "-" else trace_target(ns.output, ns.journals)
-    with Journals.open(ns.journals) as journals:
+    locations = _locations(ns.journals)
+    target = None if ns.output == "-" else trace_target(ns.output, locations)
+    with Journals.open(locations) as journals:
         run = journals.resolve(ns.run)
         trace = build_trace(run, journals.events(run))
         _warn(journals.problems, err)
@@ -287,7 +334,7 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.diff import diff_json, format_diff, profile
     from replay.load import Journals
 
-    with Journals.open(ns.journals) as journals:
+    with Journals.open(_locations(ns.journals)) as journals:
         now = _now(ns)
         profiles = []
         for ref in (ns.run_a, ns.run_b):
@@ -302,10 +349,6 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
-class _Usage(Exception):
-    pass
-
-
 COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
     "runs": cmd_runs,
     "show": cmd_show,
@@ -317,7 +360,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    ns = parse_args(argv)
     out, err = sys.stdout, sys.stderr
     from lifecycle.core.errors import LifecycleError
 

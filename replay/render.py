@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from wcwidth import wcswidth
+
 from lifecycle.store.summaries import Summary
 from replay.diagnose import Diagnosis, Outcome
 from replay.evidence import Evidence, FirstError
@@ -30,29 +32,71 @@ def clean(text: object, *, keep_newlines: bool = False) -> str:
     return value
 
 
+def display_width(text: str) -> int:
+    """The terminal cells `text` (clean, unstyled) takes: two for a wide character, none for a
+    combining one."""
+    width = wcswidth(text)
+    # -1: a character wcwidth cannot measure; clean text has none, but never pad by a negative.
+    return width if width >= 0 else len(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """A table cell as printed (`shown`, which may carry styling) and as measured (`text`)."""
+
+    text: str
+    shown: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Style:
     color: bool = False
 
-    def paint(self, text: str, code: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+    def paint(self, text: object, code: str) -> str:
+        """`text` cleaned of what a journal could smuggle in, then styled: our own escape
+        sequences are the only ones printed."""
+        value = clean(text)
+        return f"\x1b[{code}m{value}\x1b[0m" if self.color else value
+
+    def cell(self, text: object, code: str) -> Cell:
+        return Cell(text=clean(text), shown=self.paint(text, code))
+
+    def outcome_cell(self, outcome: Outcome | str) -> Cell:
+        codes = {"ready": "32", "failed": "31", "hung": "33", "crashed": "31;1"}
+        return self.cell(outcome, codes.get(str(outcome), "36"))
 
     def outcome(self, outcome: Outcome | str) -> str:
-        codes = {"ready": "32", "failed": "31", "hung": "33", "crashed": "31;1"}
-        return self.paint(str(outcome), codes.get(str(outcome), "36"))
+        return self.outcome_cell(outcome).shown
 
-    def bold(self, text: str) -> str:
+    def bold(self, text: object) -> str:
         return self.paint(text, "1")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[clean(c) for c in headers], *[[clean(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    """Columns aligned by display width; each cell is cleaned of control characters unless it is
+    a `Cell`, whose text a `Style` already cleaned before styling it."""
+    cells = [[_as_cell(c) for c in row] for row in (headers, *rows)]
+    widths = [max(display_width(row[i].text) for row in cells) for i in range(len(headers))]
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+        "  ".join(
+            c.shown + " " * (w - display_width(c.text)) for c, w in zip(row, widths, strict=True)
+        ).rstrip()
+        for row in cells
     ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.insert(1, "  ".join("-" * w for w in widths).rstrip())
     return "\n".join(lines)
+
+
+def pad(text: str, width: int) -> str:
+    """Clean `text` padded with spaces to `width` terminal cells."""
+    return text + " " * (width - display_width(text))
+
+
+def _as_cell(value: object) -> Cell:
+    if isinstance(value, Cell):
+        return value
+    text = clean(value)
+    return Cell(text=text, shown=text)
 
 
 def mib(value: int | None) -> str:
@@ -154,23 +198,13 @@ def format_runs(summaries: Sequence[RunSummary], style: Style) -> str:
             s.mode,
             s.path,
             s.skip_reason or "-",
-            style.outcome(s.outcome) if style.color else s.outcome,
+            style.outcome_cell(s.outcome),
             "-" if s.startup_to_ready_s is None else f"{s.startup_to_ready_s:.2f}",
         ]
         for s in summaries
     ]
-    headers = [
-        "run",
-        "started",
-        "host",
-        "ranks",
-        "mode",
-        "path",
-        "skip reason",
-        "outcome",
-        "ready s",
-    ]
-    return table(headers, rows)
+    headers = ["run", "started", "host", "ranks", "mode", "path"]
+    return table([*headers, "skip reason", "outcome", "ready s"], rows)
 
 
 def runs_json(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
@@ -195,7 +229,7 @@ def runs_json(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
 
 
 def format_diagnosis(d: Diagnosis, style: Style) -> str:
-    out = [f"run {d.run_id}: {style.outcome(d.outcome)}"]
+    out = [f"run {clean(d.run_id)}: {style.outcome(d.outcome)}"]
     if d.culprit_ranks:
         out.append(
             style.bold(
@@ -207,7 +241,7 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
     if d.first_error is not None:
         e = d.first_error
         out.append(
-            f"first error: rank {e.rank} in {e.state} at +{e.at_s:.2f} s:"
+            f"first error: rank {e.rank} in {clean(e.state)} at +{e.at_s:.2f} s:"
             f" {clean(e.error_type)}: {clean(e.message)}"
         )
     out.append("")
@@ -217,7 +251,7 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
         [
             v.rank,
             v.last_state,
-            style.outcome(v.status) if style.color else v.status.value,
+            style.outcome_cell(v.status),
             _pending_text(v.pending),
             "-" if v.last_heartbeat_age_s is None else f"{v.last_heartbeat_age_s:.1f} s",
             clean(v.first_error.error_type) if v.first_error else "-",
@@ -238,13 +272,13 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
             rows.append([g.group, ",".join(map(str, g.members)), progress])
         out.append(table(["group", "members", "progress"], rows))
     for m in d.mismatches:
-        out.append(f"mismatch {m.group} #{m.group_seq}: {clean(mismatch_reason(m))}")
+        out.append(f"mismatch {clean(m.group)} #{m.group_seq}: {clean(mismatch_reason(m))}")
         out.extend(f"  rank {rank}: {clean(signature_text(sig))}" for rank, sig in m.by_rank)
     for view in d.analysis.views.values():
         for at, state, stall in view.stalls:
             out.append("")
             out.append(
-                f"stall: rank {view.rank} in {state} at +{d.analysis.at(at):.2f} s,"
+                f"stall: rank {view.rank} in {clean(state)} at +{d.analysis.at(at):.2f} s,"
                 f" {stall.in_state_s:.1f} s in state"
             )
             main = [t for t in stall.threads if t.name == "MainThread"] or list(stall.threads[:1])

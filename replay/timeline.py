@@ -11,7 +11,7 @@ from lifecycle.core.plan import Role
 from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis
 from replay.load import RunInfo
-from replay.render import Style, clean, mib, table, when
+from replay.render import Style, clean, mib, pad, table, when
 
 
 def format_header(run: RunInfo, style: Style) -> str:
@@ -59,7 +59,7 @@ def format_rank(
         lines.append(
             "    then, in its ring and never written (no trouble on this rank): "
             + ", ".join(
-                f"{g.group} to #{g.started} started, #{g.finished} finished" for g in beyond
+                f"{clean(g.group)} to #{g.started} started, #{g.finished} finished" for g in beyond
             )
         )
     return lines
@@ -79,7 +79,8 @@ def event_line(stored: StoredEvent, analysis: RunAnalysis) -> str:
             )
         case _:
             what = clean(" ".join(f"{k}={v}" for k, v in _scalars(event)))[:160]
-    return f"{at:>10} {stored.seq:>7} {stored.state:<12} {stored.kind:<20} {what}"
+    state, kind = pad(clean(stored.state), 12), pad(clean(stored.kind), 20)
+    return f"{at:>10} {stored.seq:>7} {state} {kind} {clean(what)}"
 
 
 def _scalars(event: Event) -> list[tuple[str, object]]:
@@ -96,7 +97,7 @@ def _scalars(event: Event) -> list[tuple[str, object]]:
 def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[str]:
     started = view.run_started
     where = f"pid {started.pid}, {clean(started.device)}" if started else "no run_started"
-    lines = [style.bold(f"rank {view.rank}") + f"  ({where})  now {view.state}"]
+    lines = [style.bold(f"rank {view.rank}") + f"  ({where})  now {clean(view.state)}"]
     details: dict[str, list[str]] = {}
     if view.plan is not None:
         reason = view.plan.skip_reason
@@ -178,7 +179,8 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
     if view.seq_gaps:
         gaps = ", ".join(f"{g.expected}->{g.found}" for g in view.seq_gaps[:5])
         lines.append(f"  sequence gaps: {gaps}")
-    return lines
+    # Below the styled first line, plain text with journal values in it (states, groups, ops).
+    return [lines[0], *map(clean, lines[1:])]
 
 
 def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
@@ -195,7 +197,7 @@ def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
                 view.action.action if view.action else "-",
             ]
         )
-    header = f"run {analysis.run.run_id} at +{seconds:.2f} s"
+    header = f"run {clean(analysis.run.run_id)} at +{seconds:.2f} s"
     return (
         header + "\n" + table(["rank", "state", "in state", "pending collective", "action"], rows)
     )

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from lifecycle.core.errors import ConfigError
+from lifecycle.core.errors import ConfigError, JournalError
 from lifecycle.core.events import (
     CollectivesDumped,
     CollectiveStarted,
@@ -33,6 +33,7 @@ from lifecycle.core.events import (
     WarmupRecord,
 )
 from lifecycle.core.states import State
+from lifecycle.runtime.metrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
 from lifecycle.store.writer import RankWriter
 
 # Kinds that stay in the ring after `ready` (see keep_collectives_in_ring).
@@ -133,6 +134,9 @@ class Recorder:
         self._listeners: list[Listener] = []
         self._state_of: Callable[[], State] = _not_started
         self._offset_s = 0.0  # this rank's clock minus rank 0's, once measured
+        # Made now, so that /metrics shows this rank's zero errors before any append fails.
+        self._append_seconds = JOURNAL_APPEND_SECONDS.labels(rank=str(writer.rank))
+        self._write_errors = JOURNAL_WRITE_ERRORS.labels(rank=str(writer.rank))
 
     @property
     def run_id(self) -> str:
@@ -181,10 +185,21 @@ class Recorder:
                     return None
                 reason = dump_reason(event, ring)
                 if reason is not None and (ring or self.ring_dropped):
-                    return self._publish(self._writer.append_batch([
+                    return self._publish(self._append([
                         *self._dump_items(reason, stamp), (event, *stamp)
                     ]))[-1]  # fmt: skip
-            return self._publish(self._writer.append_batch([(event, *stamp)]))[0]
+            return self._publish(self._append([(event, *stamp)]))[0]
+
+    def _append(self, items: list[tuple[Event, str, float, int]]) -> list[StoredEvent]:
+        """Commit `items` in one transaction, timed and counted for /metrics."""
+        started = time.perf_counter()
+        try:
+            stored = self._writer.append_batch(items)
+        except JournalError:
+            self._write_errors.inc()
+            raise
+        self._append_seconds.observe(time.perf_counter() - started)
+        return stored
 
     def journal_cost(self) -> tuple[int, float]:
         """Events written so far and the seconds spent committing them."""
@@ -207,7 +222,7 @@ class Recorder:
                 self._clock.mono_ns(),
             )
             items = self._dump_items(reason, stamp)
-            self._publish(self._writer.append_batch(items))
+            self._publish(self._append(items))
             return len(items) - 1
 
     def _dump_items(

@@ -18,7 +18,8 @@ from typing import Any
 import anyio.to_thread
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +39,7 @@ from lifecycle.serve.control import (
     ServiceUnavailable,
     Stop,
 )
+from lifecycle.serve.metrics import Metrics
 from lifecycle.serve.service import Service
 from lifecycle.serve.supervisor import POLL_S, LaunchOptions, RankGroup
 from lifecycle.store import shown_location
@@ -132,7 +134,7 @@ def _unavailable(exc: ServiceUnavailable) -> HTTPException:
     return HTTPException(status_code=503, detail=exc.detail, headers=headers)
 
 
-def create_app(service: Service) -> FastAPI:
+def create_app(service: Service, metrics: Metrics) -> FastAPI:
     """The FastAPI application; every endpoint reads the service, none touches torch.
 
     The probes are coroutines that take no lock a request holds, so they answer on the event
@@ -143,8 +145,16 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.get("/liveness")
-    async def liveness() -> dict[str, str]:
-        return {"status": "alive"}
+    async def liveness() -> JSONResponse:
+        """503 once the startup (or a rank while serving) failed for good: a pod restarts."""
+        if service.failed:
+            return JSONResponse(status_code=503, content={"status": "failed"})
+        return JSONResponse(status_code=200, content={"status": "alive"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body = await anyio.to_thread.run_sync(metrics.render)
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -203,6 +213,7 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.service = service
         self.received = []
+        self.lingered: str | None = None  # why it stopped after a failure, on its own
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -219,6 +230,8 @@ class _Server(uvicorn.Server):
 
     def stop_reason(self) -> tuple[str, str | None]:
         """Why the server stops, and the signal's name when a signal said so."""
+        if self.lingered is not None:
+            return self.lingered, None
         if not self.received:
             return "launcher stopping", None
         name = signal.Signals(self.received[0]).name
@@ -227,6 +240,18 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.service.begin_stop(self.stop_reason()[0])
         await super().shutdown(sockets=sockets)
+
+
+def _exit_after_failure(server: _Server, service: Service, linger_s: float) -> None:
+    """Once the ranks failed for good, serve /liveness (503), /metrics and /lifecycle for
+    `linger_s` more, then stop the server: `serve` exits 1 and a pod restarts."""
+    while not server.should_exit:
+        failed_at = service.failed_at
+        if failed_at is not None and time.monotonic() - failed_at >= linger_s:
+            server.lingered = f"failed ({service.failure}); stopped after --linger {linger_s:g} s"
+            server.should_exit = True
+            return
+        time.sleep(POLL_S)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -267,7 +292,8 @@ def serve_http(
         control_port=control.port,
         control_authkey=control.authkey.hex(),
     )
-    group = RankGroup(args, created_at=created_at, spec=spec)
+    metrics = Metrics()
+    group = RankGroup(args, created_at=created_at, spec=spec, env=metrics.rank_env())
     scope = "loopback only" if _is_loopback(host) else "REACHABLE FROM OTHER HOSTS"
     print(
         f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
@@ -276,6 +302,7 @@ def serve_http(
         flush=True,
     )
     service = Service(args, group, control)
+    metrics.add(service.metrics)
     threading.Thread(
         target=control.accept, args=(args.num_ranks,), name="control-accept", daemon=True
     ).start()
@@ -283,12 +310,15 @@ def serve_http(
     follower = threading.Thread(target=service.follow, name="journal-follower", daemon=True)
     follower.start()
     config = uvicorn.Config(
-        create_app(service),
+        create_app(service, metrics),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(STOP_GRACE_S),
     )
     server = _Server(config, service=service)
+    threading.Thread(
+        target=_exit_after_failure, args=(server, service, linger_s), name="linger", daemon=True
+    ).start()
     try:
         server.run(sockets=[sock])
     finally:
@@ -312,6 +342,7 @@ def serve_http(
         control.close()
         group.close()
         sock.close()
+        metrics.close()
     print(f"stopped run {group.run_id}", file=sys.stderr, flush=True)
     # A rank that died or failed while serving (not because the server stopped) fails the run.
     failed = service.failed or any(v.state == "failed" for v in group.views().values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import TextIO
 
@@ -12,14 +13,16 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 def configure_logging(*, json: bool, level: str = "info", stream: TextIO | None = None) -> None:
-    """Console lines on a terminal, logfmt lines elsewhere (a file, a pipe, a log collector:
-    greppable and several times cheaper to render), JSON lines with `json`; all to stderr."""
+    """Console lines on a terminal (coloured unless NO_COLOR is set), logfmt lines elsewhere
+    (a file, a pipe, a log collector: greppable and several times cheaper to render), JSON
+    lines with `json`; all to stderr."""
     out = stream or sys.stderr
     renderer: structlog.typing.Processor
     if json:
         renderer = structlog.processors.JSONRenderer()
     elif out.isatty():
-        renderer = structlog.dev.ConsoleRenderer(colors=True)
+        # https://no-color.org: NO_COLOR present and not empty turns colour off.
+        renderer = structlog.dev.ConsoleRenderer(colors=not os.environ.get("NO_COLOR"))
     else:
         renderer = structlog.processors.LogfmtRenderer(
             key_order=["timestamp", "level", "event"], drop_missing=True

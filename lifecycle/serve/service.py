@@ -23,6 +23,7 @@ from lifecycle.serve.control import (
     Result,
     ServiceUnavailable,
 )
+from lifecycle.serve.metrics import JournalMetrics
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.supervisor import POLL_S, RankGroup
 
@@ -54,6 +55,8 @@ class Service:
         self._running: RequestInFlight | None = None
         self._stop = threading.Event()
         self.printer = ProgressPrinter(run_created_at=group.created_at)
+        self.metrics = JournalMetrics(views=self.views_now, created_at=group.created_at)
+        self.failed_at: float | None = None  # monotonic time of the first failure
 
     @property
     def failed(self) -> bool:
@@ -65,6 +68,7 @@ class Service:
         while not self._stop.is_set():
             events = self.group.poll()
             self._print(events)
+            self.metrics.feed(events)
             views, codes = self.group.views(), self.group.exit_codes()
             with self._lock:
                 self.views, self.exit_codes = views, codes
@@ -84,6 +88,10 @@ class Service:
                 if stored.rank == 0 or "error" in line or "fault" in line or "failed" in line:
                     print(line, flush=True)
 
+    def views_now(self) -> dict[int, RankView]:
+        with self._lock:
+            return dict(self.views)
+
     def stop_following(self) -> None:
         self._stop.set()
 
@@ -93,6 +101,7 @@ class Service:
             if self.failure is not None:
                 return
             self.failure = reason
+            self.failed_at = time.monotonic()
         with self._line:
             self._line.notify_all()
 

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -70,8 +70,10 @@ class RankGroup:
         created_at: float,
         spec: WorkerSpec,
         run_id: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.args = args
+        self.env = dict(env or {})  # added to every rank process's environment
         self.created_at = created_at
         self.run_id = run_id or new_run_id(created_at)
         self.spec = spec
@@ -88,6 +90,7 @@ class RankGroup:
         port = free_port()
         base = {
             **os.environ,
+            **self.env,
             WORKER_ENV: self.spec.to_env(),
             RUN_ID_ENV: self.run_id,
             "MASTER_ADDR": "127.0.0.1",

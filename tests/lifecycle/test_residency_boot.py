@@ -22,7 +22,6 @@ from lifecycle.core.events import (
 )
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import LinuxRssMeter
-from lifecycle.runtime.pipeline.residency import DecoderResidency
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed
@@ -162,26 +161,44 @@ def _pipeline() -> TinyVideoPipeline:
     return TinyVideoPipeline(MODEL_PRESETS["tiny-video"], comm=comm)
 
 
-def test_decoder_options_change_peak_memory_and_not_the_picture() -> None:
-    """Decoding every latent frame at once peaks far above tiles (measured RSS, in this
-    process); the video differs at most by one uint8 step where convolutions round otherwise."""
-    pipeline = _pipeline()
-    shape = Shape(width=832, height=480, frames=33)
-    latents = torch.randn(
-        (1, *pipeline.latent_shape(shape)), generator=torch.Generator().manual_seed(1)
-    )
-    meter = LinuxRssMeter()
+DECODE = """
+import sys, torch
+from lifecycle.core.config import Shape
+from lifecycle.runtime.device import LinuxRssMeter
+from lifecycle.runtime.pipeline.residency import DecoderResidency
+from tests.lifecycle.test_residency_boot import _pipeline
+frames_at_once, tiles, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+pipeline = _pipeline()
+pipeline.decoder_residency = DecoderResidency(frames_at_once=frames_at_once, tiles=tiles)
+shape = Shape(width=832, height=480, frames=33)
+generator = torch.Generator().manual_seed(1)
+latents = torch.randn((1, *pipeline.latent_shape(shape)), generator=generator)
+meter = LinuxRssMeter()
+base = meter.current_bytes()
+meter.reset_peak()
+video = pipeline.decode(latents, shape)
+print(meter.peak_bytes() - base)
+torch.save(video, out)
+"""
+
+
+def test_decoder_options_change_peak_memory_and_not_the_picture(tmp_path: Path) -> None:
+    """Decoding every latent frame at once peaks far above tiles (peak RSS of a process of
+    its own each); the video differs at most by one uint8 step where convolutions round
+    otherwise."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
     videos, peaks = {}, {}
-    for name, mode in {
-        "all": DecoderResidency(frames_at_once=0),
-        "one": DecoderResidency(frames_at_once=1),
-        "tiles": DecoderResidency(frames_at_once=1, tiles=2),
-    }.items():
-        pipeline.decoder_residency = mode
-        base = meter.current_bytes() or 0
-        meter.reset_peak()
-        videos[name] = pipeline.decode(latents, shape)
-        peaks[name] = (meter.peak_bytes() or 0) - base
+    for name, (frames_at_once, tiles) in {"all": (0, 1), "one": (1, 1), "tiles": (1, 2)}.items():
+        out = tmp_path / f"{name}.pt"
+        done = subprocess.run(
+            [sys.executable, "-c", DECODE, str(frames_at_once), str(tiles), str(out)],
+            cwd=repo, capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        peaks[name] = int(done.stdout.split()[-1])
+        videos[name] = torch.load(out, weights_only=True)
     assert peaks["all"] > peaks["one"] + 100 * MIB
     assert peaks["tiles"] < peaks["one"]
     for name in ("all", "tiles"):

@@ -25,9 +25,13 @@ FRAMES_ONE = "frames-1"
 TILES = "tiles-2x2"
 RESIDENT = "resident"
 OFFLOADED = "offloaded"
-# Full-size float tensors of one latent frame's output alive at the decoder's peak (the
-# head's output, the pixel shuffle, tanh and the scaling), measured on CPU at 1280x720.
-DECODE_TEMPORARIES = 2.5
+# The decoder's working memory beyond the video, in units of one latent frame's float output
+# at full resolution: about 3 of them decoding one latent frame (the head's output, the pixel
+# shuffle, tanh and the scaling), and about 2.2 more for each further frame decoded at once
+# (peak RSS growth measured on CPU at 1280x720x81 and 832x480x33, `python -m bench --only
+# residency`; the smaller shape measures higher, so predictions there err on the safe side).
+DECODE_FIRST_FRAME = 3.0
+DECODE_EACH_FURTHER_FRAME = 2.2
 # Expected time against decoding one latent frame whole, by device type. On CPU (measured on
 # 2 cores at 1280x720x81, `python -m bench --only residency`) a smaller working set stays in
 # cache, so tiles are faster as well as smaller; on CUDA (not measured: no GPU here) batching
@@ -47,8 +51,8 @@ class DecoderGeometry:
 
     def working(self, frames_at_once: int, tiles: int = 1) -> float:
         frames = min(frames_at_once, self.latent_frames)
-        per_frame = DECODE_TEMPORARIES * self.frame_output_bytes / tiles
-        return self.video_bytes + frames * per_frame
+        units = DECODE_FIRST_FRAME + (frames - 1) * DECODE_EACH_FURTHER_FRAME
+        return self.video_bytes + units * self.frame_output_bytes / tiles
 
 
 def frames_option(geometry: DecoderGeometry, frames: int, device: str) -> ResidencyOption:

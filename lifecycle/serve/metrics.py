@@ -1,0 +1,203 @@
+"""/metrics: the startup and serving of every rank in Prometheus's text format.
+
+Two sources, one registry (prometheus_client):
+- what the journal says, folded by the server as it follows it (`JournalMetrics`): each rank's
+  state, time in each state, startup to ready, warmup requests by role, the probe's shape,
+  collective timeouts, heartbeat age, requests served and failed, the residency plan;
+- what the rank processes measure themselves (their journal appends and write errors), which
+  they write to PROMETHEUS_MULTIPROC_DIR and MultiProcessCollector adds up.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from lifecycle.core.errors import ErrorKind
+from lifecycle.core.events import (
+    Error,
+    RequestFinished,
+    ResidencyEvent,
+    StoredEvent,
+)
+from lifecycle.core.plan import Role
+from lifecycle.core.states import State
+from lifecycle.core.view import RankView
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class JournalMetrics(Collector):
+    """Metrics from the journal as the server follows it: `feed` every new event (for the
+    counters), and `views` gives each rank's folded view (for the gauges) at scrape time."""
+
+    def __init__(self, *, views: Callable[[], dict[int, RankView]], created_at: float) -> None:
+        self._views = views
+        self._created_at = created_at
+        self._lock = threading.Lock()
+        self._requests: Counter[tuple[int, str]] = Counter()
+        self._timeouts: Counter[int] = Counter()
+        self._residency: dict[int, tuple[str, str]] = {}  # rank: (plan, status)
+
+    def feed(self, events: Iterable[StoredEvent]) -> None:
+        with self._lock:
+            for stored in events:
+                event = stored.event
+                if isinstance(event, RequestFinished):
+                    self._requests[(stored.rank, "ok" if event.ok else "failed")] += 1
+                elif isinstance(event, Error) and event.error_kind == ErrorKind.COLLECTIVE_TIMEOUT:
+                    self._timeouts[stored.rank] += 1
+                elif isinstance(event, ResidencyEvent):
+                    status = event.kind.removeprefix("residency_").replace("_", "-")
+                    self._residency[stored.rank] = (event.plan.plan_id, status)
+
+    def collect(self) -> Iterator[Metric]:
+        now = time.time()
+        views = self._views()
+        yield from _state_metrics(views, now=now, created_at=self._created_at)
+        yield from _warmup_metrics(views)
+        with self._lock:
+            requests = dict(self._requests)
+            timeouts = dict(self._timeouts)
+            residency = dict(self._residency)
+        served = CounterMetricFamily(
+            "lifecycle_requests",
+            "Requests a rank finished after ready (smoke and /generate), by outcome.",
+            labels=["rank", "outcome"],
+        )
+        for rank in sorted(views):
+            for outcome in ("ok", "failed"):
+                served.add_metric([str(rank), outcome], requests.get((rank, outcome), 0))
+        yield served
+        timed_out = CounterMetricFamily(
+            "lifecycle_collective_timeouts",
+            "Collectives that ran out the process-group timeout, by rank.",
+            labels=["rank"],
+        )
+        for rank in sorted(views):
+            timed_out.add_metric([str(rank)], timeouts.get(rank, 0))
+        yield timed_out
+        plan = GaugeMetricFamily(
+            "lifecycle_residency_plan_info",
+            "The residency plan a rank runs with, and how far it got (planned, applied,"
+            " verified, rolled-back).",
+            labels=["rank", "plan", "status"],
+        )
+        for rank, (plan_id, status) in sorted(residency.items()):
+            plan.add_metric([str(rank), plan_id, status], 1)
+        yield plan
+
+
+def _state_metrics(
+    views: dict[int, RankView], *, now: float, created_at: float
+) -> Iterator[Metric]:
+    state = GaugeMetricFamily(
+        "lifecycle_rank_state",
+        "1 for the state each rank is in, 0 for the others.",
+        labels=["rank", "state"],
+    )
+    seconds = GaugeMetricFamily(
+        "lifecycle_state_seconds",
+        "Seconds each rank spent in each state it entered (the current one so far).",
+        labels=["rank", "state"],
+    )
+    ready = GaugeMetricFamily(
+        "lifecycle_startup_to_ready_seconds",
+        "Seconds from the launch to each rank entering ready.",
+        labels=["rank"],
+    )
+    heartbeat = GaugeMetricFamily(
+        "lifecycle_heartbeat_age_seconds",
+        "Seconds since each rank's last heartbeat.",
+        labels=["rank"],
+    )
+    healthy = GaugeMetricFamily(
+        "lifecycle_rank_healthy", "1 when a rank is ready and its ready action is done.",
+        labels=["rank"],
+    )  # fmt: skip
+    for rank, view in sorted(views.items()):
+        label = str(rank)
+        for s in State:
+            state.add_metric([label, s.value], 1.0 if view.state == s.value else 0.0)
+        spent: dict[str, float] = {}
+        for span in view.spans:
+            spent[span.state] = spent.get(span.state, 0.0) + (span.duration_s(now=now) or 0.0)
+        for name, value in spent.items():
+            seconds.add_metric([label, name], value)
+        entered = view.entered_at(State.READY.value)
+        if entered is not None:
+            ready.add_metric([label], entered - created_at)
+        if view.last_heartbeat_wall is not None:
+            heartbeat.add_metric([label], max(0.0, now - view.last_heartbeat_wall))
+        healthy.add_metric([label], 1.0 if view.healthy else 0.0)
+    yield from (state, seconds, ready, heartbeat, healthy)
+
+
+def _warmup_metrics(views: dict[int, RankView]) -> Iterator[Metric]:
+    took = GaugeMetricFamily(
+        "lifecycle_warmup_request_seconds",
+        "Seconds of each rank's warmup requests, by role (bounded, probe, rewarm).",
+        labels=["rank", "role"],
+    )
+    peak = GaugeMetricFamily(
+        "lifecycle_warmup_peak_bytes",
+        "The highest peak memory of each rank's warmup requests, by role.",
+        labels=["rank", "role", "source"],
+    )
+    probe = GaugeMetricFamily(
+        "lifecycle_probe_shape_info",
+        "The probe's shape, as the ranks agreed it (1 per rank that planned one).",
+        labels=["rank", "width", "height", "frames"],
+    )
+    for rank, view in sorted(views.items()):
+        label = str(rank)
+        by_role: dict[str, float] = {}
+        peaks: dict[tuple[str, str], int] = {}
+        for record in view.warmup_records:
+            role = str(record.role)
+            by_role[role] = by_role.get(role, 0.0) + record.total_s
+            if record.peak_bytes is not None:
+                key = (role, record.memory_source or "unknown")
+                peaks[key] = max(peaks.get(key, 0), record.peak_bytes)
+        for role, value in by_role.items():
+            took.add_metric([label, role], value)
+        for (role, source), value in peaks.items():
+            peak.add_metric([label, role, source], float(value))
+        planned = view.plan.requests if view.plan is not None else ()
+        shape = next((r.shape for r in planned if r.role is Role.PROBE), None)
+        if shape is not None:
+            probe.add_metric([label, str(shape.width), str(shape.height), str(shape.frames)], 1)
+    yield from (took, peak, probe)
+
+
+class Metrics:
+    """The registry /metrics renders, and the directory the rank processes write theirs to
+    (made empty here, removed by `close`); the journal's metrics are added once the service
+    that follows the journal exists."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="lifecycle-metrics-")
+        self.registry = CollectorRegistry()
+        MultiProcessCollector(self.registry, path=self.directory)  # type: ignore[no-untyped-call]
+
+    def add(self, journal: JournalMetrics) -> None:
+        self.registry.register(journal)
+
+    def rank_env(self) -> dict[str, str]:
+        """What a rank process's environment needs for its measurements to reach /metrics."""
+        return {MULTIPROC_ENV: self.directory}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)

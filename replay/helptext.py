@@ -1,0 +1,55 @@
+"""What `replay --help` says: what RUN and JOURNAL may be, and each command's exit statuses.
+
+The statuses here are the ones replay/cli.py and `Diagnosis.exit_status` return; a test reads
+them back from the help of each command.
+"""
+
+from __future__ import annotations
+
+RUN_HELP = "a run id, a unique prefix of one, or 'latest'"
+JOURNAL_HELP = (
+    "a SQLite path or a SQLAlchemy URL; several are merged by run id"
+    " (default: $LIFECYCLE_DB, else ./lifecycle.db)"
+)
+RUN_TERM = """\
+RUN      a run id, a unique prefix of one, or 'latest' (the run whose recorded start
+         is the latest). An exact id wins over a prefix; a prefix of no run, or of
+         several, is an error that says so."""
+JOURNAL_TERM = """\
+JOURNAL  a SQLite file path or a SQLAlchemy URL (sqlite:///PATH, postgresql://...),
+         read and never written. Several are merged by run id: a file per rank, a
+         node's and the fleet's. None given: $LIFECYCLE_DB, else ./lifecycle.db, as
+         `lifecycle boot` writes; replay never creates it."""
+# Each command's exit statuses, one entry per status (continuation lines indented).
+EXITS = {
+    "replay": (
+        "  0  done; diagnose: the run is ready; verify: every run replays consistently",
+        "  1  diagnose: failed, hung or crashed; verify: a run disagrees with today's\n"
+        "     gates, plan or transition table",
+        "  3  diagnose: no failure found, but not ready (running, stopped, incomplete)",
+    ),
+    "diagnose": (
+        "  0  ready: every rank reached ready",
+        "  1  failed, hung or crashed",
+        "  3  no failure found, but not ready: running (still starting), stopped (from\n"
+        "     outside, before ready) or incomplete (the journals end before a verdict,\n"
+        "     e.g. a rank's journal is missing)",
+    ),
+    "verify": (
+        "  0  every run checked replays consistently",
+        "  1  a run disagrees with today's gates, plan or transition table",
+    ),
+    "diff": ("  0  the two runs compared, whatever the verdict line says",),
+}
+BAD_INPUT_EXIT = (
+    "  2  bad input: a usage error, no usable journal, a RUN that names no run or\n"
+    "     several, a trace output refused"
+)
+DIAGNOSE_HELP = "the verdict: outcome, culprit rank and state, first error, evidence"
+
+
+def epilog(name: str, *, run: bool = True) -> str:
+    """What RUN and JOURNAL may be, and the command's exit statuses in order."""
+    exits = sorted([*EXITS.get(name, ("  0  done",)), BAD_INPUT_EXIT])
+    terms = [RUN_TERM, JOURNAL_TERM] if run else [JOURNAL_TERM]
+    return "\n".join([*terms, "", "exit status:", *exits])
