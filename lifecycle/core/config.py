@@ -51,6 +51,9 @@ DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
 
 MIN_MEMORY_BUDGET = 64 * 2**20
+# After a fatal startup failure `lifecycle serve` stays up this long (a scrape of /metrics, a
+# read of /lifecycle), then exits 1.
+DEFAULT_LINGER_S = 60.0
 DEFAULT_RING_CAPACITY = 65536
 MAX_RING_CAPACITY = 1 << 22
 

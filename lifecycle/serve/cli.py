@@ -1,17 +1,17 @@
-"""The `lifecycle` command: boot, serve, diagram, db."""
+"""The `lifecycle` command: boot, serve, diagram, db, completion."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
 from lifecycle.core.config import (
-    DEFAULT_RING_CAPACITY,
-    DEFAULT_STARTUP_TIMEOUT_S,
     MODEL_PRESETS,
     PerformanceMode,
     ServerArgs,
@@ -21,7 +21,14 @@ from lifecycle.core.config import (
 from lifecycle.core.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
 from lifecycle.core.faults import parse_faults
 from lifecycle.core.residency import parse_size
-from lifecycle.serve.logs import LEVELS, configure_logging
+from lifecycle.serve.logs import configure_logging
+from lifecycle.serve.options import (
+    SPELLINGS,
+    add_startup_options,
+    environment_epilog,
+    load_config,
+    torchrun_num_ranks,
+)
 
 EXIT_READY = 0
 EXIT_FAILED = 1
@@ -31,11 +38,21 @@ EXIT_STATUS_EPILOG = f"""\
 exit status:
   0    every rank got to ready
   1    a rank failed (or was not ready within --startup-timeout)
-  2    bad input: a flag, a journal that is not this lifecycle's or may not be
-       written, an environment (torchrun's) that cannot be used
+  2    bad input: a flag, the config file, a journal that is not this lifecycle's or may not
+       be written, an environment (torchrun's) that cannot be used
   {EXIT_UNJOURNALED}    the journal could not be written (disk full, I/O error): the startup
        stopped there, and its record is incomplete
   128+N  ended by signal N (143 for SIGTERM)
+"""
+
+SERVE_EXIT_STATUS_EPILOG = f"""\
+exit status:
+  0    stopped by SIGTERM (or SIGINT), and every rank stopped cleanly
+  1    a fatal startup failure, once --linger has passed; or a rank that failed or died
+       while serving
+  2    bad input: a flag, the config file, a journal that is not this lifecycle's or may not
+       be written, a port that cannot be bound, a start under torchrun (use boot there)
+  {EXIT_UNJOURNALED}    the journal could not be written (disk full, I/O error)
 """
 
 
@@ -50,97 +67,77 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _add_startup_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny-video", help="model preset (default: tiny-video)")
-    p.add_argument(
-        "--pipeline", metavar="MODULE:ATTR", help="import a (ModelSpec, factory) plug-in"
-    )
-    p.add_argument(
-        "--db",
-        default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"),
-        help="journal path or SQLAlchemy URL (default: $LIFECYCLE_DB or lifecycle.db)",
-    )
-    p.add_argument("--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
-    p.add_argument("--warmup-mode", choices=[m.value for m in WarmupMode], default="server")
-    p.add_argument(
-        "--calibrate",
-        action="store_true",
-        help="calibrate even when a verified residency plan could be reused (and on a"
-        " pipeline without residency options: measure only)",
-    )
-    p.add_argument(
-        "--memory-budget",
-        metavar="SIZE",
-        help="the residency planner's budget per rank, e.g. 600MiB or 2GiB (default: the"
-        " device's free memory less max(1 GiB, total / 50) of headroom)",
-    )
-    p.add_argument("--num-ranks", type=int, default=1)
-    p.add_argument("--cfg-parallel", type=int, default=1)
-    p.add_argument("--ulysses", type=int, default=None, help="default: num-ranks / cfg-parallel")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--dist-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="process-group timeout, as NCCL's watchdog (default: 600)",
-    )
-    p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="SECONDS")
-    p.add_argument(
-        "--ring-size",
-        type=int,
-        default=DEFAULT_RING_CAPACITY,
-        metavar="RECORDS",
-        help="collective records each rank keeps after ready, written to the journal only on"
-        f" trouble (default: {DEFAULT_RING_CAPACITY})",
-    )
-    p.add_argument(
-        "--state-deadline",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="a state that lasts longer is journaled as stalled, with every stack",
-    )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=DEFAULT_STARTUP_TIMEOUT_S,
-        metavar="SECONDS",
-        help="a rank not ready this long after it started journals the error and fails"
-        f" (default: {DEFAULT_STARTUP_TIMEOUT_S:g})",
-    )
-    p.add_argument(
-        "--smoke-request",
-        choices=[m.value for m in SmokeRequest],
-        default="auto",
-        help="run one request at ready (auto: after drop-buffers)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        metavar="RANK:STATE:KIND",
-        help="inject a fault (repeatable; also LIFECYCLE_FAULTS, comma-separated)",
-    )
-    p.add_argument("--json-logs", action="store_true", help="structlog JSON lines on stderr")
-    p.add_argument("--log-level", choices=LEVELS, default="info")
+class _VersionAction(argparse._VersionAction):
+    """`--version`: this lifecycle's, and torch's as installed (read from its metadata, so
+    that asking does not import torch)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from lifecycle import __version__
+
+        try:
+            torch = f"torch {version('torch')}"
+        except PackageNotFoundError:
+            torch = "torch not installed"
+        print(f"lifecycle {__version__} ({torch}, Python {platform.python_version()})")
+        parser.exit()
+
+
+DESCRIPTION = """\
+An event-sourced startup state machine for GPU diffusion-serving servers. Each rank walks
+created, gate-check, bounded-warm, probe, re-warm, drop-buffers to ready (or failed), and
+every step is written to a journal that the replay command reads after the fact.
+"""
+
+SHELLS = ("bash", "zsh", "tcsh")
+
+
+@dataclass(frozen=True, slots=True)
+class _Startup:
+    """The parser of boot or serve, and its options by config-file key."""
+
+    parser: argparse.ArgumentParser
+    options: dict[str, argparse.Action]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lifecycle", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    boot = sub.add_parser(
-        "boot",
-        help="run a startup to ready and exit (0 ready, 1 failed)",
-        epilog=EXIT_STATUS_EPILOG,
+    return _build()[0]
+
+
+def _build() -> tuple[argparse.ArgumentParser, dict[str, _Startup]]:
+    parser = _Parser(
+        prog="lifecycle",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_startup_options(boot)
-    serve = sub.add_parser("serve", help="boot, then serve HTTP until SIGTERM")
-    _add_startup_options(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--version", action=_VersionAction, help="print the versions and exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    startups: dict[str, _Startup] = {}
+    for name, text, epilog in (
+        ("boot", "run a startup to ready and exit (0 ready, 1 failed)", EXIT_STATUS_EPILOG),
+        ("serve", "boot, then serve HTTP until SIGTERM", SERVE_EXIT_STATUS_EPILOG),
+    ):
+        cmd = sub.add_parser(
+            name,
+            help=text,
+            description=f"lifecycle {name}: {text}.",
+            epilog=environment_epilog() + "\n" + epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        cmd.add_argument(
+            "--config",
+            metavar="FILE",
+            help="read options from a .toml, .yaml or .yml file, keys named as the long flags"
+            " (num-ranks or num_ranks); flags given here override it (default: none)",
+        )
+        startups[name] = _Startup(cmd, add_startup_options(cmd, serve=name == "serve"))
     sub.add_parser("diagram", help="print the state machine as Mermaid")
     db = sub.add_parser(
         "db", help="journal schema, retention and copies: current, upgrade, prune, copy"
@@ -153,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("copy", "copy a journal's runs into another (a node's file into the fleet's database)"),
     ):
         cmd = db_sub.add_parser(name, help=text)
-        cmd.add_argument("--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"))
+        cmd.add_argument(
+            "--db",
+            default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"),
+            help="journal path or SQLAlchemy URL (default: $LIFECYCLE_DB, else lifecycle.db)",
+        )
         if name == "prune":
             _add_prune_options(cmd)
         if name == "copy":
@@ -163,7 +164,32 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument(
                 "--run", action="append", metavar="RUN_ID", help="only this run (repeatable)"
             )
-    return parser
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for the whole lifecycle command, e.g.\n"
+        '  eval "$(lifecycle completion bash)"    (in ~/.bashrc)\n'
+        "  lifecycle completion zsh > ~/.zfunc/_lifecycle    (a directory in $fpath)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    completion.add_argument("shell", choices=SHELLS)
+    return parser, startups
+
+
+def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, over the config file's settings where --config names one."""
+    parser, startups = _build()
+    ns = parser.parse_args(argv)
+    startup = startups.get(ns.command)
+    if startup is not None and ns.config is not None:
+        try:
+            settings = load_config(ns.config, startup.options, command=ns.command)
+        except ConfigError as exc:
+            parser.exit(EXIT_USAGE, f"lifecycle: error: --config {exc}\n")
+        startup.parser.set_defaults(**settings)
+        ns = parser.parse_args(argv)
+    vars(ns).pop(SPELLINGS, None)
+    return ns
 
 
 PRUNE_DESCRIPTION = """\
@@ -202,7 +228,7 @@ def _add_prune_options(prune: argparse.ArgumentParser) -> None:
     prune.add_argument("--now", type=float, help=argparse.SUPPRESS)  # tests: a fixed clock
 
 
-def server_args(ns: argparse.Namespace) -> ServerArgs:
+def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ServerArgs:
     """ServerArgs from parsed options and the environment; ConfigError on anything invalid."""
     if ns.pipeline:
         from lifecycle.runtime.pipeline import load_plugin
@@ -213,17 +239,16 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
         raise ConfigError(
             f"--model {ns.model!r} is not one of {', '.join(sorted(MODEL_PRESETS))}", field="model"
         )
-    ulysses = (
-        ns.ulysses if ns.ulysses is not None else max(1, ns.num_ranks // max(1, ns.cfg_parallel))
-    )
+    num_ranks = torchrun_num_ranks(ns.num_ranks, env)
+    ulysses = ns.ulysses if ns.ulysses is not None else max(1, num_ranks // max(1, ns.cfg_parallel))
     return ServerArgs(
         model=model,
         db=ns.db,
         performance_mode=PerformanceMode(ns.performance_mode),
         warmup_mode=WarmupMode(ns.warmup_mode),
         calibrate=ns.calibrate,
-        disable_auto_residency=_truthy(os.environ.get("LIFECYCLE_DISABLE_AUTO_RESIDENCY")),
-        num_ranks=ns.num_ranks,
+        disable_auto_residency=_truthy(env.get("LIFECYCLE_DISABLE_AUTO_RESIDENCY")),
+        num_ranks=num_ranks,
         cfg_parallel=ns.cfg_parallel,
         ulysses=ulysses,
         device=ns.device,
@@ -234,7 +259,7 @@ def server_args(ns: argparse.Namespace) -> ServerArgs:
         ring_capacity=ns.ring_size,
         smoke_request=SmokeRequest(ns.smoke_request),
         memory_budget_bytes=None if ns.memory_budget is None else parse_size(ns.memory_budget),
-        faults=parse_faults(ns.fault, os.environ.get("LIFECYCLE_FAULTS")),
+        faults=parse_faults(ns.fault, env.get("LIFECYCLE_FAULTS")),
         seed=ns.seed,
     )
 
@@ -252,7 +277,7 @@ def _fail_unjournaled(exc: JournalWriteFailed) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     created_at = time.time()
-    ns = build_parser().parse_args(argv)
+    ns = parse_command_line(argv)
     if ns.command == "diagram":
         from lifecycle.core.states import mermaid
 
@@ -260,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if ns.command == "db":
         return _db(ns)
+    if ns.command == "completion":
+        return _completion(ns.shell)
     try:
         args = server_args(ns)
     except ConfigError as exc:
@@ -284,12 +311,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if ns.command == "serve":
-            return serve(args, created_at=created_at, options=options, host=ns.host, port=ns.port)
+            return serve(
+                args,
+                created_at=created_at,
+                options=options,
+                host=ns.host,
+                port=ns.port,
+                linger_s=ns.linger,
+            )
         return boot(args, created_at=created_at, options=options)
     except JournalWriteFailed as exc:
         return _fail_unjournaled(exc)
     except LifecycleError as exc:
         return _fail_usage(str(exc))
+
+
+# Options whose values are paths: the completion script offers file names for them.
+PATH_OPTIONS = frozenset({"--config", "--db", "--to"})
+
+
+def _completion(shell: str) -> int:
+    import shtab
+
+    parser = build_parser()
+    for action in _all_actions(parser):
+        if PATH_OPTIONS.intersection(action.option_strings):
+            action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it
+    sys.stdout.write(shtab.complete(parser, shell=shell))
+    return 0
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    found = []
+    for action in parser._actions:
+        found.append(action)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_all_actions(sub))
+    return found
 
 
 def _db(ns: argparse.Namespace) -> int:

@@ -249,6 +249,7 @@ def _exit_after_failure(server: _Server, service: Service, linger_s: float) -> N
         failed_at = service.failed_at
         if failed_at is not None and time.monotonic() - failed_at >= linger_s:
             server.lingered = f"failed ({service.failure}); stopped after --linger {linger_s:g} s"
+            print(f"stopping: {server.lingered}", flush=True)
             server.should_exit = True
             return
         time.sleep(POLL_S)

@@ -7,7 +7,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from lifecycle.core.config import ServerArgs
+from lifecycle.core.config import DEFAULT_LINGER_S, ServerArgs
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
@@ -50,11 +50,6 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     from lifecycle.serve.supervisor import boot_ranks
 
     return boot_ranks(args, created_at=created_at, options=options)
-
-
-# After a fatal startup failure `serve` stays up this long (a scrape of /metrics, a read of
-# /lifecycle), then exits 1.
-DEFAULT_LINGER_S = 60.0
 
 
 def serve(

@@ -1,0 +1,361 @@
+"""The options of `lifecycle boot` and `serve`: groups, aliases, config file, environment."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lifecycle.core.config import (
+    DEFAULT_LINGER_S,
+    DEFAULT_RING_CAPACITY,
+    DEFAULT_STARTUP_TIMEOUT_S,
+    MODEL_PRESETS,
+    PerformanceMode,
+    SmokeRequest,
+    WarmupMode,
+)
+from lifecycle.core.errors import ConfigError
+from lifecycle.serve.logs import LEVELS
+
+# Every LIFECYCLE_* variable the code reads, with its meaning, for the help of boot and serve.
+ENVIRONMENT: tuple[tuple[str, str], ...] = (
+    ("LIFECYCLE_DB", "the journal where neither --db nor --config names one"),
+    ("LIFECYCLE_FAULTS", "more RANK:STATE:KIND faults, comma-separated"),
+    ("LIFECYCLE_DISABLE_AUTO_RESIDENCY", "1, true, yes or on: no calibration, no plan"),
+    ("LIFECYCLE_CLOCK_SKEW", "RANK:SECONDS,...: shift a rank's wall clock (tests)"),
+    ("LIFECYCLE_RUN_ID", "the run id all ranks record (the launcher sets it)"),
+    ("LIFECYCLE_WORKER", "a rank process's orders (the launcher sets it)"),
+)
+
+TORCHRUN_ENVIRONMENT = """\
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT all set (as torchrun sets them): this
+process is one rank, and the rank count is WORLD_SIZE (--num-ranks, if given, must agree)"""
+
+
+def environment_epilog() -> str:
+    width = max(len(name) for name, _ in ENVIRONMENT)
+    lines = [f"  {name:<{width}}  {meaning}" for name, meaning in ENVIRONMENT]
+    torchrun = "\n".join(f"  {line}" for line in TORCHRUN_ENVIRONMENT.splitlines())
+    return "environment:\n" + "\n".join(lines) + "\n" + torchrun + "\n"
+
+
+SPELLINGS = "_spellings"  # a namespace attribute: the spelling each setting was given under
+
+
+def _shown(option_string: str, nargs: int | str | None, value: object) -> str:
+    return option_string if nargs == 0 else f"{option_string} {value}"
+
+
+class _Spelled(argparse.Action):
+    """Stores a setting that has more than one spelling (the field's server's among them); two
+    spellings of one setting that disagree on one command line are refused."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        value = self.const if self.nargs == 0 else values
+        spelled = option_string or self.dest
+        given: dict[str, tuple[str, int | str | None, object]] = vars(namespace).setdefault(
+            SPELLINGS, {}
+        )
+        earlier = given.get(self.dest)
+        if earlier is not None and earlier[0] != spelled and earlier[2] != value:
+            parser.error(
+                f"{_shown(spelled, self.nargs, value)} disagrees with"
+                f" {_shown(*earlier)}: they are one setting"
+            )
+        given[self.dest] = (spelled, self.nargs, value)
+        setattr(namespace, self.dest, value)
+
+
+class _Switch(_Spelled):
+    """A switch that stands for a value of another option (`--enable-cfg-parallel`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, on: int, off: int, **kw: Any):
+        super().__init__(option_strings, dest, nargs=0, const=on, **kw)
+        self.off = off
+
+
+class _Faults(argparse.Action):
+    """Appends, except that the first `--fault` on the command line replaces the faults of the
+    config file (the command line overrides the file, a list as any other value)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        kept = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, [*kept, values])
+
+
+def _linger_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
+    return seconds
+
+
+# The settings only `serve` has: a config file of boot that names one is told so.
+SERVE_ONLY = ("host", "port", "linger")
+
+# The help of each option, by its first flag; every one says its default.
+HELP = {
+    "--model": f"a preset ({', '.join(MODEL_PRESETS)}) or a --pipeline plug-in's model"
+    " (default: %(default)s)",
+    "--pipeline": "import a (ModelSpec, factory) plug-in, then --model names it (default: none)",
+    "--performance-mode": "auto lets the gates decide on calibration; the others skip it"
+    " (default: %(default)s)",
+    "--device": "auto: cuda where a device is visible, else cpu (default: %(default)s)",
+    "--seed": "the seed of warmup and smoke requests (default: %(default)s)",
+    "--num-ranks": "ranks (a process and a device each) = cfg-parallel x ulysses"
+    " (default: WORLD_SIZE under torchrun, else 1)",
+    "--cfg-parallel": "ranks that split classifier-free guidance (default: %(default)s)",
+    "--enable-cfg-parallel": "the same as --cfg-parallel 2 (default: off)",
+    "--ulysses": "sequence-parallel (Ulysses) ranks (default: num-ranks / cfg-parallel)",
+    "--dist-timeout": "process-group timeout, as NCCL's watchdog (default: %(default)g)",
+    "--warmup-mode": "how ranks warm up before ready (default: %(default)s)",
+    "--calibrate": "calibrate even when a verified residency plan could be reused (and on a"
+    " pipeline without residency options: measure only) (default: off)",
+    "--memory-budget": "the residency planner's budget per rank, e.g. 600MiB or 2GiB (default:"
+    " the device's free memory less max(1 GiB, total / 50) of headroom)",
+    "--smoke-request": "run one request at ready; auto: after drop-buffers (default: %(default)s)",
+    "--state-deadline": "a state that lasts longer is journaled as stalled, with every stack"
+    " (default: %(default)g)",
+    "--startup-timeout": "a rank not ready this long after it started journals the error and"
+    " fails (default: %(default)g)",
+    "--db": "journal path or SQLAlchemy URL (default: $LIFECYCLE_DB, else lifecycle.db)",
+    "--heartbeat-interval": "how often each rank journals a heartbeat (default: %(default)g)",
+    "--ring-size": "collective records each rank keeps after ready, written to the journal only"
+    " on trouble (default: %(default)s)",
+    "--fault": "inject a fault (repeatable; also LIFECYCLE_FAULTS, comma-separated)"
+    " (default: none)",
+    "--host": "address to bind (default: %(default)s)",
+    "--port": "port to bind (default: %(default)s)",
+    "--linger": "after a fatal startup failure, keep serving /liveness (503), /metrics and"
+    " /lifecycle this long, then exit 1 (default: %(default)g)",
+    "--json-logs": "structlog JSON lines on stderr (default: off: text)",
+    "--log-level": "the least severe log line shown (default: %(default)s)",
+}
+
+
+def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str, argparse.Action]:
+    """Add the options of boot (and serve) to `p`, in groups; return them by config-file key."""
+    added: list[argparse.Action] = []
+
+    def add(group: argparse._ArgumentGroup, *flags: str, **kw: Any) -> None:
+        added.append(group.add_argument(*flags, help=HELP[flags[0]], **kw))
+
+    seconds: dict[str, Any] = {"type": float, "metavar": "SECONDS"}
+    model = p.add_argument_group("model")
+    add(model, "--model", default="tiny-video", metavar="NAME")
+    add(model, "--pipeline", metavar="MODULE:ATTR")
+    add(model, "--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
+    add(model, "--device", choices=["auto", "cpu", "cuda"], default="auto")
+    add(model, "--seed", type=int, default=0, metavar="N")
+
+    ranks = p.add_argument_group("parallelism")
+    add(ranks, "--num-ranks", "--num-gpus", action=_Spelled, type=int, metavar="N")
+    add(ranks, "--cfg-parallel", action=_Spelled, type=int, default=1, metavar="{1,2}")
+    add(
+        ranks,
+        "--enable-cfg-parallel",
+        dest="cfg_parallel",
+        action=_Switch,
+        on=2,
+        off=1,
+        default=argparse.SUPPRESS,
+    )
+    add(ranks, "--ulysses", "--ulysses-degree", action=_Spelled, type=int, metavar="N")
+    add(ranks, "--dist-timeout", default=600.0, **seconds)
+
+    warmup = p.add_argument_group("warmup and calibration")
+    add(warmup, "--warmup-mode", choices=[m.value for m in WarmupMode], default="server")
+    add(warmup, "--calibrate", action="store_true")
+    add(warmup, "--memory-budget", metavar="SIZE")
+    add(warmup, "--smoke-request", choices=[m.value for m in SmokeRequest], default="auto")
+    add(warmup, "--state-deadline", default=300.0, **seconds)
+    add(warmup, "--startup-timeout", default=DEFAULT_STARTUP_TIMEOUT_S, **seconds)
+
+    journal = p.add_argument_group("journal")
+    add(journal, "--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"), metavar="JOURNAL")
+    add(journal, "--heartbeat-interval", default=1.0, **seconds)
+    add(journal, "--ring-size", type=int, default=DEFAULT_RING_CAPACITY, metavar="RECORDS")
+
+    faults = p.add_argument_group("faults")
+    add(faults, "--fault", action=_Faults, default=[], metavar="RANK:STATE:KIND")
+
+    if serve:
+        server = p.add_argument_group("server")
+        add(server, "--host", default="127.0.0.1")
+        add(server, "--port", type=int, default=8000)
+        add(server, "--linger", type=_linger_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS")
+
+    logging = p.add_argument_group("logging")
+    add(logging, "--json-logs", action="store_true")
+    add(logging, "--log-level", choices=LEVELS, default="info")
+    return {
+        flag[2:]: action
+        for action in added
+        for flag in action.option_strings
+        if flag.startswith("--")
+    }
+
+
+def torchrun_num_ranks(given: int | None, env: Mapping[str, str]) -> int:
+    """--num-ranks, else torchrun's WORLD_SIZE, else 1; under torchrun the two must agree."""
+    from lifecycle.serve.worker import under_torchrun
+
+    if not under_torchrun(env):
+        return 1 if given is None else given
+    try:
+        world_size = int(env["WORLD_SIZE"])
+    except ValueError:
+        raise ConfigError(
+            f"WORLD_SIZE must be an integer (as torchrun sets it), not {env['WORLD_SIZE']!r}",
+            field="env",
+        ) from None
+    if given is not None and given != world_size:
+        raise ConfigError(
+            f"--num-ranks {given} disagrees with torchrun's WORLD_SIZE {world_size}"
+            " (under torchrun, leave --num-ranks out)",
+            field="num_ranks",
+        )
+    return world_size
+
+
+def load_config(
+    path: str, options: Mapping[str, argparse.Action], *, command: str
+) -> dict[str, Any]:
+    """The settings of a config file, by option dest; ConfigError naming the file (and the
+    key) on a file that cannot be read, is not TOML or YAML, or holds a key or value that no
+    option of `command` takes."""
+    doc = _read(path)
+    settings: dict[str, tuple[str, Any]] = {}
+    for key, value in doc.items():
+        name = str(key).replace("_", "-")
+        action = options.get(name)
+        if action is None:
+            raise ConfigError(_unknown_key(path, str(key), options, command), field="config")
+        checked = _checked(f"{path}: {key}", action, value)
+        earlier = settings.get(action.dest)
+        if earlier is not None and earlier[1] != checked:
+            raise ConfigError(
+                f"{path}: {key} = {value!r} disagrees with {earlier[0]}: they are one setting",
+                field="config",
+            )
+        settings[action.dest] = (f"{key} = {value!r}", checked)
+    return {dest: value for dest, (_, value) in settings.items()}
+
+
+def _unknown_key(path: str, key: str, options: Mapping[str, argparse.Action], command: str) -> str:
+    name = key.replace("_", "-")
+    if name in SERVE_ONLY:
+        return f"{path}: {key}: only lifecycle serve takes it, not lifecycle {command}"
+    close = difflib.get_close_matches(name, list(options), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{path}: unknown key {key!r}{hint}"
+
+
+def _read(path: str) -> dict[Any, Any]:
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(
+            f"{path}: a config file's name ends in .toml, .yaml or .yml",
+            field="config",
+        )
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file", field="config") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}", field="config") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text", field="config") from None
+    doc = _parse_toml(path, text) if suffix == ".toml" else _parse_yaml(path, text)
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of option to value, not {_kind(doc)}", field="config"
+        )
+    return doc
+
+
+def _parse_toml(path: str, text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: TOML syntax: {_one_line(str(exc))}", field="config") from None
+
+
+def _parse_yaml(path: str, text: str) -> object:
+    import yaml  # type: ignore[import-untyped]  # only a YAML config file pays for it
+
+    try:
+        doc: object = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+        raise ConfigError(
+            f"{path}: YAML syntax{where}: {_one_line(str(exc.problem))}", field="config"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML syntax: {_one_line(str(exc))}", field="config") from None
+    return {} if doc is None else doc  # an empty file sets nothing
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _kind(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _checked(where: str, action: argparse.Action, value: object) -> Any:
+    """`value`, from a config file, as the option `action` would store it."""
+    if action.nargs == 0:  # a switch: true or false
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, not {_kind(value)}")
+        off = action.off if isinstance(action, _Switch) else not action.const
+        return action.const if value else off
+    if isinstance(action, _Faults):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of strings, not {_kind(value)}")
+        return list(value)
+    if action.type is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, not {_kind(value)}")
+    elif action.type is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, not {_kind(value)}")
+        value = float(value)
+    elif action.type is None:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, not {_kind(value)}")
+    else:  # a checking type, as the command line's: it reads the value's text
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ConfigError(f"{where}: expected a number, not {_kind(value)}")
+        try:
+            value = action.type(str(value))  # type: ignore[operator]
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(str(c) for c in action.choices)
+        raise ConfigError(f"{where}: {value!r} is not one of {choices}")
+    return value

@@ -1,0 +1,113 @@
+"""/metrics and /liveness of a real `lifecycle serve`: real ranks, a real HTTP server on
+127.0.0.1, the text parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from tests.lifecycle.test_server import BODY, Served, serve
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
+
+
+def scrape(served: Served) -> dict[str, list[Sample]]:
+    response = served.client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    return {f.name: f.samples for f in text_string_to_metric_families(response.text)}
+
+
+def value(samples: list[Sample], name: str, **labels: str) -> float:
+    found = [s.value for s in samples if s.name == name and labels.items() <= s.labels.items()]
+    assert len(found) == 1, f"{name} {labels}: {found}"
+    return found[0]
+
+
+def test_a_calibrated_two_rank_serve_is_scraped_across_its_processes(tmp_path: Path) -> None:
+    """Each rank's state, time per state, startup to ready, warmup by role and the probe's
+    shape come from the journal; each rank's journal appends from its own process (the
+    multiprocess collector); requests are counted as they finish."""
+    with serve(tmp_path, "--num-ranks", "2") as served:
+        served.wait_for_health(200, within=120)
+        metrics = scrape(served)
+        for rank in ("0", "1"):
+            state = metrics["lifecycle_rank_state"]
+            assert value(state, "lifecycle_rank_state", rank=rank, state="ready") == 1
+            assert value(state, "lifecycle_rank_state", rank=rank, state="failed") == 0
+            spent = {
+                s.labels["state"]
+                for s in metrics["lifecycle_state_seconds"]
+                if s.labels["rank"] == rank
+            }
+            assert spent == {
+                "created", "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready"
+            }  # fmt: skip
+            ready = metrics["lifecycle_startup_to_ready_seconds"]
+            assert value(ready, "lifecycle_startup_to_ready_seconds", rank=rank) > 0
+            roles = {
+                s.labels["role"]
+                for s in metrics["lifecycle_warmup_request_seconds"]
+                if s.labels["rank"] == rank
+            }
+            assert roles == {"bounded", "probe", "rewarm"}
+            peak = metrics["lifecycle_warmup_peak_bytes"]
+            assert value(peak, "lifecycle_warmup_peak_bytes", rank=rank, role="probe") > 2**20
+            shape = metrics["lifecycle_probe_shape_info"]
+            probe = [s.labels for s in shape if s.labels["rank"] == rank]
+            assert [(p["width"], p["height"], p["frames"]) for p in probe] == [("512", "288", "33")]
+            appends = metrics["lifecycle_journal_append_seconds"]
+            assert value(appends, "lifecycle_journal_append_seconds_count", rank=rank) > 20
+            errors = metrics["lifecycle_journal_write_errors"]
+            assert value(errors, "lifecycle_journal_write_errors_total", rank=rank) == 0
+            plan = metrics["lifecycle_residency_plan_info"]
+            assert [s.labels["status"] for s in plan if s.labels["rank"] == rank] == ["verified"]
+            assert (
+                value(metrics["lifecycle_rank_healthy"], "lifecycle_rank_healthy", rank=rank) == 1
+            )
+        smoke = value(
+            metrics["lifecycle_requests"], "lifecycle_requests_total", rank="0", outcome="ok"
+        )
+        assert served.client.post("/generate", json=BODY).status_code == 200
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the server folds the journal every 0.2 s
+            after = scrape(served)["lifecycle_requests"]
+            ok = [value(after, "lifecycle_requests_total", rank=r, outcome="ok") for r in "01"]
+            if ok == [smoke + 1, smoke + 1]:
+                break
+            time.sleep(0.2)
+        assert ok == [smoke + 1, smoke + 1]
+        assert value(after, "lifecycle_requests_total", rank="1", outcome="failed") == 0
+        assert served.stop() == 0
+
+
+def test_a_fatal_startup_failure_turns_liveness_503_and_serve_exits_after_linger(
+    tmp_path: Path,
+) -> None:
+    """`--fault 1:probe:raise`: /liveness answers 503 once the failure is seen, /metrics says
+    which rank failed, and after --linger the server stops and exits 1 (a pod restarts)."""
+    with serve(
+        tmp_path, "--num-ranks", "2", "--fault", "1:probe:raise", "--dist-timeout", "3",
+        "--linger", "3",
+    ) as served:  # fmt: skip
+        seen: list[int] = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            response = served.get("/liveness")
+            if response is not None:
+                seen.append(response.status_code)
+                if response.status_code == 503:
+                    break
+            time.sleep(0.1)
+        assert seen and seen[-1] == 503, seen[-5:]
+        assert set(seen) <= {200, 503}
+        state = scrape(served)["lifecycle_rank_state"]
+        assert value(state, "lifecycle_rank_state", rank="1", state="failed") == 1
+        assert served.proc.wait(timeout=60) == 1
+        served.client.close()
+    log = (tmp_path / "serve.log").read_text()
+    assert "stopped after --linger 3 s" in log
