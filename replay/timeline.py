@@ -6,8 +6,19 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
+from lifecycle.core.events import (
+    CollectiveFinished,
+    CollectiveStarted,
+    Event,
+    ResidencyApplied,
+    ResidencyEvent,
+    ResidencyPlanned,
+    ResidencyRolledBack,
+    ResidencyVerified,
+    StoredEvent,
+)
 from lifecycle.core.plan import Role
+from lifecycle.core.residency import format_bytes
 from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis
 from replay.load import RunInfo
@@ -140,6 +151,8 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
             f" {record.steps} steps  {record.total_s:.2f} s  peak {mib(record.peak_bytes)}{grew}"
             f" [{clean(record.memory_source or 'unmeasured')}]  {stages}"
         )
+    for at, state, step in view.residency:
+        lines.append(f"  residency +{analysis.at(at):.2f} {state}: {clean(residency_text(step))}")
     for at, state, drop in view.buffer_drops:
         lines.append(
             f"  buffers dropped {drop.buffers} ({mib(drop.bytes_freed)}) in {state}"
@@ -181,6 +194,31 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
         lines.append(f"  sequence gaps: {gaps}")
     # Below the styled first line, plain text with journal values in it (states, groups, ops).
     return [lines[0], *map(clean, lines[1:])]
+
+
+def residency_text(step: ResidencyEvent) -> str:
+    """One step of the residency planner as a person reads it."""
+    plan = step.plan
+    match step:
+        case ResidencyPlanned():
+            fits = "" if plan.fits else " (none fits: the reference residency is kept)"
+            return (
+                f"planned {plan.plan_id}, peak {format_bytes(plan.predicted_peak_bytes)}"
+                f" predicted, budget {format_bytes(plan.budget_bytes)}{fits};"
+                f" not reused: {step.reuse}"
+            )
+        case ResidencyApplied():
+            reused = "" if step.reused_from is None else f" (reused from run {step.reused_from})"
+            return f"applied {plan.plan_id}{reused}"
+        case ResidencyVerified():
+            return (
+                f"verified {plan.plan_id}: peak {format_bytes(step.measured_bytes)}"
+                f" (predicted {format_bytes(step.predicted_bytes)})"
+            )
+        case ResidencyRolledBack():
+            ranks = ", ".join(map(str, step.ranks))
+            return f"rolled back {plan.plan_id} on every rank (failed on {ranks}): {step.reason}"
+    return f"{step.kind} {plan.plan_id}"
 
 
 def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
@@ -245,6 +283,16 @@ def show_json(
                         "memory_source": r.memory_source,
                     }
                     for r in view.warmup_records
+                ],
+                "residency": [
+                    {
+                        "kind": e.kind,
+                        "state": s,
+                        "at_s": analysis.at(t),
+                        "plan": e.plan.plan_id,
+                        "text": residency_text(e),
+                    }
+                    for t, s, e in view.residency
                 ],
                 "buffer_drops": [
                     {"state": s, "at_s": analysis.at(t), "bytes_freed": d.bytes_freed}

@@ -25,6 +25,7 @@ from lifecycle.core.events import (
     FaultInjected,
     GateDecided,
     PlanBuilt,
+    ResidencyEvent,
     RunStarted,
     Shutdown,
     Stalled,
@@ -35,7 +36,7 @@ from lifecycle.core.fold import RECENT_HEARTBEATS, RECENT_STARTS, GroupTally, Ra
 from lifecycle.core.records import GroupMark, PendingCollective
 from lifecycle.core.view import OpenCollective, RecentStart, SeqGap, Span
 
-FOLD_VERSION = 1
+FOLD_VERSION = 2  # 2: the residency planner's events are noted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +114,7 @@ _NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
     (BuffersAllocated, "buffer_allocations"),
     (BuffersDropped, "buffer_drops"),
     (CollectivesDumped, "dumps"),
+    (ResidencyEvent, "residency"),
 )
 
 

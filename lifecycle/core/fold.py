@@ -22,6 +22,7 @@ from lifecycle.core.events import (
     PlanBuilt,
     RequestFinished,
     RequestStarted,
+    ResidencyEvent,
     RunStarted,
     Shutdown,
     Stalled,
@@ -111,6 +112,7 @@ class RankFold:
     unknown: list[UnknownEvent] = field(default_factory=list)
     seq_gaps: list[SeqGap] = field(default_factory=list)
     dumps: list[tuple[float, str, CollectivesDumped]] = field(default_factory=list)
+    residency: list[tuple[float, str, ResidencyEvent]] = field(default_factory=list)
     recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
     last_progress: float | None = None
@@ -195,6 +197,8 @@ class RankFold:
                 self._mark(event.groups)
             case CollectivesDumped():
                 self.dumps.append((at, stored.state, event))
+            case ResidencyEvent():
+                self.residency.append((at, stored.state, event))
             case ClockAligned():
                 self.clock = event
                 self._onto_rank0_clock(event.offset_s, before=at)
@@ -346,6 +350,7 @@ class RankFold:
             last_progress=self.last_progress,
             shutdown_wall=self.shutdown_wall,
             clock=self.clock,
+            residency=tuple(self.residency),
         )
 
     @property

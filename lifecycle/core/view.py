@@ -15,6 +15,7 @@ from lifecycle.core.events import (
     FaultInjected,
     GateDecided,
     PlanBuilt,
+    ResidencyEvent,
     RunStarted,
     Shutdown,
     Stalled,
@@ -143,6 +144,7 @@ class RankView:
     last_progress: float | None  # the last event that is neither a heartbeat nor a shutdown
     shutdown_wall: float | None
     clock: ClockAligned | None  # its clock against rank 0's, measured at the rendezvous
+    residency: tuple[tuple[float, str, ResidencyEvent], ...] = ()  # the planner's steps
 
     @property
     def terminal(self) -> bool:

@@ -73,6 +73,13 @@ def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reuse
         if e.kind == "collective_started" and e.event.purpose == "residency-agree"  # type: ignore[attr-defined]
     ]
     assert sorted(e.rank for e in agree) == [0, 1]
+    from tests.conftest import run_cli
+
+    shown = run_cli("replay", ["show", "latest", "j.db"], cwd=tmp_path, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    rolled_lines = [line for line in shown.stdout.splitlines() if "residency" in line]
+    assert sum("rolled back vae=" in line and "(failed on 1)" in line for line in rolled_lines) == 2
+    assert sum("planned vae=" in line for line in rolled_lines) == 2
 
     again = lifecycle_cli(*common)
     assert again.returncode == 0, again.stderr
