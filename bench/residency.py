@@ -88,7 +88,7 @@ def _decode_in_process(name: str, shape: tuple[int, int, int]) -> dict[str, floa
 
 
 def _decoder_rows(settings: Settings) -> list[Row]:
-    shape = (832, 480, 33) if settings.quick else (1280, 720, 81)
+    shape = (512, 288, 17) if settings.quick else (1280, 720, 81)
     measured = {}
     for name in DECODER_OPTIONS:
         progress(f"residency: decoder {name} at {shape}")
