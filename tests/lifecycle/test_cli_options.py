@@ -313,15 +313,15 @@ def test_torchrun_refuses_a_num_ranks_other_than_world_size(tmp_path: Path) -> N
     exits 2 before it joins a group or writes a journal."""
     proc = torchrun(tmp_path, "--num-ranks", "3")
     assert proc.returncode != 0
-    said = [
-        line for line in (proc.stdout + proc.stderr).splitlines()
-        if line.startswith("lifecycle: ")
-    ]  # fmt: skip
-    assert said, proc.stderr[-3000:]
-    assert set(said) == {
+    # torchrun relays the ranks' output through one pipe, where their lines may run together;
+    # and it may end one rank before it speaks, once the other has failed.
+    text = proc.stdout + proc.stderr
+    message = (
         "lifecycle: error: --num-ranks 3 disagrees with torchrun's WORLD_SIZE 2"
         " (under torchrun, leave --num-ranks out)"
-    }
+    )
+    assert 1 <= text.count(message) <= 2, text[-3000:]
+    assert "lifecycle: " not in text.replace(message, "")
     assert "exitcode: 2" in proc.stderr
     assert "lifecycle/serve" not in proc.stdout + proc.stderr  # no traceback of ours
     assert not (tmp_path / "j.db").exists()
