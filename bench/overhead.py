@@ -41,17 +41,6 @@ class Sized:
     discard: int
 
 
-class _Unrecorded:
-    """A sink that drops what the staging buffers would record: no lifecycle at all."""
-
-    def record(self, event: Event) -> None:
-        return None
-
-
-def _never_skip(group: str, group_seq: int, op: str) -> bool:
-    return False
-
-
 def plain_plan(args: ServerArgs) -> WarmupPlan:
     """The plan the lifecycle side builds, computed once outside any timed region."""
     import torch
@@ -74,7 +63,6 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
     """Side B: build the pipeline and run the plan's requests in a loop; seconds taken."""
     import torch
 
-    from lifecycle.core.config import RankLayout
     from lifecycle.runtime.actions import WARMUP_PROMPT
     from lifecycle.runtime.comm import Comm
     from lifecycle.runtime.device import memory_meter, release_cache, select_device
@@ -84,14 +72,7 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
     started = time.perf_counter()
     device = select_device(args.device, local_rank=0)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    comm = Comm(
-        layout=RankLayout(rank=0, cfg_parallel=1, ulysses=1),
-        sink=_Unrecorded(),
-        device=device,
-        timeout_s=args.dist_timeout_s,
-        skip=_never_skip,
-        distributed=False,
-    )
+    comm = Comm.alone(device)
     pipeline = build_pipeline(args.model, comm)
     meter = memory_meter(device)
     results = [

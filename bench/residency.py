@@ -33,24 +33,13 @@ def _decode_once(name: str, width: int, height: int, frames: int) -> dict[str, f
     before decoding (VmHWM) and seconds, the better of two."""
     import torch
 
-    from lifecycle.core.config import MODEL_PRESETS, RankLayout, Shape
+    from lifecycle.core.config import MODEL_PRESETS, Shape
     from lifecycle.runtime.comm import Comm
     from lifecycle.runtime.device import LinuxRssMeter
     from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 
-    class Unrecorded:
-        def record(self, *args: object, **kwargs: object) -> None:
-            return None
-
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    comm = Comm(
-        layout=RankLayout(rank=0, cfg_parallel=1, ulysses=1),
-        sink=Unrecorded(),
-        device=torch.device("cpu"),
-        timeout_s=60.0,
-        skip=lambda *a: False,
-        distributed=False,
-    )
+    comm = Comm.alone(torch.device("cpu"))
     pipeline = TinyVideoPipeline(MODEL_PRESETS["tiny-video"], comm=comm)
     shape = Shape(width=width, height=height, frames=frames)
     options = pipeline.residency_options(shape)

@@ -279,8 +279,32 @@ class StagingBuffers:
         return event
 
 
+class _Unrecorded:
+    """A sink that keeps nothing: a pipeline run outside any startup."""
+
+    def record(self, event: Event) -> None:
+        return None
+
+
+def _never_skip(group: str, group_seq: int, op: str) -> bool:
+    return False
+
+
 class Comm:
     """This rank's groups (world, its Ulysses group, its CFG group) and staging buffers."""
+
+    @classmethod
+    def alone(cls, device: torch.device) -> Comm:
+        """One rank on its own, no process group, nothing recorded: for running a pipeline
+        outside a startup (benchmarks, tests)."""
+        return cls(
+            layout=RankLayout(rank=0, cfg_parallel=1, ulysses=1),
+            sink=_Unrecorded(),
+            device=device,
+            timeout_s=60.0,
+            skip=_never_skip,
+            distributed=False,
+        )
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from lifecycle.core.config import MODEL_PRESETS, RankLayout, Shape
+from lifecycle.core.config import MODEL_PRESETS, Shape
 from lifecycle.core.events import (
     ResidencyApplied,
     ResidencyPlanned,
@@ -153,19 +153,7 @@ def test_calibrate_and_a_new_budget_calibrate_again_and_say_why(
 
 
 def _pipeline() -> TinyVideoPipeline:
-    class Unrecorded:
-        def record(self, *args: object, **kwargs: object) -> None:
-            return None
-
-    comm = Comm(
-        layout=RankLayout(rank=0, cfg_parallel=1, ulysses=1),
-        sink=Unrecorded(),  # type: ignore[arg-type]
-        device=torch.device("cpu"),
-        timeout_s=60.0,
-        skip=lambda *a: False,
-        distributed=False,
-    )
-    return TinyVideoPipeline(MODEL_PRESETS["tiny-video"], comm=comm)
+    return TinyVideoPipeline(MODEL_PRESETS["tiny-video"], comm=Comm.alone(torch.device("cpu")))
 
 
 DECODE = """
