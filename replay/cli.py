@@ -11,14 +11,17 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from lifecycle import __version__
 from replay.helptext import DIAGNOSE_HELP, JOURNAL_HELP, RUN_HELP, epilog
 
 if TYPE_CHECKING:
+    from lifecycle.core.view import RankView
     from replay.diagnose import Diagnosis
+    from replay.flightjoin import FlightFacts
     from replay.load import Journals, RunInfo
 
 EXIT_OK = 0
@@ -98,7 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--at", type=float, metavar="SECONDS", help="every rank's state this long after the start"
     )
-    judged_now(command("diagnose", DIAGNOSE_HELP))
+
+    def flight_recorder(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--flight-recorder",
+            metavar="DIR",
+            help="PyTorch Flight Recorder dumps (pickled or JSON, a file per rank, named with"
+            " its rank at the end) to join with the run (default: the dumps its ranks journaled"
+            " writing, where they are here)",
+        )
+
+    flight_recorder(show)
+    diagnose = command("diagnose", DIAGNOSE_HELP)
+    judged_now(diagnose)
+    flight_recorder(diagnose)
     verify = subparser(
         "verify", "replay a run (or every run) against today's gates, plan and transition table"
     )
@@ -113,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--json", action="store_true", help="print JSON")
     trace = command("trace", "Chrome Trace Event JSON for chrome://tracing and Perfetto")
+    flight_recorder(trace)
     trace.add_argument(
         "-o",
         "--output",
@@ -187,15 +204,43 @@ def _dump(doc: object, out: IO[str]) -> None:
     out.write("\n")
 
 
-def _diagnosis(journals: Journals, run: RunInfo, now: float, *, check: bool = True) -> Diagnosis:
+def _flight(
+    journals: Journals, run: RunInfo, views: Mapping[int, RankView], folder: str | None
+) -> FlightFacts | None:
+    """The run's Flight Recorder dumps joined with it; a dump that cannot be read is one
+    warning line, and the rest is read without it."""
+    from replay.flight import dumps_for
+    from replay.flightjoin import join
+
+    if folder is not None and not os.path.isdir(folder):
+        raise _Usage(f"--flight-recorder {folder}: no such folder")
+    dumps = dumps_for(run.run_id, views, None if folder is None else Path(folder))
+    if dumps is None:
+        return None
+    journals.problems.extend(f"flight recorder: {p}" for p in dumps.problems)
+    return join(views, dumps, world_size=run.world_size)
+
+
+def _diagnosis(
+    journals: Journals,
+    run: RunInfo,
+    now: float,
+    *,
+    check: bool = True,
+    flight: bool = False,
+    flight_dir: str | None = None,
+) -> Diagnosis:
     """The run's verdict, from each rank's summary and the events after it: the same verdict
-    as from every event, at the cost of what the summaries hold (see Journals.views)."""
+    as from every event, at the cost of what the summaries hold (see Journals.views). With
+    `flight`, joined with the Flight Recorder's dumps (in `flight_dir`, else as journaled)."""
     from replay.analysis import combine
     from replay.diagnose import diagnose
     from replay.liveness import dead_ranks
 
-    analysis = combine(run, journals.views(run, check=check))
-    return diagnose(analysis, now=now, dead_ranks=dead_ranks(analysis))
+    views = journals.views(run, check=check)
+    analysis = combine(run, views)
+    facts = _flight(journals, run, views, flight_dir) if flight else None
+    return diagnose(analysis, now=now, dead_ranks=dead_ranks(analysis), flight=facts)
 
 
 def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -224,6 +269,7 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.analysis import analyze, combine
+    from replay.flightview import rank_lines
     from replay.load import Journals
     from replay.timeline import (
         event_line,
@@ -249,6 +295,7 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             # The first line before anything is read: a huge run starts showing at once.
             print(format_header(run, style), file=out, flush=True)
         analysis = combine(run, journals.views(run))
+        facts = _flight(journals, run, analysis.views, ns.flight_recorder)
         chosen = [r for r in analysis.views if ns.rank is None or r in ns.rank]
         if ns.json:
             last = {r: journals.last_collectives(run, r, ns.last) for r in chosen}
@@ -264,6 +311,8 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             else:
                 last_records = journals.last_collectives(run, rank, ns.last)
                 lines = format_rank(view, analysis, style, last_records)
+                if facts is not None:
+                    lines.extend(rank_lines(facts, rank, analysis, last=ns.last))
                 print("\n" + "\n".join(lines), file=out, flush=True)
         if analysis.missing_ranks and ns.rank is None:
             print("\n" + missing_line(analysis), file=out)
@@ -272,17 +321,25 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.flightview import diagnose_lines, flight_json
     from replay.load import Journals
     from replay.render import diagnosis_json, format_diagnosis
 
     with Journals.open(_locations(ns.journals)) as journals:
         run = journals.resolve(ns.run)
-        diagnosis = _diagnosis(journals, run, _now(ns))
+        diagnosis = _diagnosis(journals, run, _now(ns), flight=True, flight_dir=ns.flight_recorder)
         _warn(journals.problems, err)
+    facts = diagnosis.flight
     if ns.json:
-        _dump(diagnosis_json(diagnosis), out)
+        doc = diagnosis_json(diagnosis)
+        if facts is not None:
+            doc["flight_recorder"] = flight_json(facts, diagnosis.analysis)
+        _dump(doc, out)
     else:
-        print(format_diagnosis(diagnosis, _style(out)), file=out)
+        text = format_diagnosis(diagnosis, _style(out))
+        if facts is not None:
+            text = "\n".join([text, *diagnose_lines(facts, diagnosis.analysis)])
+        print(text, file=out)
     return diagnosis.exit_status
 
 
@@ -305,6 +362,8 @@ def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.analysis import combine
+    from replay.flightview import trace_events
     from replay.load import Journals
     from replay.output import trace_target, write_replacing
     from replay.trace import build_trace
@@ -314,6 +373,10 @@ def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     with Journals.open(locations) as journals:
         run = journals.resolve(ns.run)
         trace = build_trace(run, journals.events(run))
+        views = journals.views(run)
+        facts = _flight(journals, run, views, ns.flight_recorder)
+        if facts is not None:
+            trace["traceEvents"].extend(trace_events(facts, run, combine(run, views)))
         _warn(journals.problems, err)
     if target is None:
         json.dump(trace, out)

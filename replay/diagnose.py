@@ -28,6 +28,7 @@ from replay.evidence import (
     StoppedBySignal,
     WaitEnd,
 )
+from replay.flightjoin import FlightFacts, in_flight
 from replay.status import (
     RankVerdict,
     Status,
@@ -70,6 +71,7 @@ class Diagnosis:
     missing_ranks: tuple[int, ...]
     startup_to_ready_s: float | None
     analysis: RunAnalysis
+    flight: FlightFacts | None = None  # the Flight Recorder dumps joined, when read
 
     @property
     def exit_status(self) -> int:
@@ -212,9 +214,11 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
     if p is None or not blocked(verdict):
         return None
     error = verdict.first_error
+    # A wait only the Flight Recorder saw ended in an error as long as the group's timeout.
+    outlasted = p.timeout_s is not None and p.waited_s >= 0.9 * p.timeout_s
     if error is None:
         ended = WaitEnd.WAITING
-    elif error.kind is ErrorKind.COLLECTIVE_TIMEOUT:
+    elif error.kind is ErrorKind.COLLECTIVE_TIMEOUT or (p.from_flight_recorder and outlasted):
         ended = WaitEnd.TIMED_OUT
     else:
         ended = WaitEnd.BROKE
@@ -228,6 +232,8 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
         waiting_for=p.waiting_for,
         ended=ended,
         from_heartbeat=p.from_heartbeat,
+        from_flight_recorder=p.from_flight_recorder,
+        state=p.state,
     )
 
 
@@ -287,14 +293,19 @@ def _outcome(
 
 
 def diagnose(
-    analysis: RunAnalysis, *, now: float | None = None, dead_ranks: frozenset[int] = frozenset()
+    analysis: RunAnalysis,
+    *,
+    now: float | None = None,
+    dead_ranks: frozenset[int] = frozenset(),
+    flight: FlightFacts | None = None,
 ) -> Diagnosis:
     """Decide the outcome and the culprits from the evidence alone.
 
     `now` (the reader's clock) only matters for a journal whose ranks all stopped writing
     together: without it, a journal that simply ends reads as crashed only relative to the
     other ranks. `dead_ranks` are ranks whose process the reader saw gone: one of them that
-    journaled no end crashed, however recent its last event.
+    journaled no end crashed, however recent its last event. `flight` places ranks in the
+    collectives only PyTorch's Flight Recorder saw.
     """
     findings: Findings = {}
     verdicts = {
@@ -304,6 +315,8 @@ def diagnose(
     killed = _killed_together(verdicts, analysis)
     if killed:
         verdicts = _stuck_when_killed(verdicts, analysis)
+    if flight is not None:
+        verdicts = in_flight(verdicts, flight, analysis)
     verdicts = _peer_evidence(verdicts, findings)
     verdicts = _broken_by_stop(verdicts, analysis, findings)
     errors = sorted(
@@ -361,4 +374,5 @@ def diagnose(
         missing_ranks=analysis.missing_ranks,
         startup_to_ready_s=startup,
         analysis=analysis,
+        flight=flight,
     )

@@ -79,6 +79,9 @@ class Blocked(RankEvidence):
     waiting_for: tuple[int, ...]  # members that never started it
     ended: WaitEnd
     from_heartbeat: bool = False  # placed by its last heartbeat: the seq may be one behind
+    # Seen by PyTorch's Flight Recorder only (the group is torch's), entered in `state`.
+    from_flight_recorder: bool = False
+    state: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,6 +41,12 @@ class PendingInfo:
     # Known from the rank's last heartbeat only (its record stayed in the ring after ready):
     # the rank may have moved on to the next sequence number within one heartbeat interval.
     from_heartbeat: bool = False
+    # Known from PyTorch's Flight Recorder only: a collective the lifecycle did not record (a
+    # pipeline's own), in a process group `group` names as torch does; `state` the rank's
+    # state when it entered, `timeout_s` the group's timeout then.
+    from_flight_recorder: bool = False
+    state: str | None = None
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,7 +182,7 @@ def blocked(verdict: RankVerdict) -> bool:
     """Waiting in a collective at the end, or failed because one timed out or broke."""
     if verdict.pending is None or verdict.status is Status.STOPPED:
         return False
-    if verdict.status is Status.BLOCKED:
+    if verdict.status is Status.BLOCKED or verdict.pending.from_flight_recorder:
         return True
     return verdict.first_error is not None and verdict.first_error.kind in COLLECTIVE_KINDS
 

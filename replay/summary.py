@@ -59,7 +59,10 @@ def _pending_note(p: PendingInfo) -> str:
         if p.waiting_for
         else "every member entered it"
     )
-    return f"in {p.op} #{p.group_seq} of {p.group} ({p.purpose}) since +{p.since_s:.2f} s, {who}"
+    seen = f" seen only by the Flight Recorder, in {p.state}" if p.from_flight_recorder else ""
+    return (
+        f"in {p.op} #{p.group_seq} of {p.group} ({p.purpose}){seen} since +{p.since_s:.2f} s, {who}"
+    )
 
 
 def _stop_cause(signal: str | None, reason: str | None) -> str:
@@ -190,6 +193,8 @@ def _blocked_text(item: Blocked, blocked: set[int], error: FirstError | None) ->
         " (seen by its last heartbeat; its record stayed in the ring: the sequence number may"
         " be one behind)"
         if item.from_heartbeat
+        else f" in {item.state}, seen only by PyTorch's Flight Recorder"
+        if item.from_flight_recorder
         else ""
     )
     return (

@@ -23,6 +23,7 @@ from lifecycle.core.events import (
     Error,
     Event,
     FaultInjected,
+    FlightRecorderDumped,
     GateDecided,
     PlanBuilt,
     ResidencyEvent,
@@ -36,7 +37,7 @@ from lifecycle.core.fold import RECENT_HEARTBEATS, RECENT_STARTS, GroupTally, Ra
 from lifecycle.core.records import GroupMark, PendingCollective
 from lifecycle.core.view import OpenCollective, RecentStart, SeqGap, Span
 
-FOLD_VERSION = 2  # 2: the residency planner's events are noted
+FOLD_VERSION = 3  # 2: the residency planner's events are noted; 3: Flight Recorder dumps
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +116,7 @@ _NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
     (BuffersDropped, "buffer_drops"),
     (CollectivesDumped, "dumps"),
     (ResidencyEvent, "residency"),
+    (FlightRecorderDumped, "flight_dumps"),
 )
 
 

@@ -192,6 +192,10 @@ class ServerArgs:
     memory_budget_bytes: int | None = None
     faults: tuple[FaultSpec, ...] = ()
     seed: int = 0
+    # PyTorch's Flight Recorder: ring entries (0: as TORCH_FR_BUFFER_SIZE says) and where each
+    # rank dumps it on trouble (None: beside the journal file).
+    flight_recorder_entries: int = 0
+    flight_recorder_dir: str | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -214,6 +218,12 @@ def validate(args: ServerArgs) -> None:
     if not 1 <= args.num_ranks <= MAX_RANKS:
         raise ConfigError(
             f"--num-ranks must be 1..{MAX_RANKS}, not {args.num_ranks}", field="num_ranks"
+        )
+    if not 0 <= args.flight_recorder_entries <= MAX_RING_CAPACITY:
+        raise ConfigError(
+            f"--flight-recorder must be 0..{MAX_RING_CAPACITY} entries,"
+            f" not {args.flight_recorder_entries}",
+            field="flight_recorder_entries",
         )
     if not 16 <= args.ring_capacity <= MAX_RING_CAPACITY:
         raise ConfigError(

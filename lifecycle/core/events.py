@@ -10,7 +10,13 @@ from lifecycle.core.errors import classify
 from lifecycle.core.fingerprint import Fingerprint
 from lifecycle.core.gates import GateOutcome, Platform
 from lifecycle.core.plan import ProbeFit, Role, WarmupRequest
-from lifecycle.core.records import GroupMark, PendingCollective, StageRecord, ThreadStack
+from lifecycle.core.records import (
+    GroupMark,
+    PendingCollective,
+    StageRecord,
+    ThreadStack,
+    TorchGroup,
+)
 from lifecycle.core.residency import PlannerInput, ResidencyPlan
 
 # Nested records (lifecycle.core.records), and the domain values the events below hold (Shape,
@@ -247,6 +253,22 @@ class CollectivesDumped(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FlightRecorderDumped(Event):
+    """This rank wrote PyTorch's Flight Recorder ring (every collective of every process group,
+    the pipeline's own included) to `path` on `host`, on trouble; `groups` pairs each of the
+    lifecycle's groups with torch's name for it. `error` says why no dump was written."""
+
+    kind: ClassVar[str] = "flight_recorder_dumped"
+    reason: str  # the trouble: stall, request-failed, signal, an error kind, or an explicit dump
+    path: str | None
+    host: str
+    bytes: int
+    entries: int
+    groups: tuple[TorchGroup, ...]
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClockAligned(Event):
     """This rank's wall clock measured against rank 0's at the rendezvous: from this event on,
     its events' wall times are on rank 0's clock (local time minus `offset_s`), so ranks on
@@ -347,6 +369,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RequestStarted,
         RequestFinished,
         CollectivesDumped,
+        FlightRecorderDumped,
         ClockAligned,
         ResidencyPlanned,
         ResidencyApplied,

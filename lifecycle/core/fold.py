@@ -17,6 +17,7 @@ from lifecycle.core.events import (
     CollectiveStarted,
     Error,
     FaultInjected,
+    FlightRecorderDumped,
     GateDecided,
     Heartbeat,
     PlanBuilt,
@@ -113,6 +114,7 @@ class RankFold:
     seq_gaps: list[SeqGap] = field(default_factory=list)
     dumps: list[tuple[float, str, CollectivesDumped]] = field(default_factory=list)
     residency: list[tuple[float, str, ResidencyEvent]] = field(default_factory=list)
+    flight_dumps: list[tuple[float, str, FlightRecorderDumped]] = field(default_factory=list)
     recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
     last_progress: float | None = None
@@ -199,6 +201,8 @@ class RankFold:
                 self.dumps.append((at, stored.state, event))
             case ResidencyEvent():
                 self.residency.append((at, stored.state, event))
+            case FlightRecorderDumped():
+                self.flight_dumps.append((at, stored.state, event))
             case ClockAligned():
                 self.clock = event
                 self._onto_rank0_clock(event.offset_s, before=at)
@@ -351,6 +355,7 @@ class RankFold:
             shutdown_wall=self.shutdown_wall,
             clock=self.clock,
             residency=tuple(self.residency),
+            flight_dumps=tuple(self.flight_dumps),
         )
 
     @property

@@ -40,3 +40,12 @@ class ThreadStack:
     name: str
     ident: int
     stack: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TorchGroup:
+    """One of the lifecycle's groups and the name torch (and its Flight Recorder) gives its
+    process group ("0" for the default group)."""
+
+    group: str
+    torch_name: str

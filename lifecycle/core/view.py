@@ -13,6 +13,7 @@ from lifecycle.core.events import (
     CollectiveStarted,
     Error,
     FaultInjected,
+    FlightRecorderDumped,
     GateDecided,
     PlanBuilt,
     ResidencyEvent,
@@ -145,6 +146,7 @@ class RankView:
     shutdown_wall: float | None
     clock: ClockAligned | None  # its clock against rank 0's, measured at the rendezvous
     residency: tuple[tuple[float, str, ResidencyEvent], ...] = ()  # the planner's steps
+    flight_dumps: tuple[tuple[float, str, FlightRecorderDumped], ...] = ()  # where they went
 
     @property
     def terminal(self) -> bool:

@@ -21,22 +21,13 @@ from lifecycle.core.events import (
     CollectiveStarted,
     Event,
 )
-from lifecycle.core.records import GroupMark
+from lifecycle.core.records import GroupMark, TorchGroup
 from lifecycle.runtime.pending import Pending, PendingTracker
+from lifecycle.runtime.process_group import bound_collectives, new_group, torch_group_name
 
 
 class EventSink(Protocol):
     def record(self, event: Event) -> object: ...
-
-
-# Joining the group (rendezvous through the store, creating subgroups) may take longer than one
-# collective may: rank processes start torch at different speeds on a loaded host. Every
-# recorded collective is still bounded by the process-group timeout, waited explicitly.
-RENDEZVOUS_TIMEOUT_S = 120.0
-
-
-def rendezvous_timeout(timeout_s: float) -> datetime.timedelta:
-    return datetime.timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S))
 
 
 # What gloo (and the kernel, through it) says when a peer's end of the connection went away.
@@ -70,6 +61,8 @@ class RecordedGroup:
         self.ranks = ranks
         self.size = len(ranks)
         self._pg = process_group
+        # The name torch (and its Flight Recorder) gives the group, where there is one.
+        self.torch_name = torch_group_name(process_group)
         self._sink = sink
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._timeout_s = timeout_s
@@ -340,23 +333,33 @@ class Comm:
         self.cfg = group(f"cfg{layout.ulysses_rank}", cfg_groups[layout.ulysses_rank], None)
         if distributed:
             # Every rank must create every group, in the same order.
+            created = []
             for index, ranks in enumerate(ulysses_groups):
-                pg = _new_group(ranks, timeout_s)
+                created.append(pg := new_group(ranks, timeout_s))
                 if index == layout.cfg_rank:
                     self.ulysses = group(f"ulysses{index}", ranks, pg)
             for index, ranks in enumerate(cfg_groups):
-                pg = _new_group(ranks, timeout_s)
+                created.append(pg := new_group(ranks, timeout_s))
                 if index == layout.ulysses_rank:
                     self.cfg = group(f"cfg{index}", ranks, pg)
             self.world = group("world", world_ranks, dist.group.WORLD)
+            # Joined: from now on every collective, a pipeline's own on the default group
+            # included, is bounded by --dist-timeout rather than the rendezvous's timeout.
+            bound_collectives((dist.group.WORLD, *created), timeout_s)
 
     def marks(self) -> tuple[GroupMark, ...]:
         """Every group's progress on this rank (a group of one rank runs no collective)."""
         return tuple(g.mark() for g in (self.world, self.ulysses, self.cfg) if g.size > 1)
 
-
-def _new_group(ranks: tuple[int, ...], timeout_s: float) -> Any:
-    return dist.new_group(list(ranks), timeout=rendezvous_timeout(timeout_s))
+    def torch_names(self) -> tuple[TorchGroup, ...]:
+        """Each group that has a process group, with torch's name for it: how a Flight
+        Recorder entry's process group is told apart from the lifecycle's own groups."""
+        groups = (self.world, self.ulysses, self.cfg)
+        return tuple(
+            TorchGroup(group=g.name, torch_name=g.torch_name)
+            for g in groups
+            if g.torch_name is not None
+        )
 
 
 class UlyssesAttention:

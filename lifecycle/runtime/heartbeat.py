@@ -130,7 +130,11 @@ class HeartbeatThread:
         )
         if machine.state is State.READY:
             self._check_collective_stall(pending, in_state_s)
-        elif in_state_s > self._deadline and self._stalled_entry != entered:
+        elif (
+            machine.state not in STARTUP_OVER
+            and in_state_s > self._deadline
+            and self._stalled_entry != entered
+        ):
             self._stalled_entry = entered
             self._stall(in_state_s, self._deadline, pending)
 

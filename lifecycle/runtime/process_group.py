@@ -3,14 +3,48 @@ session and for the run-id agreement under torchrun."""
 
 from __future__ import annotations
 
+import datetime
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from lifecycle.core.errors import RendezvousFailed
-from lifecycle.runtime.comm import rendezvous_timeout
+
+# Joining the group (rendezvous through the store, creating subgroups) may take longer than one
+# collective may: rank processes start torch at different speeds on a loaded host. Once joined,
+# `bound_collectives` puts every group the lifecycle made back to --dist-timeout.
+RENDEZVOUS_TIMEOUT_S = 120.0
+
+
+def rendezvous_timeout(timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S))
+
+
+def new_group(ranks: tuple[int, ...], timeout_s: float) -> Any:
+    """A subgroup of `ranks` (every rank must call this, in the same order)."""
+    return dist.new_group(list(ranks), timeout=rendezvous_timeout(timeout_s))
+
+
+def bound_collectives(groups: Iterable[Any], timeout_s: float) -> None:
+    """Bound every collective on `groups` by `timeout_s` from now on: the rendezvous's longer
+    timeout was for joining, and a pipeline's own collectives on the default group would
+    otherwise wait that long."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    for group in groups:
+        if group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def torch_group_name(group: Any) -> str | None:
+    """torch's name for a process group ("0" for the default one), as its Flight Recorder
+    names it; None for no group."""
+    if group is None:
+        return None
+    name = getattr(group, "group_name", None)
+    return str(name) if name is not None else None
 
 
 def backend_for(device: torch.device) -> str:

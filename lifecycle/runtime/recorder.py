@@ -103,6 +103,21 @@ def dump_reason(event: Event, ring: deque[tuple[Event, str, float, int]]) -> str
     return None
 
 
+def trouble(event: Event) -> str | None:
+    """The trouble `event` reports, for what else a rank keeps for it (PyTorch's Flight
+    Recorder dump): a fatal error's kind, a stall, a failed request, a stop by signal."""
+    match event:
+        case Error(fatal=True):
+            return event.error_kind
+        case Stalled():
+            return "stall"
+        case RequestFinished(ok=False):
+            return "request-failed"
+        case Shutdown(signal=str()):
+            return "signal"
+    return None
+
+
 def _collective_pending(ring: deque[tuple[Event, str, float, int]]) -> bool:
     """Whether the ring's latest collective record is a start with no finish after it."""
     return bool(ring) and isinstance(ring[-1][0], CollectiveStarted)
@@ -132,6 +147,7 @@ class Recorder:
         self._ring: deque[tuple[Event, str, float, int]] | None = None
         self.ring_dropped = 0  # records that fell out of the ring since its last dump
         self._listeners: list[Listener] = []
+        self._on_trouble: Callable[[str], object] | None = None
         self._state_of: Callable[[], State] = _not_started
         self._offset_s = 0.0  # this rank's clock minus rank 0's, once measured
         # Made now, so that /metrics shows this rank's zero errors before any append fails.
@@ -168,8 +184,18 @@ class Recorder:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def on_trouble(self, call: Callable[[str], object]) -> None:
+        """Call `call(reason)` after recording an event that reports trouble, and on `dump`."""
+        self._on_trouble = call
+
     def record(self, event: Event, *, state: State | None = None) -> StoredEvent | None:
         """Commit one event (its envelope state is `state`, else the current state)."""
+        stored = self._record(event, state)
+        if self._on_trouble is not None and (reason := trouble(event)) is not None:
+            self._on_trouble(reason)
+        return stored
+
+    def _record(self, event: Event, state: State | None) -> StoredEvent | None:
         stamp = (
             (state or self._state_of()).value,
             self._clock.wall() - self._offset_s,
@@ -212,18 +238,22 @@ class Recorder:
             self._ring = deque(maxlen=capacity)
 
     def dump(self, reason: str) -> int:
-        """Write the ring to the journal now; how many collective records it held."""
+        """Write the ring to the journal now (and what else is kept for trouble); how many
+        collective records the ring held."""
+        written = 0
         with self._lock:
-            if self._ring is None:
-                return 0  # before ready every collective record is in the journal already
-            stamp = (
-                self._state_of().value,
-                self._clock.wall() - self._offset_s,
-                self._clock.mono_ns(),
-            )
-            items = self._dump_items(reason, stamp)
-            self._publish(self._append(items))
-            return len(items) - 1
+            if self._ring is not None:  # before ready every collective record is journaled
+                stamp = (
+                    self._state_of().value,
+                    self._clock.wall() - self._offset_s,
+                    self._clock.mono_ns(),
+                )
+                items = self._dump_items(reason, stamp)
+                self._publish(self._append(items))
+                written = len(items) - 1
+        if self._on_trouble is not None:
+            self._on_trouble(reason)
+        return written
 
     def _dump_items(
         self, reason: str, stamp: tuple[str, float, int]

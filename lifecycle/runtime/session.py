@@ -42,6 +42,7 @@ from lifecycle.core.states import TERMINAL_STATES, TRANSITIONS, Edge, State, Tri
 from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
+from lifecycle.runtime.flight import FlightDumper, folder_for, turn_on
 from lifecycle.runtime.heartbeat import HeartbeatThread
 from lifecycle.runtime.process_group import (
     backend_for,
@@ -161,6 +162,10 @@ class RankSession:
         self.heartbeat.start()
         if device.type == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.launch.local_ranks))
+        flight = folder_for(self.args, self.launch.run_id)
+        fr_on = self.launch.distributed and turn_on(
+            os.environ, entries=self.args.flight_recorder_entries, folder=flight
+        )
         if self.launch.distributed:
             self._run_action(
                 "init-process-group",
@@ -181,6 +186,15 @@ class RankSession:
             skip=self._skip_collective,
             distributed=self.launch.distributed,
         )
+        if fr_on:  # each trouble the recorder journals dumps the Flight Recorder too
+            self.recorder.on_trouble(
+                FlightDumper(
+                    folder=flight,
+                    rank=self.launch.rank,
+                    sink=self.recorder,
+                    groups=comm.torch_names,
+                ).dump
+            )
         self.runtime = RankRuntime(
             args=self.args,
             layout=self.layout,

@@ -261,6 +261,8 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         memory_budget_bytes=None if ns.memory_budget is None else parse_size(ns.memory_budget),
         faults=parse_faults(ns.fault, env.get("LIFECYCLE_FAULTS")),
         seed=ns.seed,
+        flight_recorder_entries=ns.flight_recorder,
+        flight_recorder_dir=ns.flight_recorder_dir,
     )
 
 

@@ -144,6 +144,10 @@ HELP = {
     "--heartbeat-interval": "how often each rank journals a heartbeat (default: %(default)g)",
     "--ring-size": "collective records each rank keeps after ready, written to the journal only"
     " on trouble (default: %(default)s)",
+    "--flight-recorder": "turn on PyTorch's Flight Recorder with a ring of this many entries per"
+    " rank, dumped by each rank on trouble (default: as $TORCH_FR_BUFFER_SIZE, else off)",
+    "--flight-recorder-dir": "where ranks dump it, a folder per run (default: beside the"
+    " journal file, as JOURNAL.flight-recorder, else ./flight-recorder)",
     "--fault": "inject a fault (repeatable; also LIFECYCLE_FAULTS, comma-separated)"
     " (default: none)",
     "--host": "address to bind (default: %(default)s)",
@@ -197,6 +201,10 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(journal, "--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"), metavar="JOURNAL")
     add(journal, "--heartbeat-interval", default=1.0, **seconds)
     add(journal, "--ring-size", type=int, default=DEFAULT_RING_CAPACITY, metavar="RECORDS")
+
+    flight = p.add_argument_group("flight recorder")
+    add(flight, "--flight-recorder", type=int, default=0, metavar="ENTRIES")
+    add(flight, "--flight-recorder-dir", metavar="DIR")
 
     faults = p.add_argument_group("faults")
     add(faults, "--fault", action=_Faults, default=[], metavar="RANK:STATE:KIND")

@@ -119,12 +119,15 @@ def _agreed_run_id(
     import torch.distributed as dist
 
     from lifecycle.runtime.device import select_device
+    from lifecycle.runtime.flight import folder_for, turn_on
     from lifecycle.runtime.process_group import join_process_group
 
     # No shared id in the environment: join the group first and let rank 0 name the run.
     device = select_device(args.device, local_rank=int(env.get("LOCAL_RANK", ranks.rank)))
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    # The run's folder is not known yet: NCCL's own dumps go to the folder above it.
+    turn_on(os.environ, entries=args.flight_recorder_entries, folder=folder_for(args))
     join_process_group(
         device=device,
         rank=ranks.rank,

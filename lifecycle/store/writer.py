@@ -31,7 +31,9 @@ _COLUMN_ORDER = (
 CHECKPOINT_EVERY = 64
 # Kinds after which a rank may well write nothing more: its checkpoint is taken with them, so
 # that an ended, failed or dumped rank is read without any event after its checkpoint.
-_CLOSING_KINDS = frozenset({"shutdown", "error", "collectives_dumped", "stalled"})
+_CLOSING_KINDS = frozenset(
+    {"shutdown", "error", "collectives_dumped", "stalled", "flight_recorder_dumped"}
+)
 
 _CHECKPOINT = ("fold_version", "fold_seq", "fold")
 

@@ -43,7 +43,7 @@ DESIGN_KINDS = {
 # Beyond DESIGN.md: the marker before the collective records a rank's ring writes on trouble
 # after ready (reason, records, dropped), so replay can say why and how many; and each rank's
 # clock offset to rank 0, measured at the rendezvous.
-BEYOND_DESIGN_KINDS = {"collectives_dumped", "clock_aligned"}
+BEYOND_DESIGN_KINDS = {"collectives_dumped", "clock_aligned", "flight_recorder_dumped"}
 
 
 def test_every_designed_kind_has_an_event_class() -> None:

@@ -1,0 +1,125 @@
+"""PyTorch's Flight Recorder: turned on before the process group exists, and dumped by the
+rank itself on trouble, since gloo has no watchdog to do it (NCCL's also dumps on a timeout,
+into the same folder)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+
+from lifecycle.core import safepickle
+from lifecycle.core.config import ServerArgs
+from lifecycle.core.events import FlightRecorderDumped
+from lifecycle.core.records import TorchGroup
+from lifecycle.runtime.comm import EventSink
+
+# The ring's size in entries; unset or 0 leaves the Flight Recorder off.
+BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+DEFAULT_ENTRIES = 2000
+# Each rank's dump is `<folder>/<run id>/<prefix><rank>`, the naming PyTorch's `fr_trace`
+# reads; NCCL's watchdog writes its own dump beside it with its own prefix.
+DUMP_PREFIX = "fr_trace_rank_"
+NCCL_PREFIX = "nccl_trace_rank_"
+
+
+def entries_from(env: MutableMapping[str, str]) -> int:
+    """The Flight Recorder's ring size `env` asks for (0: off)."""
+    try:
+        return max(0, int(env.get(BUFFER_ENV, "0") or 0))
+    except ValueError:
+        return 0
+
+
+def folder_for(args: ServerArgs, run_id: str = "") -> Path:
+    """Where a run's dumps go: --flight-recorder-dir, else beside a journal file, else in the
+    current folder (a fleet's journal is a database on another host); a folder per run."""
+    if args.flight_recorder_dir:
+        return Path(args.flight_recorder_dir).resolve() / run_id
+    journal = args.db
+    if "://" not in journal or journal.startswith("sqlite:///"):
+        path = Path(journal.removeprefix("sqlite:///"))
+        if path.name and path.name != ":memory:":
+            return path.resolve().with_name(path.name + ".flight-recorder") / run_id
+    return Path("flight-recorder").resolve() / run_id
+
+
+def turn_on(env: MutableMapping[str, str], *, entries: int, folder: Path) -> bool:
+    """Before the process group is made: size the ring (unless `env` already does) and point
+    NCCL's dump-on-timeout at `folder`. Whether the Flight Recorder is on."""
+    if entries > 0:
+        env.setdefault(BUFFER_ENV, str(entries))
+    size = entries_from(env)
+    if size == 0:
+        return False
+    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(size))  # its name before torch 2.5
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(folder / NCCL_PREFIX))
+    return True
+
+
+class FlightDumper:
+    """Writes this rank's Flight Recorder dump on trouble and journals where it went."""
+
+    def __init__(
+        self,
+        *,
+        folder: Path,
+        rank: int,
+        sink: EventSink,
+        groups: Callable[[], tuple[TorchGroup, ...]],
+    ) -> None:
+        self.folder = folder
+        self.path = folder / f"{DUMP_PREFIX}{rank}"
+        self._sink = sink
+        self._groups = groups
+        self._lock = threading.Lock()
+
+    def dump(self, reason: str) -> FlightRecorderDumped:
+        """Dump the ring now (atomically: a reader never sees half a dump) and journal it; a
+        dump that cannot be written is journaled with why, and the rank goes on."""
+        with self._lock:
+            try:
+                data = _dump_bytes()
+                self.folder.mkdir(parents=True, exist_ok=True)
+                part = self.path.with_name(self.path.name + ".part")
+                part.write_bytes(data)
+                os.replace(part, self.path)
+                event = FlightRecorderDumped(
+                    reason=reason,
+                    path=str(self.path),
+                    host=socket.gethostname(),
+                    bytes=len(data),
+                    entries=_count(data),
+                    groups=self._groups(),
+                )
+            except (OSError, RuntimeError, AttributeError) as exc:
+                event = FlightRecorderDumped(
+                    reason=reason,
+                    path=None,
+                    host=socket.gethostname(),
+                    bytes=0,
+                    entries=0,
+                    groups=self._groups(),
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
+        self._sink.record(event)
+        return event
+
+
+def _dump_bytes() -> bytes:
+    """The Flight Recorder's pickled dump: every entry, with its Python stack."""
+    import torch._C._distributed_c10d as c10d  # the only way to it: no public API yet
+
+    data: bytes = c10d._dump_fr_trace(True, True, False)  # type: ignore[attr-defined]
+    return data
+
+
+def _count(data: bytes) -> int:
+    """How many entries a dump holds."""
+    with contextlib.suppress(safepickle.UnsafePickle, AttributeError, TypeError):
+        return len(safepickle.loads(data).get("entries", ()))
+    return 0
