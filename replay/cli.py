@@ -13,10 +13,9 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any
 
-from lifecycle import __version__
-from replay.helptext import DIAGNOSE_HELP, JOURNAL_HELP, RUN_HELP, epilog
+from replay.parser import EXIT_BAD_INPUT, Usage, parse_args
 
 if TYPE_CHECKING:
     from lifecycle.core.view import RankView
@@ -26,144 +25,7 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # diagnose: a failure found; verify: a run inconsistent with today's code
-EXIT_BAD_INPUT = 2
-DEFAULT_LAST_COLLECTIVES = 10
 DEFAULT_JOURNAL = "lifecycle.db"  # where `lifecycle boot` writes when $LIFECYCLE_DB is unset
-
-
-class _Usage(Exception):
-    """A command given what it cannot use: one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="replay",
-        description="Read lifecycle journals after the fact and say what happened.",
-        epilog=epilog("replay") + "\n\nColour only on a terminal, never with NO_COLOR set.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"replay (lifecycle {__version__})")
-    sub = parser.add_subparsers(
-        dest="command", required=True, parser_class=_Parser, title="commands", metavar="COMMAND"
-    )
-
-    def subparser(name: str, text: str, *, run: bool = True) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name,
-            help=text,
-            description=text,
-            epilog=epilog(name, run=run),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-
-    def command(name: str, text: str, *, run: bool = True) -> argparse.ArgumentParser:
-        p = subparser(name, text, run=run)
-        if run:
-            p.add_argument("run", metavar="RUN", help=RUN_HELP)
-        p.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
-        p.add_argument("--json", action="store_true", help="print JSON")
-        return p
-
-    def judged_now(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--now",
-            type=float,
-            metavar="EPOCH",
-            help="judge liveness (running, hung, crashed) as of this time, in seconds since the"
-            " epoch (default: the current time)",
-        )
-
-    judged_now(
-        command("runs", "one row per run: start, host, ranks, mode, path, outcome", run=False)
-    )
-    show = command(
-        "show",
-        "each rank's timeline: states, warmup records, buffers, errors, and its last"
-        " collectives before the end",
-    )
-    show.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
-    show.add_argument(
-        "--last",
-        type=_count,
-        default=DEFAULT_LAST_COLLECTIVES,
-        metavar="N",
-        help="collective records shown per rank before its end"
-        f" (default: {DEFAULT_LAST_COLLECTIVES})",
-    )
-    show.add_argument(
-        "--all", action="store_true", help="every event of each rank, in order, as it is read"
-    )
-    show.add_argument(
-        "--at", type=float, metavar="SECONDS", help="every rank's state this long after the start"
-    )
-
-    def flight_recorder(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--flight-recorder",
-            metavar="DIR",
-            help="PyTorch Flight Recorder dumps (pickled or JSON, a file per rank, named with"
-            " its rank at the end) to join with the run (default: the dumps its ranks journaled"
-            " writing, where they are here)",
-        )
-
-    flight_recorder(show)
-    diagnose = command("diagnose", DIAGNOSE_HELP)
-    judged_now(diagnose)
-    flight_recorder(diagnose)
-    verify = subparser(
-        "verify", "replay a run (or every run) against today's gates, plan and transition table"
-    )
-    verify.usage = "replay verify [-h] [--json] (RUN | --all) [JOURNAL ...]"
-    verify.add_argument("--all", action="store_true", help="check every run (then no RUN)")
-    verify.add_argument(
-        "targets",
-        metavar="RUN JOURNAL",
-        nargs="*",
-        default=(),
-        help=f"RUN, {RUN_HELP}; then JOURNAL, {JOURNAL_HELP}",
-    )
-    verify.add_argument("--json", action="store_true", help="print JSON")
-    trace = command("trace", "Chrome Trace Event JSON for chrome://tracing and Perfetto")
-    flight_recorder(trace)
-    trace.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="FILE",
-        help="a new file or a regular file to replace (never a journal being read); - for stdout",
-    )
-    diff = subparser("diff", "two runs side by side, with a verdict")
-    diff.add_argument("run_a", metavar="RUN_A", help=RUN_HELP)
-    diff.add_argument("run_b", metavar="RUN_B", help=RUN_HELP)
-    diff.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
-    diff.add_argument("--json", action="store_true", help="print JSON")
-    judged_now(diff)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The command line, JOURNALs after an option included: argparse (3.11 at least) matches
-    an empty `nargs="*"` before the first option and leaves the JOURNALs after it unclaimed."""
-    parser = build_parser()
-    ns, extra = parser.parse_known_args(argv)
-    if extra and not any(arg.startswith("-") for arg in extra):
-        field = "targets" if ns.command == "verify" else "journals"
-        setattr(ns, field, [*getattr(ns, field), *extra])
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return ns
-
-
-def _count(text: str) -> int:
-    """A non-negative whole number of records."""
-    if not text.isascii() or not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of records")
-    return int(text)
 
 
 def _now(ns: argparse.Namespace) -> float:
@@ -188,7 +50,7 @@ def _locations(given: Sequence[str]) -> list[str]:
     location = named or DEFAULT_JOURNAL
     if not is_url(location) and not os.path.exists(os.path.expanduser(location)):
         where = f"$LIFECYCLE_DB ({shown_location(location)})" if named else f"./{location}"
-        raise _Usage(f"no JOURNAL given, and {where} does not exist: name a JOURNAL")
+        raise Usage(f"no JOURNAL given, and {where} does not exist: name a JOURNAL")
     return [location]
 
 
@@ -213,7 +75,7 @@ def _flight(
     from replay.flightjoin import join
 
     if folder is not None and not os.path.isdir(folder):
-        raise _Usage(f"--flight-recorder {folder}: no such folder")
+        raise Usage(f"--flight-recorder {folder}: no such folder")
     dumps = dumps_for(run.run_id, views, None if folder is None else Path(folder))
     if dumps is None:
         return None
@@ -349,7 +211,7 @@ def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
     targets = list(ns.targets)
     if not ns.all and not targets:
-        raise _Usage("verify needs RUN, or --all to check every run")
+        raise Usage("verify needs RUN, or --all to check every run")
     with Journals.open(_locations(targets if ns.all else targets[1:])) as journals:
         runs = journals.runs() if ns.all else [journals.resolve(targets[0])]
         reports = [verify_run(run, journals.events(run)) for run in runs]
@@ -429,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[ns.command](ns, out, err)
-    except (LifecycleError, _Usage) as exc:
+    except (LifecycleError, Usage) as exc:
         from replay.render import clean
 
         print(f"replay: error: {clean(exc)}", file=err)

@@ -326,6 +326,7 @@ def _verdict_json(d: Diagnosis, v: RankVerdict) -> dict[str, Any]:
             "since_s": p.since_s,
             "waited_s": p.waited_s,
             "waiting_for": list(p.waiting_for),
+            "from_flight_recorder": p.from_flight_recorder,
         },
         "last_heartbeat_age_s": v.last_heartbeat_age_s,
         "first_error": _error_json(v.first_error),

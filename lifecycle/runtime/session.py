@@ -50,18 +50,10 @@ from lifecycle.runtime.process_group import (
     measure_clock_offset,
 )
 from lifecycle.runtime.recorder import Recorder
+from lifecycle.runtime.signals import leave_process
 
 FAULT_EXIT_CODE = 17
 EXIT_FAILED = 1
-
-
-def leave_process(status: int) -> None:
-    """End this process now with `status`, from any thread: the main thread may be blocked
-    in a collective or a hang for good, where nothing else would end it."""
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(status)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
@@ -48,3 +51,12 @@ def watch_dump_signal(on_dump: Callable[[], None]) -> None:
             on_dump()
 
     threading.Thread(target=watch, name="lifecycle-dump-signal", daemon=True).start()
+
+
+def leave_process(status: int) -> None:
+    """End this process now with `status`, from any thread: the main thread may be blocked
+    in a collective or a hang for good, where nothing else would end it."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)

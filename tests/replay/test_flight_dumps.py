@@ -1,0 +1,147 @@
+"""Flight Recorder dumps read without unpickling: the plain-data pickle loader, and torch's own
+dumps in both forms (a one-rank gloo group in a child process, with TORCH_FR_BUFFER_SIZE)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lifecycle.core import safepickle
+from lifecycle.core.config import ServerArgs
+from lifecycle.runtime.flight import BUFFER_ENV, folder_for, turn_on
+from replay.flight import BadDump, parse, read_files
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+)
+_keys = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+_plain = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(_keys, inner, max_size=4)
+        | st.frozensets(_keys, max_size=4)
+        | st.sets(_keys, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(value=_plain, protocol=st.integers(min_value=4, max_value=pickle.HIGHEST_PROTOCOL))
+def test_plain_data_reads_as_pickle_would(value: object, protocol: int) -> None:
+    assert safepickle.loads(pickle.dumps(value, protocol=protocol)) == value
+
+
+class _Calls:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_pickle_that_names_code_is_refused_before_anything_runs(
+    tmp_path: Path, protocol: int
+) -> None:
+    marker = tmp_path / "ran"
+    data = pickle.dumps({"entries": [1, _Calls(marker)]}, protocol=protocol)
+    with pytest.raises(safepickle.UnsafePickle, match="refused: opcode"):
+        safepickle.loads(data)
+    assert not marker.exists()
+
+
+@given(cut=st.integers(min_value=0, max_value=60))
+def test_a_truncated_pickle_is_refused(cut: int) -> None:
+    data = pickle.dumps({"version": "2.10", "entries": [{"a": 1}] * 3}, protocol=2)
+    with pytest.raises(safepickle.UnsafePickle):
+        safepickle.loads(data[: min(cut, len(data) - 1)])
+
+
+_DUMP_BOTH = """
+import datetime, os, sys, torch, torch.distributed as dist
+import torch._C._distributed_c10d as c10d
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0,
+                        world_size=1, timeout=datetime.timedelta(seconds=30))
+dist.all_reduce(torch.ones(3, 5))
+dist.all_gather([torch.zeros(2)], torch.ones(2))
+dist.barrier()
+out = sys.argv[1]
+open(os.path.join(out, "fr_trace_rank_0"), "wb").write(c10d._dump_fr_trace(True, True, False))
+open(os.path.join(out, "fr_trace_rank_0.json"), "wb").write(c10d._dump_fr_trace_json(True, False))
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_torch_dumps_read_alike_in_both_forms(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", _DUMP_BOTH, str(tmp_path), str(_free_port())],
+        env={**os.environ, BUFFER_ENV: "100"}, check=True, timeout=120, capture_output=True,
+    )  # fmt: skip
+    pickled = parse((tmp_path / "fr_trace_rank_0").read_bytes(), rank=0, path="p")
+    from_json = parse((tmp_path / "fr_trace_rank_0.json").read_bytes(), rank=0, path="j")
+    assert pickled.version.startswith("2.")
+    ops = [(e.op, e.seq, e.pg_desc, e.input_sizes) for e in pickled.entries]
+    assert ops == [(e.op, e.seq, e.pg_desc, e.input_sizes) for e in from_json.entries]
+    assert [op for op, *_ in ops] == ["all_reduce", "all_gather", "barrier"]
+    assert ops[0][3] == ((3, 5),) and ops[0][2] == "default_pg"
+    assert pickled.entries[0].caller is not None and "<string>" in pickled.entries[0].caller
+    both = read_files(
+        [(tmp_path / "fr_trace_rank_0", None), (tmp_path / "fr_trace_rank_0.json", None)]
+    )
+    assert list(both.by_rank) == [0] and len(both.by_rank[0].entries) == 3
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"", "neither JSON nor a pickle"),
+        (b"{not json", "not a Flight Recorder dump"),
+        (json.dumps([1, 2]).encode(), "neither JSON nor a pickle"),
+        (json.dumps({"version": "2.10"}).encode(), "no version and entries"),
+        (json.dumps({"version": "1.0", "entries": []}).encode(), "version 1.0"),
+        (json.dumps({"version": "2.10", "entries": [{"op": 1}]}).encode(), "entry 0"),
+        (pickle.dumps({"version": "2.10", "entries": {}}, protocol=2), "not a list"),
+    ],
+)
+def test_what_is_not_a_dump_says_why_in_one_line(data: bytes, says: str) -> None:
+    with pytest.raises(BadDump, match=says) as caught:
+        parse(data, rank=0, path="d")
+    assert "\n" not in str(caught.value)
+
+
+def test_the_flight_recorder_is_turned_on_by_the_flag_or_the_environment(tmp_path: Path) -> None:
+    env: dict[str, str] = {}
+    assert not turn_on(env, entries=0, folder=tmp_path)
+    assert turn_on(env, entries=300, folder=tmp_path)
+    assert env[BUFFER_ENV] == "300"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
+    given = {BUFFER_ENV: "50"}
+    assert turn_on(given, entries=0, folder=tmp_path) and given[BUFFER_ENV] == "50"
+    journal = tmp_path / "j.db"
+    assert folder_for(ServerArgs(db=str(journal)), "r1") == tmp_path / "j.db.flight-recorder/r1"
+    chosen = ServerArgs(db="postgresql://h/db", flight_recorder_dir=str(tmp_path / "fr"))
+    assert folder_for(chosen, "r1") == tmp_path / "fr" / "r1"
