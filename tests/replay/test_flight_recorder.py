@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from lifecycle.core import safepickle
 from lifecycle.core.config import MODEL_PRESETS
 from tests.conftest import REPO, Completed, run_cli
 
@@ -197,8 +198,8 @@ class _RunsCode:
         return (shutil.copyfile, (__file__, str(self.marker)))
 
 
-def _bad_dumps(folder: Path, real: bytes, marker: Path) -> dict[str, bytes]:
-    dump = pickle.loads(real)  # noqa: S301 - the ranks' own dump, written by this test's run
+def _bad_dumps(real: bytes, marker: Path) -> dict[str, bytes]:
+    dump = safepickle.loads(real)
     newer = {**dump, "version": "3.0"}
     return {
         "truncated": real[: len(real) // 2],
@@ -217,7 +218,7 @@ def test_a_bad_dump_is_one_line_and_the_verdict_goes_on_without_it(
     folder = tmp_path / "dumps"
     folder.mkdir()
     real = (hung.dumps / "fr_trace_rank_1").read_bytes()
-    (folder / "fr_trace_rank_1").write_bytes(_bad_dumps(folder, real, marker)[kind])
+    (folder / "fr_trace_rank_1").write_bytes(_bad_dumps(real, marker)[kind])
     shutil.copy(hung.dumps / "fr_trace_rank_0", folder / "fr_trace_rank_0")
     result = replay(
         tmp_path, "diagnose", "latest", str(hung.db), "--json", "--flight-recorder", str(folder)

@@ -1,0 +1,131 @@
+"""`lifecycle db`: the journal's schema revision, its upgrade, retention and copies."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from lifecycle.core.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
+
+EXIT_USAGE = 2
+
+
+def add_db_command(sub: Any) -> None:
+    """The `db` command and its subcommands, under the top-level parser's `sub`."""
+    db = sub.add_parser(
+        "db", help="journal schema, retention and copies: current, upgrade, prune, copy"
+    )
+    db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=sub._parser_class)
+    for name, text in (
+        ("current", "print the journal's schema revision"),
+        ("upgrade", "migrate this lifecycle's own journal to the newest schema"),
+        ("prune", "remove old runs, whole, from the journal"),
+        ("copy", "copy a journal's runs into another (a node's file into the fleet's database)"),
+    ):
+        cmd = db_sub.add_parser(name, help=text)
+        cmd.add_argument(
+            "--db",
+            default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"),
+            help="journal path or SQLAlchemy URL (default: $LIFECYCLE_DB, else lifecycle.db)",
+        )
+        if name == "prune":
+            _add_prune_options(cmd)
+        if name == "copy":
+            cmd.add_argument(
+                "--to", required=True, metavar="JOURNAL", help="the journal to copy into"
+            )
+            cmd.add_argument(
+                "--run", action="append", metavar="RUN_ID", help="only this run (repeatable)"
+            )
+
+
+PRUNE_DESCRIPTION = """\
+Remove old runs from the journal, each with its rows in every table, a few at a time so that
+servers appending to the same journal are not held up. With both --keep-runs and
+--older-than, only runs that both select are removed. The newest run, and any run written to
+in the last 10 minutes, are never removed. A SQLite file does not shrink: the freed pages are
+reused by later appends (VACUUM would rewrite the whole file while blocking every writer).
+"""
+
+
+def _add_prune_options(prune: argparse.ArgumentParser) -> None:
+    def keep_count(text: str) -> int:
+        if not text.isascii() or not text.isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs (0 or more)")
+        return int(text)
+
+    def duration(text: str) -> float:
+        from lifecycle.store.prune import parse_duration
+
+        try:
+            return parse_duration(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    prune.description = PRUNE_DESCRIPTION
+    prune.formatter_class = argparse.RawDescriptionHelpFormatter
+    prune.add_argument("--keep-runs", type=keep_count, metavar="N", help="keep the N newest runs")
+    prune.add_argument(
+        "--older-than",
+        type=duration,
+        metavar="DURATION",
+        help="remove runs created longer ago than this: 45s, 90m, 12h, 30d, 2w",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    prune.add_argument("--now", type=float, help=argparse.SUPPRESS)  # tests: a fixed clock
+
+
+def run_db_command(ns: argparse.Namespace) -> int:
+    from lifecycle.store import Journal, head_revision, journal_revision
+
+    try:
+        if ns.db_command == "current":
+            print(f"{journal_revision(ns.db)} (head {head_revision()})")
+            return 0
+        if ns.db_command == "prune":
+            return _prune(ns)
+        if ns.db_command == "copy":
+            from lifecycle.store.copy import copy_journal
+
+            with Journal.open_for_read(ns.db) as source, Journal.open_for_write(ns.to) as into:
+                copied = copy_journal(
+                    source, into, run_ids=set(ns.run) if ns.run is not None else None
+                )
+            print(copied.line(source.location, into.location))
+            return 0
+        with Journal.open_for_write(ns.db, upgrade=True) as journal:
+            filled = journal.backfill_summaries()
+        shown = journal.location
+        print(
+            f"{shown}: at {head_revision()}" + (f"; summarized {filled} rank(s)" if filled else "")
+        )
+        return 0
+    except JournalWriteFailed as exc:
+        return fail_unjournaled(exc)
+    except LifecycleError as exc:
+        return fail_usage(str(exc))
+
+
+def _prune(ns: argparse.Namespace) -> int:
+    from lifecycle.store.prune import RetentionPolicy, format_outcome, open_for_pruning, prune
+
+    policy = RetentionPolicy(keep_runs=ns.keep_runs, older_than_s=ns.older_than)
+    with open_for_pruning(ns.db) as journal:
+        now = time.time() if ns.now is None else ns.now
+        outcome = prune(journal, policy, now=now, dry_run=ns.dry_run)
+        print(format_outcome(outcome, journal.location))
+    return 0
+
+
+def fail_usage(message: str) -> int:
+    print(f"lifecycle: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def fail_unjournaled(exc: JournalWriteFailed) -> int:
+    sys.stdout.flush()
+    print(f"lifecycle: error: {exc}", file=sys.stderr)
+    return EXIT_UNJOURNALED

@@ -1,0 +1,56 @@
+"""`lifecycle first-run` end to end: the dry run on gloo (this machine has no CUDA device; the
+GPU path runs the same steps with --device cuda and has not been run here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
+
+ENV = {"PYTHONPATH": str(REPO)}
+ROWS = (
+    "devices",
+    "boot 1 rank, calibrating",
+    "boot 1 rank, bounded (plan reused)",
+    "boot 2 ranks",
+    "the field's hang, 2 ranks",
+    "flight recorder dumps",
+    "time",
+)
+
+
+def test_the_dry_run_holds_every_check_and_keeps_what_it_ran(tmp_path: Path) -> None:
+    out = tmp_path / "first"
+    result = run_cli(
+        "lifecycle",
+        ["first-run", "--device", "cpu", "--model", "micro-video", "--out", str(out)],
+        cwd=tmp_path, env=ENV, timeout=420,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["check", "result", "detail"]
+    rows = {line[:36].strip(): line[36:].split("  ")[0].strip() for line in lines[2:9]}
+    assert rows == dict.fromkeys(ROWS, "held")
+    hang = next(line for line in lines if line.startswith("the field's hang"))
+    assert "hung, culprit rank 1 in bounded-warm" in hang
+    assert "dry run" in lines[2]
+    assert (out / "first-run.db").is_file()
+    dumps = sorted(p.name for p in out.rglob("fr_trace_rank_*"))
+    assert dumps.count("fr_trace_rank_0") >= 1 and dumps.count("fr_trace_rank_1") >= 1
+    assert {p.name for p in out.glob("*.log")} >= {
+        "calibrating.log",
+        "hang.log",
+        "hang-diagnose.log",
+    }
+
+
+def test_asking_for_cuda_where_there_is_none_says_so(tmp_path: Path) -> None:
+    result = run_cli(
+        "lifecycle", ["first-run", "--out", str(tmp_path / "o")], cwd=tmp_path, env=ENV
+    )
+    assert result.returncode == 1
+    assert "did not hold" in result.stdout and "no CUDA device is visible" in result.stdout
