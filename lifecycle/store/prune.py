@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import Connection, Delete, Engine, Table, delete, func, inspect, select
 
@@ -86,6 +89,7 @@ class PruneOutcome:
     runs_removed: int
     events_removed: int
     dry_run: bool
+    dumps_removed: int = 0  # Flight Recorder dump files of the removed runs, on this host
 
 
 def plan_prune(
@@ -129,6 +133,8 @@ def format_outcome(outcome: PruneOutcome, location: str) -> str:
         f"{location}: {verb} {outcome.runs_removed} {runs_word}"
         f" ({outcome.events_removed:,} {events_word}) {' and '.join(why)}; {kept} {plan.kept}"
     )
+    if outcome.dumps_removed:
+        line += f", with {outcome.dumps_removed} Flight Recorder dump file(s)"
     if plan.skipped_active:
         line += f"; skipped {plan.skipped_active} still being written"
     return line
@@ -167,6 +173,8 @@ def prune(
                 events_removed=sum(run.events for run in plan.remove),
                 dry_run=dry_run,
             )
+        with reader.connect() as conn:
+            dumps = _dump_files(conn, [run.run_id for run in plan.remove])
         removal = _Removal(journal, reader, tables, pause)
         removal.remove(plan.remove)
     finally:
@@ -174,8 +182,50 @@ def prune(
     if journal.engine.dialect.name == "sqlite":
         _truncate_wal(journal)
     return PruneOutcome(
-        plan=plan, runs_removed=removal.runs, events_removed=removal.events, dry_run=False
+        plan=plan,
+        runs_removed=removal.runs,
+        events_removed=removal.events,
+        dry_run=False,
+        dumps_removed=_remove_dumps(dumps),
     )
+
+
+# Only what a rank (or NCCL's watchdog) writes is removed: a file of this name in a folder
+# named for its run, whatever else a journal's rows may name.
+_DUMP_NAME = re.compile(r"(fr|nccl)_trace_rank_[0-9]+")
+
+
+def _dump_files(conn: Connection, run_ids: list[str]) -> list[Path]:
+    """The Flight Recorder dumps the removed runs journaled writing, and their neighbours."""
+    found: set[Path] = set()
+    for start in range(0, len(run_ids), RUNS_PER_TRANSACTION):
+        chunk = run_ids[start : start + RUNS_PER_TRANSACTION]
+        rows = conn.execute(
+            select(events.c.run_id, events.c.data).where(
+                events.c.run_id.in_(chunk), events.c.kind == "flight_recorder_dumped"
+            )
+        )
+        for run_id, data in rows:
+            try:
+                path = (data if isinstance(data, dict) else json.loads(data)).get("path")
+            except (ValueError, AttributeError, TypeError):
+                continue
+            folder = Path(path).parent if isinstance(path, str) else None
+            if folder is not None and folder.name == run_id and folder.is_dir():
+                found.update(p for p in folder.iterdir() if _DUMP_NAME.fullmatch(p.name))
+    return sorted(found)
+
+
+def _remove_dumps(paths: list[Path]) -> int:
+    removed = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed += 1
+    for folder in {p.parent for p in paths}:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only once empty
+    return removed
 
 
 def _activity(conn: Connection) -> list[RunActivity]:
