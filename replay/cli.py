@@ -131,7 +131,7 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.analysis import analyze, combine
-    from replay.flightview import rank_lines
+    from replay.flightview import entries_json, rank_lines
     from replay.load import Journals
     from replay.timeline import (
         event_line,
@@ -162,7 +162,10 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if ns.json:
             last = {r: journals.last_collectives(run, r, ns.last) for r in chosen}
             _warn(journals.problems, err)
-            _dump(show_json(analysis, ranks=ns.rank, at=None, collectives=last), out)
+            doc = show_json(analysis, ranks=ns.rank, at=None, collectives=last)
+            if facts is not None:
+                doc["flight_recorder"] = entries_json(facts, analysis, ranks=chosen)
+            _dump(doc, out)
             return EXIT_OK
         for rank in chosen:
             view = analysis.views[rank]

@@ -50,6 +50,34 @@ def diagnose_lines(facts: FlightFacts, analysis: RunAnalysis) -> list[str]:
     return lines
 
 
+def entries_json(
+    facts: FlightFacts, analysis: RunAnalysis, *, ranks: list[int]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each rank's entries, joined: for `show --json`."""
+    stuck = {(s.rank, s.joined.entry.record_id) for s in facts.stuck}
+    return {
+        str(rank): [
+            {
+                "at_s": analysis.at(j.at),
+                "state": j.state,
+                "process_group": j.entry.group_label,
+                "lifecycle_group": j.group,
+                "seq": j.entry.seq,
+                "op": j.entry.op,
+                "input_sizes": [list(s) for s in j.entry.input_sizes],
+                "output_sizes": [list(s) for s in j.entry.output_sizes],
+                "dtypes": list(j.entry.dtypes),
+                "finished": j.entry.finished and (rank, j.entry.record_id) not in stuck,
+                "caller": j.entry.caller,
+            }
+            for j in facts.entries
+            if j.rank == rank
+        ]
+        for rank in ranks
+        if rank in facts.ranks
+    }
+
+
 def flight_json(facts: FlightFacts, analysis: RunAnalysis) -> dict[str, Any]:
     return {
         "ranks": list(facts.ranks),

@@ -177,6 +177,15 @@ def test_a_folder_given_is_read_and_show_and_trace_use_it(hung: Hung, tmp_path: 
     shown = replay(tmp_path, "show", hung.run_id, str(hung.db), "--flight-recorder", str(moved))
     assert "flight recorder (fr_trace_rank_1)" in shown.stdout
     assert "never finished: a peer never entered it" in shown.stdout
+    doc = json.loads(
+        replay(
+            tmp_path, "show", hung.run_id, str(hung.db), "--json", "--flight-recorder", str(moved)
+        ).stdout
+    )
+    last = doc["flight_recorder"]["1"][-1]
+    assert last["state"] == "bounded-warm" and last["op"] == "all_reduce"
+    assert last["finished"] is False and last["input_sizes"] == [[8]]
+    assert {e["state"] for e in doc["flight_recorder"]["0"]} <= {"created", "gate-check"}
 
     out = tmp_path / "trace.json"
     replay(tmp_path, "trace", hung.run_id, str(hung.db), "-o", str(out))
