@@ -18,7 +18,8 @@ def test_the_dry_run_holds_every_check_and_keeps_what_it_ran(tmp_path: Path) -> 
     out = tmp_path / "first"
     result = run_cli(
         "lifecycle",
-        ["first-run", "--device", "cpu", "--model", "micro-video", "--out", str(out)],
+        ["first-run", "--device", "cpu", "--model", "micro-video", "--out", str(out),
+         "--dist-timeout", "3"],
         cwd=tmp_path, env=ENV, timeout=420,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

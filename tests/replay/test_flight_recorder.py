@@ -35,7 +35,7 @@ TP_SPEC = dataclasses.replace(
 # Rank 0's pipeline stops before its all-reduce this long at most (the launcher ends it
 # sooner, once rank 1 has failed): a rank stuck in its own code, not in a collective.
 STUCK_S = 90.0
-DIST_TIMEOUT_S = 4
+DIST_TIMEOUT_S = 3
 
 
 def tp_factory(spec: ModelSpec, comm: Comm) -> Pipeline:
@@ -75,7 +75,7 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> Hung:
         "lifecycle",
         ["boot", "--pipeline", "tests.replay.test_flight_recorder:TP", "--model", "tp-video",
          "--num-ranks", "2", "--cfg-parallel", "2", "--dist-timeout", str(DIST_TIMEOUT_S),
-         "--state-deadline", "2", "--startup-timeout", "60", "--heartbeat-interval", "0.2",
+         "--state-deadline", "1.5", "--startup-timeout", "60", "--heartbeat-interval", "0.2",
          "--flight-recorder", "500", "--db", str(db), "--log-level", "error"],
         cwd=cwd, env=ENV, timeout=180,
     )  # fmt: skip
