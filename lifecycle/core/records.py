@@ -7,6 +7,15 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TorchGroup:
+    """One of the lifecycle's groups and the name torch (and its Flight Recorder) gives its
+    process group ("0" for the default group)."""
+
+    group: str
+    torch_name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageRecord:
     name: str  # text_encoder, dit, vae
     ran: bool
@@ -40,12 +49,3 @@ class ThreadStack:
     name: str
     ident: int
     stack: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TorchGroup:
-    """One of the lifecycle's groups and the name torch (and its Flight Recorder) gives its
-    process group ("0" for the default group)."""
-
-    group: str
-    torch_name: str

@@ -129,12 +129,13 @@ def format_outcome(outcome: PruneOutcome, location: str) -> str:
     runs_word = "run" if outcome.runs_removed == 1 else "runs"
     events_word = "event" if outcome.events_removed == 1 else "events"
     verb, kept = ("would remove", "would keep") if outcome.dry_run else ("removed", "kept")
+    dumps = outcome.dumps_removed
     line = (
         f"{location}: {verb} {outcome.runs_removed} {runs_word}"
-        f" ({outcome.events_removed:,} {events_word}) {' and '.join(why)}; {kept} {plan.kept}"
+        f" ({outcome.events_removed:,} {events_word}"
+        + (f", {dumps} Flight Recorder dump file(s)" if dumps else "")
+        + f") {' and '.join(why)}; {kept} {plan.kept}"
     )
-    if outcome.dumps_removed:
-        line += f", with {outcome.dumps_removed} Flight Recorder dump file(s)"
     if plan.skipped_active:
         line += f"; skipped {plan.skipped_active} still being written"
     return line

@@ -471,7 +471,7 @@ def test_a_removed_runs_flight_recorder_dumps_go_with_it_and_nothing_else(
     settle(db)
     result = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
     assert result.returncode == 0, result.stderr
-    assert "with 6 Flight Recorder dump file(s)" in result.stdout
+    assert "removed 2 runs (15 events, 6 Flight Recorder dump file(s))" in result.stdout
     assert not (flight / "r1").exists()
     assert sorted(p.name for p in (flight / "r2").iterdir()) == ["notes.txt"]
     assert len(list((flight / "r3").iterdir())) == 3
