@@ -6,14 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from lifecycle.core.errors import COLLECTIVE_KINDS, ErrorKind, recorded_kind
+from lifecycle.core.errors import ErrorKind, recorded_kind
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
 from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
 from replay.culprits import hang_culprits, late_arrivals
+from replay.endings import (
+    Findings,
+    broken_by_stop,
+    ended_at_timeout,
+    killed_together,
+    stuck_when_killed,
+)
 from replay.evidence import (
     Blocked,
-    BrokenByStop,
     ConnectionBroke,
     CrashedSilent,
     Evidence,
@@ -37,7 +43,6 @@ from replay.status import (
     pending_info,
     rank_status,
     stop_signal,
-    stuck,
     where,
 )
 
@@ -84,10 +89,6 @@ class Diagnosis:
     def about(self, rank: int) -> tuple[RankEvidence, ...]:
         """The evidence items about `rank`, in the order they were found."""
         return tuple(e for e in self.evidence if isinstance(e, RankEvidence) and e.rank == rank)
-
-
-# What each rank's verdict rests on, as it is found; ranks' lists grow as peers testify.
-Findings = dict[int, list[RankEvidence]]
 
 
 def _first_error(view: RankView, analysis: RunAnalysis) -> FirstError | None:
@@ -181,44 +182,18 @@ def _peer_evidence(verdicts: dict[int, RankVerdict], findings: Findings) -> dict
     return updated
 
 
-def _broken_by_stop(
-    verdicts: dict[int, RankVerdict], analysis: RunAnalysis, findings: Findings
-) -> dict[int, RankVerdict]:
-    """A rank whose collective broke only after the run was stopped by a signal, and that was
-    itself stopped by one, failed because of the stop (a peer left first), not on its own."""
-    signalled = [
-        wall
-        for rank, wall in analysis.shutdown_walls.items()
-        if stop_signal(analysis.views.get(rank)) is not None
-    ]
-    if not signalled:
-        return verdicts
-    stopped_at = analysis.at(min(signalled))
-    updated = dict(verdicts)
-    for rank, verdict in verdicts.items():
-        error = verdict.first_error
-        if (
-            verdict.status is Status.FAILED
-            and error is not None
-            and error.kind in COLLECTIVE_KINDS
-            and error.at_s >= stopped_at
-            and stop_signal(analysis.views.get(rank)) is not None
-        ):
-            updated[rank] = replace(verdict, status=Status.STOPPED)
-            findings[rank].append(BrokenByStop(rank=rank, at_s=error.at_s, stopped_at_s=stopped_at))
-    return updated
-
-
 def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
     p = verdict.pending
     if p is None or not blocked(verdict):
         return None
     error = verdict.first_error
-    # A wait only the Flight Recorder saw ended in an error as long as the group's timeout.
+    # A wait that lasted its group's timeout ended there: in an error the rank journaled (a
+    # wait only the Flight Recorder saw), or with the process (NCCL's watchdog).
     outlasted = p.timeout_s is not None and p.waited_s >= 0.9 * p.timeout_s
-    if error is None:
+    timed_out = error is not None and error.kind is ErrorKind.COLLECTIVE_TIMEOUT
+    if error is None and not outlasted:
         ended = WaitEnd.WAITING
-    elif error.kind is ErrorKind.COLLECTIVE_TIMEOUT or (p.from_flight_recorder and outlasted):
+    elif timed_out or (outlasted and (error is None or p.from_flight_recorder)):
         ended = WaitEnd.TIMED_OUT
     else:
         ended = WaitEnd.BROKE
@@ -235,32 +210,6 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
         from_flight_recorder=p.from_flight_recorder,
         state=p.state,
     )
-
-
-def _killed_together(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> bool:
-    """Every rank went silent at once without journaling an end: the whole job was killed
-    from outside (a pod, an allocation), which says nothing of which rank went wrong."""
-    lasts = [v.last_wall for v in analysis.views.values() if v.last_wall is not None]
-    return (
-        len(lasts) > 1
-        and len(lasts) == len(verdicts)
-        and not analysis.missing_ranks
-        and all(v.status is Status.CRASHED for v in verdicts.values())
-        and max(lasts) - min(lasts) <= max(2 * analysis.heartbeat_interval_s, 1.0)
-    )
-
-
-def _stuck_when_killed(
-    verdicts: dict[int, RankVerdict], analysis: RunAnalysis
-) -> dict[int, RankVerdict]:
-    """Ranks killed together: each that was stuck in a collective when it died counts as
-    blocked there, so the hang that got the job killed is what the verdict explains."""
-    updated = dict(verdicts)
-    for rank, verdict in verdicts.items():
-        view = analysis.views[rank]
-        if stuck(view, analysis, until=view.last_wall or analysis.end_wall):
-            updated[rank] = replace(verdict, status=Status.BLOCKED)
-    return updated
 
 
 def _outcome(
@@ -312,13 +261,14 @@ def diagnose(
         r: _verdict(v, analysis, findings, now=now, dead=dead_ranks)
         for r, v in analysis.views.items()
     }
-    killed = _killed_together(verdicts, analysis)
+    verdicts = ended_at_timeout(verdicts, analysis, findings)
+    killed = killed_together(verdicts, analysis)
     if killed:
-        verdicts = _stuck_when_killed(verdicts, analysis)
+        verdicts = stuck_when_killed(verdicts, analysis)
     if flight is not None:
         verdicts = in_flight(verdicts, flight, analysis)
     verdicts = _peer_evidence(verdicts, findings)
-    verdicts = _broken_by_stop(verdicts, analysis, findings)
+    verdicts = broken_by_stop(verdicts, analysis, findings)
     errors = sorted(
         (
             v.first_error

@@ -30,6 +30,7 @@ class Code(StrEnum):
     CONNECTION_BROKE = "connection-broke"
     NEVER_ENTERED = "never-entered"
     BROKEN_BY_STOP = "broken-by-stop"
+    ENDED_AT_TIMEOUT = "ended-at-timeout"
 
 
 class WaitEnd(StrEnum):
@@ -182,6 +183,16 @@ class NeverEntered(RankEvidence):
     peer: int
     group: str
     group_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndedAtTimeout(RankEvidence):
+    """Its journal ends, with no error of its own, as the timeout of the collective it waited
+    in ran out: NCCL's watchdog ends a process then. It waited; it did not go wrong."""
+
+    code: ClassVar[Code] = Code.ENDED_AT_TIMEOUT
+    waited_s: float
+    timeout_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

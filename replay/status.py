@@ -167,6 +167,7 @@ def pending_info(view: RankView, analysis: RunAnalysis) -> PendingInfo | None:
         )
     ended = next((at for at, _, e in view.errors if e.fatal and at >= pending.at), None)
     return PendingInfo(
+        timeout_s=started.timeout_s,
         group=started.group,
         group_seq=started.group_seq,
         op=started.op,

@@ -12,6 +12,7 @@ from replay.evidence import (
     ConnectionBroke,
     CrashedSilent,
     CutOff,
+    EndedAtTimeout,
     FirstError,
     LateArrival,
     Mismatched,
@@ -97,6 +98,11 @@ def _item_note(item: RankEvidence) -> str | None:
             )
         case BrokenByStop():
             return "its collective broke once the run was being stopped"
+        case EndedAtTimeout():
+            return (
+                f"its process ended as its collective's {item.timeout_s:g} s timeout ran out"
+                " (NCCL's watchdog ends a process then)"
+            )
         case _:
             return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from lifecycle.core.events import ActionFinished, ActionStarted, Error, Shutdown
 from replay.cli import main
 from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat, done, timeout_error
-from tests.replay.scenarios import warming
+from tests.replay.scenarios import signalled, warming
 
 
 def diagnose(db: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -194,3 +195,39 @@ def test_control_sequences_in_journal_text_are_not_printed(
         out = capsys.readouterr().out
         assert "\x1b" not in out and "\x07" not in out
         assert "red text" in out
+
+
+@pytest.mark.parametrize(("ends_at", "expected"), [(11.6, "hung"), (5.0, "crashed")])
+def test_a_rank_ended_as_its_collective_timed_out_waited_and_did_not_go_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ends_at: float, expected: str
+) -> None:
+    """Rank 0 waits in world #1 (timeout 10 s), which rank 1 never enters; rank 0's journal
+    ends with no error of its own. Ending as the timeout runs out is NCCL's watchdog ending
+    the process: rank 0 was blocked, rank 1 (alive, stuck, later stopped) is the culprit.
+    Ending long before the timeout is a crash of rank 0."""
+    b = JournalBuilder(tmp_path / "j.db")
+    warming(b)
+    for rank in (0, 1):
+        b.rank(rank).add(1.0, a2a("world", 0))
+        b.rank(rank).add(1.1, done("world", 0))
+    waiting = dataclasses.replace(a2a("world", 1), timeout_s=10.0)
+    b.rank(0).add(2.0, waiting)
+    for t in range(3, 21):
+        if t < ends_at:
+            b.rank(0).add(t, beat(waiting))
+        b.rank(1).add(t, beat())
+    b.rank(1).add(20.5, signalled())
+    b.close()
+    status, doc = diagnose(tmp_path / "j.db", capsys)
+    ranks = ranks_by_number(doc)
+    if expected == "crashed":
+        assert verdict(status, doc) == (1, "crashed", [0], "bounded-warm")
+        assert ranks[0]["status"] == "crashed"
+        return
+    assert verdict(status, doc) == (1, "hung", [1], "bounded-warm")
+    assert ranks[0]["status"] == "blocked"
+    codes = {(e["code"], e["rank"]) for e in doc["evidence"] if "rank" in e}
+    assert ("ended-at-timeout", 0) in codes
+    blocked = next(e for e in doc["evidence"] if e["code"] == "blocked")
+    assert (blocked["rank"], blocked["ended"], blocked["waiting_for"]) == (0, "timed-out", [1])
+    assert "NCCL's watchdog" in doc["summary"] or "timed out after" in doc["summary"]
