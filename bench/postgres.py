@@ -120,7 +120,7 @@ def diagnose_rows(settings: Settings, server: PostgresServer) -> list[Row]:
     from lifecycle.store.copy import copy_journal
     from lifecycle.store.journal import Journal
 
-    small, large = (10_000, 100_000) if settings.quick else (10_000, 1_000_000)
+    small, large = (10_000, 30_000) if settings.quick else (10_000, 1_000_000)
     rounds = 3
     urls: dict[int, str] = {}
     for size in (small, large):

@@ -49,7 +49,7 @@ def _mib(value: float) -> str:
 
 
 def diagnose_rows(settings: Settings) -> list[Row]:
-    small, large = (10_000, 100_000) if settings.quick else (10_000, 1_000_000)
+    small, large = (10_000, 30_000) if settings.quick else (10_000, 1_000_000)
     rounds = 3 if settings.quick else 5
     journals = {size: journal_of(settings, size) for size in (small, large)}
     cwd = settings.workdir
