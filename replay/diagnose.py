@@ -209,6 +209,7 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
         from_heartbeat=p.from_heartbeat,
         from_flight_recorder=p.from_flight_recorder,
         state=p.state,
+        caller=p.caller,
     )
 
 

@@ -83,6 +83,7 @@ class Blocked(RankEvidence):
     # Seen by PyTorch's Flight Recorder only (the group is torch's), entered in `state`.
     from_flight_recorder: bool = False
     state: str | None = None
+    caller: str | None = None  # "file.py:line function", from the dump
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,6 +14,8 @@ from replay.analysis import RunAnalysis
 from replay.flight import FlightDump, FlightDumps, FlightEntry
 from replay.status import PendingInfo, RankVerdict, Status
 
+# The purpose of a collective the lifecycle did not record (a pipeline's own).
+UNRECORDED = "unrecorded"
 # A recorded collective and a Flight Recorder entry this close in time (and in the same
 # group) are the same collective.
 SAME_COLLECTIVE_S = 1.0
@@ -212,8 +214,8 @@ def in_flight(
             group=joined.entry.group_label,
             group_seq=joined.entry.seq,
             op=joined.entry.op,
-            purpose="not recorded by the lifecycle"
-            + (f", called from {joined.entry.caller}" if joined.entry.caller else ""),
+            purpose=UNRECORDED,
+            caller=joined.entry.caller,
             since_s=analysis.at(joined.at),
             waited_s=max(0.0, (ended or view.last_wall or joined.at) - joined.at),
             waiting_for=stuck.waiting_for,

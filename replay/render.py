@@ -17,7 +17,7 @@ from replay.diagnose import Diagnosis, Outcome
 from replay.evidence import Evidence, FirstError
 from replay.load import RunInfo
 from replay.status import PendingInfo, RankVerdict
-from replay.summary import mismatch_reason, rank_note, signature_text, summary
+from replay.summary import mismatch_reason, purpose_text, rank_note, signature_text, summary
 
 # ANSI escape sequences and other control characters a journal must never smuggle into a
 # terminal (tab and newline are kept where the caller allows them).
@@ -291,10 +291,8 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
     return "\n".join(out)
 
 
-def _pending_text(pending: PendingInfo | None) -> str:
-    if pending is None:
-        return "-"
-    return f"{pending.op} #{pending.group_seq} {pending.group} ({pending.purpose})"
+def _pending_text(p: PendingInfo | None) -> str:
+    return "-" if p is None else f"{p.op} #{p.group_seq} {p.group} ({purpose_text(p)})"
 
 
 def _error_json(error: FirstError | None) -> dict[str, Any] | None:

@@ -47,6 +47,7 @@ class PendingInfo:
     from_flight_recorder: bool = False
     state: str | None = None
     timeout_s: float | None = None
+    caller: str | None = None  # "file.py:line function" that issued it, from the dump
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,8 +167,10 @@ def pending_info(view: RankView, analysis: RunAnalysis) -> PendingInfo | None:
             if m != view.rank and evidence.started_by(m) < started.group_seq
         )
     ended = next((at for at, _, e in view.errors if e.fatal and at >= pending.at), None)
+    # A collective placed by a heartbeat carries no timeout of its own: the run's applies.
+    timeout_s = analysis.dist_timeout_s if pending.from_heartbeat else started.timeout_s
     return PendingInfo(
-        timeout_s=started.timeout_s,
+        timeout_s=timeout_s if timeout_s else None,
         group=started.group,
         group_seq=started.group_seq,
         op=started.op,

@@ -54,6 +54,14 @@ def signature_text(sig: Signature) -> str:
     return text
 
 
+def purpose_text(p: PendingInfo | Blocked) -> str:
+    """What a collective was for: the lifecycle's purpose, or where a pipeline issued one the
+    lifecycle did not record."""
+    if not p.from_flight_recorder:
+        return p.purpose
+    return "not recorded by the lifecycle" + (f", called from {p.caller}" if p.caller else "")
+
+
 def _pending_note(p: PendingInfo) -> str:
     who = (
         "waiting for " + ", ".join(f"rank {m}" for m in p.waiting_for)
@@ -62,7 +70,8 @@ def _pending_note(p: PendingInfo) -> str:
     )
     seen = f" seen only by the Flight Recorder, in {p.state}" if p.from_flight_recorder else ""
     return (
-        f"in {p.op} #{p.group_seq} of {p.group} ({p.purpose}){seen} since +{p.since_s:.2f} s, {who}"
+        f"in {p.op} #{p.group_seq} of {p.group} ({purpose_text(p)}){seen} since"
+        f" +{p.since_s:.2f} s, {who}"
     )
 
 
@@ -204,7 +213,8 @@ def _blocked_text(item: Blocked, blocked: set[int], error: FirstError | None) ->
         else ""
     )
     return (
-        f"rank {item.rank} in {item.op} #{item.group_seq} of {item.group} ({item.purpose}){seen},"
+        f"rank {item.rank} in {item.op} #{item.group_seq} of {item.group}"
+        f" ({purpose_text(item)}){seen},"
         f" {waits}, {ended}"
     )
 

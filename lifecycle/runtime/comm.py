@@ -356,9 +356,7 @@ class Comm:
         Recorder entry's process group is told apart from the lifecycle's own groups."""
         groups = (self.world, self.ulysses, self.cfg)
         return tuple(
-            TorchGroup(group=g.name, torch_name=g.torch_name)
-            for g in groups
-            if g.torch_name is not None
+            TorchGroup(group=g.name, torch_name=g.torch_name) for g in groups if g.torch_name
         )
 
 

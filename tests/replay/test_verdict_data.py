@@ -205,6 +205,19 @@ def one_rank_missing(b: JournalBuilder) -> None:
     b.rank(0).add(1.1, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
 
 
+def ended_at_its_timeout(b: JournalBuilder) -> None:
+    """Rank 0's journal ends, with no error, as the timeout of the collective it waits in (and
+    rank 1 never entered) runs out: NCCL's watchdog ending it."""
+    warming(b)
+    waiting = dataclasses.replace(a2a("world", 0), timeout_s=5.0)
+    b.rank(0).add(1.0, waiting)
+    for t in range(2, 12):
+        if t <= 6:
+            b.rank(0).add(t, beat(waiting))
+        b.rank(1).add(t, beat())
+    b.rank(1).add(12.0, signalled(12))
+
+
 SCENARIOS: dict[str, tuple[Callable[[JournalBuilder], None], int, frozenset[int]]] = {
     "late": (lambda b: late_arrival(b, error_type="CollectiveTimeout",
                                     kind="collective-timeout"), 2, frozenset()),
@@ -217,6 +230,7 @@ SCENARIOS: dict[str, tuple[Callable[[JournalBuilder], None], int, frozenset[int]
     "shut-down": (shut_down_before_ready, 2, frozenset()),
     "broken-by-stop": (broken_by_the_stop, 2, frozenset()),
     "missing": (one_rank_missing, 2, frozenset()),
+    "ended-at-timeout": (ended_at_its_timeout, 2, frozenset()),
 }  # fmt: skip
 
 # A string that is a name (a code, a state, a group, an op, a signal), not a sentence.
