@@ -254,9 +254,8 @@ class CollectivesDumped(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlightRecorderDumped(Event):
-    """This rank wrote PyTorch's Flight Recorder ring (every collective of every process group,
-    the pipeline's own included) to `path` on `host`, on trouble; `groups` pairs each of the
-    lifecycle's groups with torch's name for it. `error` says why no dump was written."""
+    """PyTorch's Flight Recorder dumped on trouble to `path` on `host` (`error`: why not), with
+    torch's name for each of the lifecycle's `groups`."""
 
     kind: ClassVar[str] = "flight_recorder_dumped"
     reason: str  # the trouble: stall, request-failed, signal, an error kind, or an explicit dump

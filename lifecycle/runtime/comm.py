@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lifecycle.core.config import RankLayout
-from lifecycle.core.errors import CollectiveError, CollectiveTimeout, PeerGone, RankDisagreement
+from lifecycle.core.errors import CollectiveError, CollectiveTimeout, RankDisagreement
 from lifecycle.core.events import (
     BuffersAllocated,
     BuffersDropped,
@@ -23,15 +23,17 @@ from lifecycle.core.events import (
 )
 from lifecycle.core.records import GroupMark, TorchGroup
 from lifecycle.runtime.pending import Pending, PendingTracker
-from lifecycle.runtime.process_group import bound_collectives, new_group, torch_group_name
+from lifecycle.runtime.process_group import (
+    bound_collectives,
+    failure_class,
+    new_group,
+    torch_group_name,
+)
 
 
 class EventSink(Protocol):
     def record(self, event: Event) -> object: ...
 
-
-# What gloo (and the kernel, through it) says when a peer's end of the connection went away.
-PEER_GONE_MARKERS = ("closed by peer", "reset by peer", "connection closed", "connection reset")
 
 # Asked before each collective with (group, group_seq, op); True skips it (a `skip-collective`
 # fault), and the hook has journaled why.
@@ -138,17 +140,14 @@ class RecordedGroup:
         """The error a failed collective raises, its kind decided here once: torch says how it
         failed only in its message text, and what reads the journal must not have to."""
         where = f"{op} #{seq} in group {self.name}"
-        text = message.lower()
-        if timed_out or "timed out" in text or "timeout" in text:
+        failure = failure_class(message, timed_out=timed_out)
+        if failure is CollectiveTimeout:
             return CollectiveTimeout(
                 f"{where} did not finish within {self._timeout_s:g} s ({purpose}): {message}",
                 group=self.name,
                 group_seq=seq,
                 op=op,
             )
-        failure = (
-            PeerGone if any(marker in text for marker in PEER_GONE_MARKERS) else CollectiveError
-        )
         return failure(
             f"{where} failed ({purpose}): {message}", group=self.name, group_seq=seq, op=op
         )

@@ -3,15 +3,24 @@ session and for the run-id agreement under torchrun."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 from collections.abc import Callable, Iterable, Mapping
+from traceback import extract_tb
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from lifecycle.core.errors import RendezvousFailed
+from lifecycle.core.errors import (
+    CollectiveError,
+    CollectiveTimeout,
+    LifecycleError,
+    PeerGone,
+    RendezvousFailed,
+)
+from lifecycle.core.events import Error, error_event
 
 # Joining the group (rendezvous through the store, creating subgroups) may take longer than one
 # collective may: rank processes start torch at different speeds on a loaded host. Once joined,
@@ -36,6 +45,34 @@ def bound_collectives(groups: Iterable[Any], timeout_s: float) -> None:
     for group in groups:
         if group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER:
             dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+# What gloo (and the kernel, through it) says when a peer's end of the connection went away.
+PEER_GONE_MARKERS = ("closed by peer", "reset by peer", "connection closed", "connection reset")
+
+
+def failure_class(message: str, *, timed_out: bool = False) -> type[CollectiveError]:
+    """How a torch.distributed call failed, decided once when the error is recorded: torch
+    says it only in its message text, and what reads the journal must not have to."""
+    text = message.lower()
+    if timed_out or "timed out" in text or "timeout" in text:
+        return CollectiveTimeout
+    if any(marker in text for marker in PEER_GONE_MARKERS):
+        return PeerGone
+    return CollectiveError
+
+
+def fatal_error(exc: BaseException, *, traceback: str) -> Error:
+    """The record of a rank's fatal error. One torch.distributed raised outside the recorder (a
+    pipeline's own collective, which only the Flight Recorder sees) is classified as the
+    recorder's own are, by what torch says."""
+    event = error_event(exc, fatal=True, trigger=None, traceback=traceback)
+    if isinstance(exc, LifecycleError) or not isinstance(exc, RuntimeError):
+        return event
+    frames = extract_tb(exc.__traceback__)
+    if not any("torch/distributed/" in f.filename.replace("\\", "/") for f in frames):
+        return event
+    return dataclasses.replace(event, error_kind=failure_class(str(exc)).error_kind.value)
 
 
 def torch_group_name(group: Any) -> str | None:

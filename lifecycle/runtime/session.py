@@ -46,6 +46,7 @@ from lifecycle.runtime.flight import FlightDumper, folder_for, turn_on
 from lifecycle.runtime.heartbeat import HeartbeatThread
 from lifecycle.runtime.process_group import (
     backend_for,
+    fatal_error,
     join_process_group,
     measure_clock_offset,
 )
@@ -248,11 +249,8 @@ class RankSession:
         the traceback of an error that was not raised."""
         try:
             self.recorder.record(
-                error_event(
-                    exc,
-                    fatal=True,
-                    trigger=None,
-                    traceback=(where or "".join(traceback.format_exception(exc)))[-8000:],
+                fatal_error(
+                    exc, traceback=(where or "".join(traceback.format_exception(exc)))[-8000:]
                 )
             )
             with self._fire_lock:

@@ -73,3 +73,42 @@ def test_a_kind_this_lifecycle_does_not_know_reads_as_exception() -> None:
     """A journal written by a newer lifecycle may name a kind this one lacks."""
     assert recorded_kind("peer-gone") is ErrorKind.PEER_GONE
     assert recorded_kind("cosmic-ray") is ErrorKind.EXCEPTION
+
+
+_CHILD = """
+import datetime, sys, torch, torch.distributed as dist
+from lifecycle.runtime.process_group import fatal_error
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0,
+                        world_size=1, timeout=datetime.timedelta(seconds=30))
+try:  # a real failure inside torch.distributed: split sizes that do not add up
+    dist.all_to_all_single(torch.zeros(4), torch.zeros(4), [3], [3])
+except RuntimeError as exc:
+    print(type(exc).__name__, fatal_error(exc, traceback="").error_kind)
+try:
+    raise RuntimeError("timed out waiting for the dataloader")
+except RuntimeError as exc:
+    print(type(exc).__name__, fatal_error(exc, traceback="").error_kind)
+dist.destroy_process_group()
+"""
+
+
+def test_an_error_torch_distributed_raises_outside_the_recorder_is_classified_when_recorded() -> (
+    None
+):
+    """A pipeline's own collective fails inside torch.distributed (a real one-rank gloo group in
+    a child process): its kind is read from what torch says, as the recorder's own are; an
+    error raised anywhere else stays `exception`, whatever its message says."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(port)], capture_output=True, text=True, timeout=120,
+        check=True,
+    )  # fmt: skip
+    inside, elsewhere = done.stdout.split("\n")[:2]
+    assert inside.endswith(" collective-failed"), done.stdout
+    assert elsewhere == "RuntimeError exception"
