@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -58,3 +59,15 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Journaled:
 @pytest.fixture(scope="session")
 def fault_matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Produced]:
     return produce(tmp_path_factory.mktemp("faults"))
+
+
+def copy_journal(source: Path, destination: Path) -> None:
+    """A consistent copy of a SQLite journal, what its WAL holds included (copying the file
+    alone loses the events a writer's WAL has not checkpointed yet)."""
+    with (
+        sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src,
+        sqlite3.connect(destination) as dst,
+    ):
+        src.backup(dst)
+    dst.close()
+    src.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from replay.cli import main
 from tests.conftest import file_digest
-from tests.replay.conftest import Journaled
+from tests.replay.conftest import Journaled, copy_journal
 from tests.replay_argv import REPLAY_COMMANDS, replay_argv
 
 pytestmark = [pytest.mark.ranks]
@@ -114,7 +113,7 @@ def test_verify_catches_a_path_todays_gates_would_not_take(
     options, no --calibrate): today's gates skip with the planner reason, and verify says the
     recorded path probed."""
     db = tmp_path / "edited.db"
-    shutil.copy(bounded_and_calibrated.db, db)
+    copy_journal(bounded_and_calibrated.db, db)
     run_id = bounded_and_calibrated.run_ids[1]
     with sqlite3.connect(db) as conn:
         (config,) = conn.execute("SELECT config FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -196,7 +195,7 @@ def test_one_file_per_rank_merges_like_one_file(
     files = []
     for keep in (0, 1):
         copy = tmp_path / f"rank{keep}.db"
-        shutil.copy(two_ranks.db, copy)
+        copy_journal(two_ranks.db, copy)
         with sqlite3.connect(copy) as conn:
             conn.execute("DELETE FROM events WHERE rank != ?", (keep,))
         files.append(str(copy))
@@ -236,7 +235,7 @@ def test_a_journal_cut_off_mid_run_is_diagnosed_from_what_is_left(
     """Rank 1's events cut off in bounded-warm (as a SIGKILL leaves them) while rank 0 goes on
     heartbeating: rank 1 crashed in bounded-warm."""
     cut = tmp_path / "cut.db"
-    shutil.copy(two_ranks.db, cut)
+    copy_journal(two_ranks.db, cut)
     with sqlite3.connect(cut) as conn:
         (first_probe,) = conn.execute(
             "SELECT min(seq) FROM events WHERE rank = 1 AND state = 'bounded-warm'"
@@ -256,7 +255,7 @@ def test_no_command_writes_to_the_journals_it_reads(
 ) -> None:
     """After each command the journal files' bytes are what they were."""
     db = tmp_path / "copy.db"
-    shutil.copy(two_ranks.db, db)
+    copy_journal(two_ranks.db, db)
     before = file_digest(db)
     run(capsys, *replay_argv(command, db, trace=tmp_path / "t.json"))
     assert file_digest(db) == before

@@ -6,7 +6,6 @@ the real writer from generated events, and on a journal upgraded from before sum
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from replay.diagnose import diagnose
 from replay.load import Journals
 from replay.render import diagnosis_json, summarize_run, summarize_settled
 from tests.conftest import run_cli
-from tests.replay.conftest import Journaled
+from tests.replay.conftest import Journaled, copy_journal
 from tests.replay.fault_matrix import Produced
 from tests.strategies import events, rank_streams
 
@@ -125,7 +124,7 @@ def test_an_upgraded_journal_is_summarized_and_reads_the_same(
     """A journal taken back to revision 0002 (no summaries) reads the same verdict through
     the full fold; `lifecycle db upgrade` summarizes its ranks, and the fast path agrees."""
     old = tmp_path / "old.db"
-    shutil.copy(two_ranks.db, old)
+    copy_journal(two_ranks.db, old)
     command.downgrade(alembic_config(to_url(str(old))), "0002")
     before = run_cli("replay", ["diagnose", "latest", str(old), "--json"], cwd=tmp_path)
     result = run_cli("lifecycle", ["db", "upgrade", "--db", str(old)], cwd=tmp_path)
