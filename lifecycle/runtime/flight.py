@@ -19,7 +19,6 @@ from lifecycle.runtime.comm import EventSink
 
 # The ring's size in entries; unset or 0 leaves the Flight Recorder off.
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
-DEFAULT_ENTRIES = 2000
 # Each rank's dump is `<folder>/<run id>/<prefix><rank>`, the naming PyTorch's `fr_trace`
 # reads; NCCL's watchdog writes its own dump beside it with its own prefix.
 DUMP_PREFIX = "fr_trace_rank_"
@@ -52,10 +51,8 @@ def turn_on(env: MutableMapping[str, str], *, entries: int, folder: Path) -> boo
     NCCL's dump-on-timeout at `folder`. Whether the Flight Recorder is on."""
     if entries > 0:
         env.setdefault(BUFFER_ENV, str(entries))
-    size = entries_from(env)
-    if size == 0:
+    if entries_from(env) == 0:
         return False
-    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(size))  # its name before torch 2.5
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(folder / NCCL_PREFIX))
     return True
@@ -81,6 +78,7 @@ class FlightDumper:
     def dump(self, reason: str) -> FlightRecorderDumped:
         """Dump the ring now (atomically: a reader never sees half a dump) and journal it; a
         dump that cannot be written is journaled with why, and the rank goes on."""
+        data, error = b"", None
         with self._lock:
             try:
                 data = _dump_bytes()
@@ -88,24 +86,17 @@ class FlightDumper:
                 part = self.path.with_name(self.path.name + ".part")
                 part.write_bytes(data)
                 os.replace(part, self.path)
-                event = FlightRecorderDumped(
-                    reason=reason,
-                    path=str(self.path),
-                    host=socket.gethostname(),
-                    bytes=len(data),
-                    entries=_count(data),
-                    groups=self._groups(),
-                )
             except (OSError, RuntimeError, AttributeError) as exc:
-                event = FlightRecorderDumped(
-                    reason=reason,
-                    path=None,
-                    host=socket.gethostname(),
-                    bytes=0,
-                    entries=0,
-                    groups=self._groups(),
-                    error=f"{type(exc).__name__}: {exc}"[:300],
-                )
+                error = f"{type(exc).__name__}: {exc}"[:300]
+        event = FlightRecorderDumped(
+            reason=reason,
+            path=None if error else str(self.path),
+            host=socket.gethostname(),
+            bytes=0 if error else len(data),
+            entries=0 if error else _count(data),
+            groups=self._groups(),
+            error=error,
+        )
         self._sink.record(event)
         return event
 

@@ -31,6 +31,7 @@ from lifecycle.core.events import (
 HELD, NOT_HELD, NOT_RUN = "held", "did not hold", "not run"
 LIMIT_S = 600.0  # the whole check, on one GPU
 HANG_STATE = "bounded-warm"
+ENTRIES = 2000  # the Flight Recorder's ring, per rank
 
 
 def add_first_run(sub: Any) -> None:
@@ -94,7 +95,7 @@ class FirstRun:
 
     def boot(self, name: str, *extra: str, timeout: float = 300.0) -> int:
         args = ["boot", "--device", self.device, "--model", self.model, "--db", str(self.db),
-                "--flight-recorder", "2000", "--log-level", "warning", *extra]  # fmt: skip
+                "--flight-recorder", str(ENTRIES), "--log-level", "warning", *extra]  # fmt: skip
         return self._run(name, "lifecycle", args, timeout=timeout)[0]
 
     def diagnose(self, name: str) -> dict[str, Any]:
