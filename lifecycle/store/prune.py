@@ -193,7 +193,7 @@ def prune(
 
 # Only what a rank (or NCCL's watchdog) writes is removed: a file of this name in a folder
 # named for its run, whatever else a journal's rows may name.
-_DUMP_NAME = re.compile(r"(fr|nccl)_trace_rank_[0-9]+")
+_DUMP_NAME = re.compile(r"(fr|nccl)_trace_rank_[0-9]+(\.part)?")
 
 
 def _dump_files(conn: Connection, run_ids: list[str]) -> list[Path]:
