@@ -9,33 +9,26 @@ instead, so changing RankFold, or the version of an event kind it keeps, means a
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from lifecycle.core.codec import decode_payload, dumps_record, loads_record, to_payload
 from lifecycle.core.events import (
-    ActionStarted,
     BuffersAllocated,
     BuffersDropped,
-    ClockAligned,
     CollectivesDumped,
     Error,
     Event,
     FaultInjected,
     FlightRecorderDumped,
-    GateDecided,
-    PlanBuilt,
     ResidencyEvent,
-    RunStarted,
-    Shutdown,
     Stalled,
-    UnknownEvent,
-    WarmupRecord,
 )
 from lifecycle.core.fold import RECENT_HEARTBEATS, RECENT_STARTS, GroupTally, RankFold
-from lifecycle.core.records import GroupMark, PendingCollective
-from lifecycle.core.view import OpenCollective, RecentStart, SeqGap, Span
+from lifecycle.core.records import GroupMark
+from lifecycle.core.view import OpenCollective, RecentStart
 
 FOLD_VERSION = 3  # 2: the residency planner's events are noted; 3: Flight Recorder dumps
 
@@ -66,46 +59,6 @@ class GroupStarts:
     starts: tuple[RecentStart, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FoldCheckpoint:
-    """RankFold's fields, in types the journal's codec reads back."""
-
-    run_id: str
-    rank: int
-    state: str
-    events: int
-    last_seq: int
-    first_wall: float | None
-    last_wall: float | None
-    last_kind: str | None
-    run_started: RunStarted | None
-    path: tuple[str, ...]
-    spans: tuple[Span, ...]
-    gate: GateDecided | None
-    plan: PlanBuilt | None
-    warmup_records: tuple[WarmupRecord, ...]
-    action: ActionStarted | None
-    action_at: float | None
-    ready_action_done: bool
-    noted: tuple[NotedEvent, ...]  # errors, faults, stalls, buffer records, dumps, in order
-    live_buffer_bytes: int
-    groups: tuple[GroupMark, ...]
-    open_collectives: tuple[OpenCollective, ...]
-    heartbeats: int
-    last_heartbeat_wall: float | None
-    last_heartbeat_pending: PendingCollective | None
-    requests_started: int
-    requests_finished: int
-    shutdown: Shutdown | None
-    unknown: tuple[UnknownEvent, ...]
-    seq_gaps: tuple[SeqGap, ...]
-    recent_starts: tuple[GroupStarts, ...]
-    recent_heartbeats: tuple[float, ...]
-    last_progress: float | None
-    shutdown_wall: float | None
-    clock: ClockAligned | None
-
-
 # The noted events, each kind by the name of the RankFold list that keeps it, in the order a
 # checkpoint writes them.
 _NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
@@ -117,6 +70,39 @@ _NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
     (CollectivesDumped, "dumps"),
     (ResidencyEvent, "residency"),
     (FlightRecorderDumped, "flight_dumps"),
+)
+
+# RankFold's fields converted to types the journal's codec reads back; a dict is kept as a
+# tuple of records that name their key.
+_CONVERTED: dict[str, Any] = {
+    "groups": tuple[GroupMark, ...],
+    "open_collectives": tuple[OpenCollective, ...],
+    "recent_starts": tuple[GroupStarts, ...],
+}
+
+
+def _as_record(hint: Any) -> Any:
+    """list[T] and deque[T] as tuple[T, ...]; any other type as it is."""
+    if typing.get_origin(hint) in (list, deque):
+        return tuple[typing.get_args(hint)[0], ...]  # type: ignore[misc]
+    return hint
+
+
+def _checkpoint_fields() -> list[tuple[str, Any]]:
+    noted = {name for _, name in _NOTED_LISTS}
+    hints = typing.get_type_hints(RankFold)
+    kept = [
+        (f.name, _CONVERTED.get(f.name, _as_record(hints[f.name])))
+        for f in dataclasses.fields(RankFold)
+        if f.name not in noted
+    ]
+    return [*kept, ("noted", tuple[NotedEvent, ...])]
+
+
+# RankFold's fields, in types the journal's codec reads back (the noted events in one list, in
+# order: errors, faults, stalls, buffer records, dumps).
+FoldCheckpoint = dataclasses.make_dataclass(
+    "FoldCheckpoint", _checkpoint_fields(), frozen=True, slots=True, kw_only=True
 )
 
 
@@ -133,9 +119,13 @@ def _noted(fold: RankFold) -> tuple[NotedEvent, ...]:
 _AS_IS = tuple(
     f.name
     for f in dataclasses.fields(FoldCheckpoint)
-    if f.name not in ("noted", "groups", "open_collectives", "recent_starts")
+    if f.name != "noted" and f.name not in _CONVERTED
 )
-_LISTS = frozenset({"path", "spans", "warmup_records", "unknown", "seq_gaps"})
+_LISTS = frozenset(
+    name
+    for name, hint in typing.get_type_hints(RankFold).items()
+    if name in _AS_IS and typing.get_origin(hint) is list
+)
 
 
 def checkpoint(fold: RankFold) -> str:
@@ -158,7 +148,7 @@ def checkpoint(fold: RankFold) -> str:
 
 def restore(text: str) -> RankFold:
     """The fold a checkpoint holds; CorruptEvent when it does not read."""
-    c = loads_record(FoldCheckpoint, text)
+    c: Any = loads_record(FoldCheckpoint, text)
     fold = RankFold(run_id=c.run_id, rank=c.rank)
     for name in _AS_IS:
         value = getattr(c, name)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from lifecycle.core.events import (
     ActionFinished,
@@ -35,7 +36,6 @@ from lifecycle.core.events import (
 from lifecycle.core.records import GroupMark, PendingCollective
 from lifecycle.core.states import State
 from lifecycle.core.view import (
-    GroupProgress,
     OpenCollective,
     RankView,
     RecentStart,
@@ -305,57 +305,15 @@ class RankFold:
         self.state = state
 
     def view(self) -> RankView:
-        pending = self._pending()
+        as_is = {name: _frozen(getattr(self, name)) for name in _VIEW_AS_IS}
         return RankView(
-            run_id=self.run_id,
-            rank=self.rank,
-            state=self.state,
-            events=self.events,
-            last_seq=self.last_seq,
-            first_wall=self.first_wall,
-            last_wall=self.last_wall,
-            last_kind=self.last_kind,
-            run_started=self.run_started,
-            path=tuple(self.path),
-            spans=tuple(self.spans),
-            gate=self.gate,
-            plan=self.plan,
+            **as_is,
             skip_reason=self.plan.skip_reason if self.plan else self.gate_skip_reason,
-            warmup_records=tuple(self.warmup_records),
-            action=self.action,
-            action_at=self.action_at,
-            ready_action_done=self.ready_action_done,
-            errors=tuple(self.errors),
-            faults=tuple(self.faults),
-            stalls=tuple(self.stalls),
-            live_buffer_bytes=self.live_buffer_bytes,
-            buffer_allocations=tuple(self.buffer_allocations),
-            buffer_drops=tuple(self.buffer_drops),
-            groups=tuple(
-                GroupProgress(
-                    group=name, ranks=g.ranks, started=g.started, finished=g.finished, count=g.count
-                )
-                for name, g in sorted(self.groups.items())
-            ),
-            pending=pending,
-            heartbeats=self.heartbeats,
-            last_heartbeat_wall=self.last_heartbeat_wall,
-            last_heartbeat_pending=self.last_heartbeat_pending,
-            requests_started=self.requests_started,
-            requests_finished=self.requests_finished,
-            shutdown=self.shutdown,
-            unknown=tuple(self.unknown),
-            seq_gaps=tuple(self.seq_gaps),
-            dumps=tuple(self.dumps),
+            groups=tuple(g.mark(name) for name, g in sorted(self.groups.items())),
+            pending=self._pending(),
             recent_starts=tuple(
                 (name, tuple(starts)) for name, starts in sorted(self.recent_starts.items())
             ),
-            recent_heartbeats=tuple(self.recent_heartbeats),
-            last_progress=self.last_progress,
-            shutdown_wall=self.shutdown_wall,
-            clock=self.clock,
-            residency=tuple(self.residency),
-            flight_dumps=tuple(self.flight_dumps),
         )
 
     @property
@@ -364,6 +322,17 @@ class RankFold:
 
 
 _STATES = frozenset(s.value for s in State)
+
+# RankView's fields that are RankFold's own, frozen (lists as tuples); the others are derived.
+_VIEW_AS_IS = tuple(
+    f.name
+    for f in fields(RankView)
+    if f.name not in ("skip_reason", "groups", "pending", "recent_starts")
+)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list | deque) else value
 
 
 def fold_rank(events: Iterable[StoredEvent], *, run_id: str = "", rank: int = 0) -> RankView:

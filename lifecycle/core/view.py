@@ -23,7 +23,7 @@ from lifecycle.core.events import (
     UnknownEvent,
     WarmupRecord,
 )
-from lifecycle.core.records import PendingCollective
+from lifecycle.core.records import GroupMark, PendingCollective
 from lifecycle.core.states import State
 
 
@@ -87,15 +87,6 @@ class RecentStart:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GroupProgress:
-    group: str
-    ranks: tuple[int, ...]
-    started: int  # highest group sequence number started, -1 before the first
-    finished: int  # highest group sequence number finished, -1 before the first
-    count: int  # collectives started in this group
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class SeqGap:
     expected: int
     found: int
@@ -129,7 +120,7 @@ class RankView:
     live_buffer_bytes: int
     buffer_allocations: tuple[tuple[float, str, BuffersAllocated], ...]
     buffer_drops: tuple[tuple[float, str, BuffersDropped], ...]
-    groups: tuple[GroupProgress, ...]
+    groups: tuple[GroupMark, ...]  # each group's progress, by name
     pending: OpenCollective | None
     heartbeats: int
     last_heartbeat_wall: float | None
