@@ -8,7 +8,8 @@ from enum import StrEnum
 
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
-from lifecycle.core.view import RankView, Signature
+from lifecycle.core.records import Signature
+from lifecycle.core.view import RankView
 from replay.load import RunInfo
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from lifecycle.core.errors import ErrorKind, recorded_kind
+from lifecycle.core.records import shared_fields
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
 from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
@@ -197,20 +198,7 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
         ended = WaitEnd.TIMED_OUT
     else:
         ended = WaitEnd.BROKE
-    return Blocked(
-        rank=verdict.rank,
-        group=p.group,
-        group_seq=p.group_seq,
-        op=p.op,
-        purpose=p.purpose,
-        waited_s=p.waited_s,
-        waiting_for=p.waiting_for,
-        ended=ended,
-        from_heartbeat=p.from_heartbeat,
-        from_flight_recorder=p.from_flight_recorder,
-        state=p.state,
-        caller=p.caller,
-    )
+    return Blocked(rank=verdict.rank, ended=ended, **shared_fields(p, Blocked))
 
 
 def _outcome(

@@ -3,7 +3,7 @@ each rank's note, and the text of a collective mismatch (pure)."""
 
 from __future__ import annotations
 
-from lifecycle.core.view import Signature
+from lifecycle.core.records import Signature
 from replay.analysis import Mismatch, MismatchReason, SplitDisagreement
 from replay.diagnose import Diagnosis, Outcome
 from replay.evidence import (

@@ -13,7 +13,8 @@ from lifecycle.core.plan import ProbeFit, Role, WarmupRequest
 from lifecycle.core.records import (
     GroupMark,
     PendingCollective,
-    StageRecord,
+    RequestResult,
+    Signature,
     ThreadStack,
     TorchGroup,
 )
@@ -92,36 +93,24 @@ class ActionFinished(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WarmupRecord(Event):
-    """Version 2 nests the shape (version 1 flattened it)."""
+class WarmupRecord(Event, RequestResult):
+    """One warmup request's result, with its role in the plan and its tokens. Version 2 nests
+    the shape (version 1 flattened it)."""
 
     kind: ClassVar[str] = "warmup_record"
     version: ClassVar[int] = 2
     role: Role
-    shape: Shape
-    steps: int
     tokens: int
-    total_s: float
-    step_s: tuple[float, ...]
-    stages: tuple[StageRecord, ...]
-    memory_source: str | None
-    baseline_bytes: int | None
-    peak_bytes: int | None
-    checksum: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CollectiveStarted(Event):
+class CollectiveStarted(Event, Signature):
+    """A collective a rank entered: its signature (what its peers' must match), and where."""
+
     kind: ClassVar[str] = "collective_started"
     group: str
     group_ranks: tuple[int, ...]
     group_seq: int
-    op: str
-    purpose: str
-    dtype: str
-    shapes: tuple[tuple[int, ...], ...]
-    input_splits: tuple[int, ...] | None
-    output_splits: tuple[int, ...] | None
     timeout_s: float
 
 

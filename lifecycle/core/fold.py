@@ -33,14 +33,13 @@ from lifecycle.core.events import (
     UnknownEvent,
     WarmupRecord,
 )
-from lifecycle.core.records import GroupMark, PendingCollective
+from lifecycle.core.records import GroupMark, PendingCollective, Signature
 from lifecycle.core.states import State
 from lifecycle.core.view import (
     OpenCollective,
     RankView,
     RecentStart,
     SeqGap,
-    Signature,
     Span,
 )
 

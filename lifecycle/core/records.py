@@ -3,7 +3,16 @@ version bump of every event kind that holds it, and an upcaster)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
+
+from lifecycle.core.config import Shape
+
+
+def shared_fields(source: Any, cls: type) -> dict[str, Any]:
+    """The values of `source`'s fields that the dataclass `cls` also has, by name: how a record
+    is made from another that carries the same facts, without listing them again."""
+    return {f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,3 +58,37 @@ class ThreadStack:
     name: str
     ident: int
     stack: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signature:
+    """What must match across the members of a collective at one sequence number (part of a
+    collective's started record)."""
+
+    op: str
+    purpose: str
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    input_splits: tuple[int, ...] | None
+    output_splits: tuple[int, ...] | None
+
+    @classmethod
+    def of(cls, started: Signature) -> Signature:
+        """The signature alone, of a record that carries one."""
+        return cls(**shared_fields(started, cls))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestResult:
+    """What one request through a pipeline measured: its time per step and per stage, its
+    memory, and a checksum of its output (part of a warmup's record)."""
+
+    shape: Shape
+    steps: int
+    total_s: float
+    step_s: tuple[float, ...]
+    stages: tuple[StageRecord, ...]
+    memory_source: str | None
+    baseline_bytes: int | None
+    peak_bytes: int | None
+    checksum: str

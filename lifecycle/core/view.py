@@ -23,7 +23,7 @@ from lifecycle.core.events import (
     UnknownEvent,
     WarmupRecord,
 )
-from lifecycle.core.records import GroupMark, PendingCollective
+from lifecycle.core.records import GroupMark, PendingCollective, Signature
 from lifecycle.core.states import State
 
 
@@ -52,29 +52,6 @@ class OpenCollective:
     started: CollectiveStarted
     at: float  # wall time of the started event
     from_heartbeat: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Signature:
-    """What must match across the members of a collective at one sequence number."""
-
-    op: str
-    purpose: str
-    dtype: str
-    shapes: tuple[tuple[int, ...], ...]
-    input_splits: tuple[int, ...] | None
-    output_splits: tuple[int, ...] | None
-
-    @classmethod
-    def of(cls, event: CollectiveStarted) -> Signature:
-        return cls(
-            op=event.op,
-            purpose=event.purpose,
-            dtype=event.dtype,
-            shapes=event.shapes,
-            input_splits=event.input_splits,
-            output_splits=event.output_splits,
-        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

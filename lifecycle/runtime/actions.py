@@ -36,14 +36,14 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
-from lifecycle.core.records import GroupMark
+from lifecycle.core.records import GroupMark, RequestResult, shared_fields
 from lifecycle.core.residency import ResidencyPlan
 from lifecycle.core.states import State
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import MemoryMeter, probe_platform, release_cache
 from lifecycle.runtime.pipeline import Pipeline, build_pipeline
 from lifecycle.runtime.recorder import Recorder
-from lifecycle.runtime.request import RequestResult, run_request
+from lifecycle.runtime.request import run_request
 from lifecycle.runtime.residency import (
     apply_before_rewarm,
     apply_reused,
@@ -186,16 +186,8 @@ def _warm(rt: RankRuntime, request: WarmupRequest) -> None:
     rt.recorder.record(
         WarmupRecord(
             role=request.role,
-            shape=request.shape,
-            steps=request.steps,
             tokens=rt.args.model.tokens(request.shape),
-            total_s=result.total_s,
-            step_s=result.step_s,
-            stages=result.stages,
-            memory_source=result.memory_source,
-            baseline_bytes=result.baseline_bytes,
-            peak_bytes=result.peak_bytes,
-            checksum=result.checksum,
+            **shared_fields(result, WarmupRecord),
         )
     )
 

@@ -5,27 +5,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from lifecycle.core.config import Shape
-from lifecycle.core.records import StageRecord
+from lifecycle.core.records import RequestResult, StageRecord
 from lifecycle.runtime.device import MemoryMeter, synchronize
 from lifecycle.runtime.pipeline import Pipeline
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestResult:
-    shape: Shape
-    steps: int
-    total_s: float
-    step_s: tuple[float, ...]
-    stages: tuple[StageRecord, ...]
-    memory_source: str | None
-    baseline_bytes: int | None
-    peak_bytes: int | None
-    checksum: str
 
 
 def run_request(

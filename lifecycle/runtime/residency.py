@@ -31,6 +31,7 @@ from lifecycle.core.fingerprint import (
 )
 from lifecycle.core.gates import Platform
 from lifecycle.core.plan import Role
+from lifecycle.core.records import RequestResult
 from lifecycle.core.residency import (
     MIB,
     Candidate,
@@ -48,7 +49,6 @@ from lifecycle.core.residency import (
     verify_peak,
 )
 from lifecycle.runtime.pipeline import resident
-from lifecycle.runtime.request import RequestResult
 
 if TYPE_CHECKING:
     from lifecycle.runtime.actions import RankRuntime

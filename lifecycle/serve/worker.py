@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lifecycle.core.config import ServerArgs, args_from_json, validate_shape
 from lifecycle.core.errors import EXIT_UNJOURNALED, ErrorKind, JournalWriteFailed, LifecycleError
+from lifecycle.core.records import shared_fields
 from lifecycle.core.states import State
 from lifecycle.runtime.signals import (
     block_shutdown_signals,
@@ -255,17 +256,7 @@ def _serve(session: RankSession, control: Connection) -> None:
                 after_step=after_step,
             )
             inbox.send(
-                Result(
-                    request_id=request_id,
-                    rank=rank,
-                    ok=True,
-                    checksum=result.checksum,
-                    total_s=result.total_s,
-                    step_s=result.step_s,
-                    stages=result.stages,
-                    peak_bytes=result.peak_bytes,
-                    memory_source=result.memory_source,
-                )
+                Result(request_id=request_id, rank=rank, ok=True, **shared_fields(result, Result))
             )
         except Exception as exc:  # the request failed on this rank: journal it, fail, report
             hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
