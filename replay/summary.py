@@ -4,26 +4,9 @@ each rank's note, and the text of a collective mismatch (pure)."""
 from __future__ import annotations
 
 from lifecycle.core.records import Signature
+from replay import evidence as ev
 from replay.analysis import Mismatch, MismatchReason, SplitDisagreement
 from replay.diagnose import Diagnosis, Outcome
-from replay.evidence import (
-    Blocked,
-    BrokenByStop,
-    ConnectionBroke,
-    CrashedSilent,
-    CutOff,
-    EndedAtTimeout,
-    FirstError,
-    LateArrival,
-    Mismatched,
-    NeverEntered,
-    NoProgress,
-    PidDead,
-    RankEvidence,
-    ShutDown,
-    StoppedBySignal,
-    WaitEnd,
-)
 from replay.status import PendingInfo, RankVerdict, Status
 
 _MISMATCH_REASONS = {
@@ -54,7 +37,7 @@ def signature_text(sig: Signature) -> str:
     return text
 
 
-def purpose_text(p: PendingInfo | Blocked) -> str:
+def purpose_text(p: PendingInfo | ev.Blocked) -> str:
     """What a collective was for: the lifecycle's purpose, or where a pipeline issued one the
     lifecycle did not record."""
     if not p.from_flight_recorder:
@@ -81,33 +64,33 @@ def _stop_cause(signal: str | None, reason: str | None) -> str:
     return f"({reason})" if reason is not None else "from outside"
 
 
-def _item_note(item: RankEvidence) -> str | None:
+def _item_note(item: ev.RankEvidence) -> str | None:
     """The part of a rank's note that `item` makes; None for items told elsewhere."""
     match item:
-        case FirstError():
+        case ev.FirstError():
             return f"{item.error_type} in {item.state}: {item.message}"
-        case CrashedSilent():
+        case ev.CrashedSilent():
             return f"journal ends at +{item.last_event_s:.2f} s with no heartbeat after"
-        case PidDead():
+        case ev.PidDead():
             return f"its process (pid {item.pid}) is gone"
-        case CutOff():
+        case ev.CutOff():
             return "its peers finished collectives with it that it never journaled"
-        case StoppedBySignal():
+        case ev.StoppedBySignal():
             return f"stopped {_stop_cause(item.signal, None)} in {item.state}"
-        case ShutDown():
+        case ev.ShutDown():
             return f"stopped {_stop_cause(None, item.reason)} in {item.state}"
-        case NoProgress():
+        case ev.NoProgress():
             return f"no progress in {item.state}, heartbeats go on"
-        case ConnectionBroke():
+        case ev.ConnectionBroke():
             return f"its connection broke under rank {item.peer}"
-        case NeverEntered():
+        case ev.NeverEntered():
             return (
                 f"rank {item.peer} waited for it in {item.group} #{item.group_seq},"
                 " which it never entered"
             )
-        case BrokenByStop():
+        case ev.BrokenByStop():
             return "its collective broke once the run was being stopped"
-        case EndedAtTimeout():
+        case ev.EndedAtTimeout():
             return (
                 f"its process ended as its collective's {item.timeout_s:g} s timeout ran out"
                 " (NCCL's watchdog ends a process then)"
@@ -155,7 +138,7 @@ def _opening(d: Diagnosis) -> list[str]:
     return []
 
 
-def _culprit_text(d: Diagnosis, rank: int, late: dict[int, LateArrival]) -> list[str]:
+def _culprit_text(d: Diagnosis, rank: int, late: dict[int, ev.LateArrival]) -> list[str]:
     verdict = next((v for v in d.ranks if v.rank == rank), None)
     if verdict is None:
         return [f"rank {rank} left no journal"]
@@ -190,16 +173,16 @@ def _culprit_text(d: Diagnosis, rank: int, late: dict[int, LateArrival]) -> list
     return [text]
 
 
-def _blocked_text(item: Blocked, blocked: set[int], error: FirstError | None) -> str:
+def _blocked_text(item: ev.Blocked, blocked: set[int], error: ev.FirstError | None) -> str:
     waits = (
         "waiting for rank "
         + ", ".join(f"{m} (itself blocked)" if m in blocked else str(m) for m in item.waiting_for)
         if item.waiting_for
         else "every member had entered it"
     )
-    if item.ended is WaitEnd.WAITING:
+    if item.ended is ev.WaitEnd.WAITING:
         ended = f"still waiting after {item.waited_s:.1f} s"
-    elif item.ended is WaitEnd.TIMED_OUT:
+    elif item.ended is ev.WaitEnd.TIMED_OUT:
         ended = f"timed out after {item.waited_s:.1f} s"
     else:
         cause = f" ({error.error_type})" if error is not None else ""
@@ -223,13 +206,13 @@ def summary(d: Diagnosis) -> str:
     """One paragraph a person reads first."""
     parts = _opening(d)
     late = (
-        {e.rank: e for e in d.evidence if isinstance(e, LateArrival)}
+        {e.rank: e for e in d.evidence if isinstance(e, ev.LateArrival)}
         if d.outcome is Outcome.HUNG
         else {}
     )
     for rank in d.culprit_ranks:
         parts.extend(_culprit_text(d, rank, late))
-    waiting = [e for e in d.evidence if isinstance(e, Blocked)]
+    waiting = [e for e in d.evidence if isinstance(e, ev.Blocked)]
     blocked = {e.rank for e in waiting}
     errors = {v.rank: v.first_error for v in d.ranks}
     lines = [
@@ -239,7 +222,7 @@ def summary(d: Diagnosis) -> str:
     ]
     if lines:
         parts.append("then blocked: " + "; ".join(lines))
-    mismatched = [e for e in d.evidence if isinstance(e, Mismatched)]
+    mismatched = [e for e in d.evidence if isinstance(e, ev.Mismatched)]
     if mismatched:
         m = mismatched[0]
         parts.append(f"mismatch at {m.group} #{m.group_seq}: {mismatch_text(m.reason, m.split)}")

@@ -5,12 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.core.agreement import (
-    agreed_decision,
-    agreed_probe_shape,
-    first_failed_gate,
-    reuse_token,
-)
+from lifecycle.core import agreement
 from lifecycle.core.config import ServerArgs, WarmupMode, args_from_json
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.events import (
@@ -98,8 +93,10 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
         assert record.gate is not None
         platform = record.gate.platform
         reuse = _recorded_reuse(record.gate)
-        first_failed.append(first_failed_gate(evaluate_gates(args, platform, reuse=reuse)))
-        tokens.append(reuse_token(reuse))
+        first_failed.append(
+            agreement.first_failed_gate(evaluate_gates(args, platform, reuse=reuse))
+        )
+        tokens.append(agreement.reuse_token(reuse))
         reuses.append(reuse)
         local = calibration_skip_reason(args, platform, reuse=reuse)
         checked.append(f"rank {rank} gates")
@@ -108,7 +105,7 @@ def verify_run(run: RunInfo, events: Iterable[StoredEvent]) -> VerifyReport:
                 f"rank {rank}: recorded gate decision {_reason(record.gate.local_skip_reason)};"
                 f" today's gates: {_reason(local)}"
             )
-    agreed, _ = agreed_decision(first_failed, tokens, next(iter(reuses), None))
+    agreed, _ = agreement.agreed_decision(first_failed, tokens, next(iter(reuses), None))
     divergences.extend(_verify_residency(ranks, checked))
     today_plans = _today_plans(args, decided, agreed)
     for rank, record in sorted(ranks.items()):
@@ -177,7 +174,7 @@ def _today_plans(
             fits[rank] = fit_probe(
                 args, free_bytes=platform.free_bytes, total_bytes=platform.total_bytes
             )
-    probe = agreed_probe_shape(f.fitted for f in fits.values())
+    probe = agreement.agreed_probe_shape(f.fitted for f in fits.values())
     plans = {}
     for rank in decided:
         fit = fits.get(rank)

@@ -4,25 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lifecycle.core.events import (
-    ActionStarted,
-    BuffersAllocated,
-    BuffersDropped,
-    ClockAligned,
-    CollectivesDumped,
-    CollectiveStarted,
-    Error,
-    FaultInjected,
-    FlightRecorderDumped,
-    GateDecided,
-    PlanBuilt,
-    ResidencyEvent,
-    RunStarted,
-    Shutdown,
-    Stalled,
-    UnknownEvent,
-    WarmupRecord,
-)
+from lifecycle.core import events as ev
 from lifecycle.core.records import GroupMark, PendingCollective, Signature
 from lifecycle.core.states import State
 
@@ -49,7 +31,7 @@ class OpenCollective:
     which is at most one interval old, and `started` holds only what a heartbeat says.
     """
 
-    started: CollectiveStarted
+    started: ev.CollectiveStarted
     at: float  # wall time of the started event
     from_heartbeat: bool = False
 
@@ -81,22 +63,22 @@ class RankView:
     first_wall: float | None
     last_wall: float | None
     last_kind: str | None
-    run_started: RunStarted | None
+    run_started: ev.RunStarted | None
     path: tuple[str, ...]  # states entered, in order, starting at created
     spans: tuple[Span, ...]
-    gate: GateDecided | None
-    plan: PlanBuilt | None
+    gate: ev.GateDecided | None
+    plan: ev.PlanBuilt | None
     skip_reason: str | None
-    warmup_records: tuple[WarmupRecord, ...]
-    action: ActionStarted | None  # the action running now (started, not finished)
+    warmup_records: tuple[ev.WarmupRecord, ...]
+    action: ev.ActionStarted | None  # the action running now (started, not finished)
     action_at: float | None
     ready_action_done: bool
-    errors: tuple[tuple[float, str, Error], ...]  # (wall time, state, error)
-    faults: tuple[tuple[float, str, FaultInjected], ...]
-    stalls: tuple[tuple[float, str, Stalled], ...]
+    errors: tuple[tuple[float, str, ev.Error], ...]  # (wall time, state, error)
+    faults: tuple[tuple[float, str, ev.FaultInjected], ...]
+    stalls: tuple[tuple[float, str, ev.Stalled], ...]
     live_buffer_bytes: int
-    buffer_allocations: tuple[tuple[float, str, BuffersAllocated], ...]
-    buffer_drops: tuple[tuple[float, str, BuffersDropped], ...]
+    buffer_allocations: tuple[tuple[float, str, ev.BuffersAllocated], ...]
+    buffer_drops: tuple[tuple[float, str, ev.BuffersDropped], ...]
     groups: tuple[GroupMark, ...]  # each group's progress, by name
     pending: OpenCollective | None
     heartbeats: int
@@ -104,17 +86,17 @@ class RankView:
     last_heartbeat_pending: PendingCollective | None
     requests_started: int
     requests_finished: int
-    shutdown: Shutdown | None
-    unknown: tuple[UnknownEvent, ...]
+    shutdown: ev.Shutdown | None
+    unknown: tuple[ev.UnknownEvent, ...]
     seq_gaps: tuple[SeqGap, ...]
-    dumps: tuple[tuple[float, str, CollectivesDumped], ...]
+    dumps: tuple[tuple[float, str, ev.CollectivesDumped], ...]
     recent_starts: tuple[tuple[str, tuple[RecentStart, ...]], ...]  # per group, oldest first
     recent_heartbeats: tuple[float, ...]
     last_progress: float | None  # the last event that is neither a heartbeat nor a shutdown
     shutdown_wall: float | None
-    clock: ClockAligned | None  # its clock against rank 0's, measured at the rendezvous
-    residency: tuple[tuple[float, str, ResidencyEvent], ...] = ()  # the planner's steps
-    flight_dumps: tuple[tuple[float, str, FlightRecorderDumped], ...] = ()  # where they went
+    clock: ev.ClockAligned | None  # its clock against rank 0's, measured at the rendezvous
+    residency: tuple[tuple[float, str, ev.ResidencyEvent], ...] = ()  # the planner's steps
+    flight_dumps: tuple[tuple[float, str, ev.FlightRecorderDumped], ...] = ()  # where they went
 
     @property
     def terminal(self) -> bool:

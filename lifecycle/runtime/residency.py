@@ -12,16 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from lifecycle import __version__
+from lifecycle.core import events as ev
 from lifecycle.core.agreement import agreed_rollback
 from lifecycle.core.errors import JournalError
-from lifecycle.core.events import (
-    ResidencyApplied,
-    ResidencyEvent,
-    ResidencyPlanned,
-    ResidencyRolledBack,
-    ResidencyVerified,
-    StoredEvent,
-)
 from lifecycle.core.fingerprint import (
     PlanStatus,
     Reuse,
@@ -54,20 +47,20 @@ if TYPE_CHECKING:
     from lifecycle.runtime.actions import RankRuntime
 
 
-def stored_plans(history: Sequence[StoredEvent]) -> list[StoredPlan]:
+def stored_plans(history: Sequence[ev.StoredEvent]) -> list[StoredPlan]:
     """One plan per run, from its rank 0's residency events (newest first): the newest event of
     a run says how its plan ended. A startup that reused a plan carries it on, verified."""
     plans: dict[str, StoredPlan] = {}
     for stored in history:
         event = stored.event
-        if stored.run_id in plans or not isinstance(event, ResidencyEvent):
+        if stored.run_id in plans or not isinstance(event, ev.ResidencyEvent):
             continue
         status, note, verified_in = PlanStatus.PLANNED, "", ""
-        if isinstance(event, ResidencyVerified):
+        if isinstance(event, ev.ResidencyVerified):
             status, verified_in = PlanStatus.VERIFIED, stored.run_id
-        elif isinstance(event, ResidencyRolledBack):
+        elif isinstance(event, ev.ResidencyRolledBack):
             status, note = PlanStatus.ROLLED_BACK, event.reason
-        elif isinstance(event, ResidencyApplied) and event.reused_from is not None:
+        elif isinstance(event, ev.ResidencyApplied) and event.reused_from is not None:
             status, verified_in = PlanStatus.VERIFIED, event.reused_from
         plans[stored.run_id] = StoredPlan(
             run_id=stored.run_id,
@@ -166,7 +159,7 @@ def plan_after_probe(rt: RankRuntime) -> None:
     reuse = rt.reuse.reason if rt.reuse is not None else "no reuse decision"
     if rt.args.calibrate and rt.reuse is not None and rt.reuse.stored is not None:
         reuse = f"--calibrate asked for a calibration; {reuse} could have been reused"
-    rt.recorder.record(ResidencyPlanned(fingerprint=fp, given=given, plan=plan, reuse=reuse))
+    rt.recorder.record(ev.ResidencyPlanned(fingerprint=fp, given=given, plan=plan, reuse=reuse))
 
 
 def _apply(rt: RankRuntime, plan: ResidencyPlan, *, reused_from: str | None) -> str | None:
@@ -179,7 +172,7 @@ def _apply(rt: RankRuntime, plan: ResidencyPlan, *, reused_from: str | None) -> 
     except Exception as exc:  # any failure to apply rolls every rank back, agreed
         return f"applying {plan.plan_id} failed: {type(exc).__name__}: {exc}"
     rt.recorder.record(
-        ResidencyApplied(
+        ev.ResidencyApplied(
             fingerprint=rt.fingerprint,
             plan=plan,
             reused_from=reused_from,
@@ -245,7 +238,7 @@ def _agree_outcome(
     if not failed:
         if measured is not None and predicted is not None:
             rt.recorder.record(
-                ResidencyVerified(
+                ev.ResidencyVerified(
                     fingerprint=fp, plan=plan, measured_bytes=measured, predicted_bytes=predicted
                 )
             )
@@ -257,4 +250,6 @@ def _agree_outcome(
         reference_choices(pipeline.residency_options(rt.args.model.default_shape))
     )
     rt.residency = None
-    rt.recorder.record(ResidencyRolledBack(fingerprint=fp, plan=plan, reason=reason, ranks=failed))
+    rt.recorder.record(
+        ev.ResidencyRolledBack(fingerprint=fp, plan=plan, reason=reason, ranks=failed)
+    )

@@ -2,40 +2,27 @@
 
 from __future__ import annotations
 
-from lifecycle.core.events import (
-    ActionFinished,
-    ActionStarted,
-    BuffersAllocated,
-    BuffersDropped,
-    CollectiveFinished,
-    CollectiveStarted,
-    Event,
-    Heartbeat,
-    PlanBuilt,
-    StoredEvent,
-    Transition,
-    UnknownEvent,
-)
+from lifecycle.core import events as ev
 from lifecycle.core.fold import fold_rank, fold_run
 
 
 def stream(
-    *items: tuple[float, str, Event], rank: int = 0, start_seq: int = 0
-) -> list[StoredEvent]:
+    *items: tuple[float, str, ev.Event], rank: int = 0, start_seq: int = 0
+) -> list[ev.StoredEvent]:
     return [
-        StoredEvent(
+        ev.StoredEvent(
             run_id="r", rank=rank, seq=start_seq + i, wall_time=t, mono_ns=i, state=state, event=e
         )
         for i, (t, state, e) in enumerate(items)
     ]
 
 
-def hop(source: str, dest: str, trigger: str = "t") -> Transition:
-    return Transition(trigger=trigger, source=source, dest=dest)
+def hop(source: str, dest: str, trigger: str = "t") -> ev.Transition:
+    return ev.Transition(trigger=trigger, source=source, dest=dest)
 
 
-def started(seq: int, group: str = "ulysses0") -> CollectiveStarted:
-    return CollectiveStarted(
+def started(seq: int, group: str = "ulysses0") -> ev.CollectiveStarted:
+    return ev.CollectiveStarted(
         group=group, group_ranks=(0, 1), group_seq=seq, op="all_to_all", purpose="ulysses-qkv",
         dtype="float32", shapes=((2, 4),), input_splits=(4, 4), output_splits=(4, 4),
         timeout_s=600.0,
@@ -46,7 +33,7 @@ def test_path_spans_and_durations_come_from_transitions() -> None:
     """Each transition closes one span and opens the next; the path lists states entered."""
     view = fold_rank(
         stream(
-            (10.0, "created", Heartbeat(uptime_s=0, in_state_s=0, pending=None)),
+            (10.0, "created", ev.Heartbeat(uptime_s=0, in_state_s=0, pending=None)),
             (11.0, "gate-check", hop("created", "gate-check")),
             (12.5, "bounded-warm", hop("gate-check", "bounded-warm")),
             (15.0, "ready", hop("bounded-warm", "ready")),
@@ -66,18 +53,18 @@ def test_healthy_needs_the_ready_action_done() -> None:
     """A rank is healthy once its ready action finished, not at the transition."""
     events = stream(
         (1.0, "ready", hop("bounded-warm", "ready")),
-        (1.1, "ready", ActionStarted(action="mark-ready")),
+        (1.1, "ready", ev.ActionStarted(action="mark-ready")),
     )
     assert not fold_rank(events).healthy
     events += stream(
-        (1.2, "ready", ActionFinished(action="mark-ready", duration_s=0.1, ok=True)), start_seq=2
+        (1.2, "ready", ev.ActionFinished(action="mark-ready", duration_s=0.1, ok=True)), start_seq=2
     )
     assert fold_rank(events).healthy
 
 
 def test_an_open_collective_is_pending_until_finished() -> None:
     """The newest started-but-unfinished collective is pending; group progress tracks seqs."""
-    finished = CollectiveFinished(group="ulysses0", group_seq=0, op="all_to_all", duration_s=0.1)
+    finished = ev.CollectiveFinished(group="ulysses0", group_seq=0, op="all_to_all", duration_s=0.1)
     events = stream(
         (1.0, "ready", started(0)), (1.1, "ready", finished), (1.2, "ready", started(1))
     )
@@ -89,10 +76,10 @@ def test_an_open_collective_is_pending_until_finished() -> None:
 
 def test_buffers_live_bytes_follow_allocations_and_drops() -> None:
     """Allocation sets the live bytes, a drop zeroes them; both are kept with their state."""
-    alloc = BuffersAllocated(
+    alloc = ev.BuffersAllocated(
         purpose="ulysses-qkv", key="k", shape=(2, 3), dtype="float32", bytes=24, live_bytes=24
     )
-    drop = BuffersDropped(buffers=1, bytes_freed=24, keys=("k",), allocator_released_bytes=None)
+    drop = ev.BuffersDropped(buffers=1, bytes_freed=24, keys=("k",), allocator_released_bytes=None)
     view = fold_rank(stream((1.0, "probe", alloc), (2.0, "drop-buffers", drop)))
     assert view.live_buffer_bytes == 0
     assert view.buffer_drops[0][1] == "drop-buffers"
@@ -114,7 +101,7 @@ def test_fold_until_rebuilds_the_state_at_a_moment() -> None:
 
 def test_gaps_and_unknown_events_are_reported_not_fatal() -> None:
     """A missing seq and an undecodable row are noted in the view; folding goes on."""
-    unknown = UnknownEvent(row_kind="x", row_version=1, reason="unknown kind", raw="{}")
+    unknown = ev.UnknownEvent(row_kind="x", row_version=1, reason="unknown kind", raw="{}")
     events = stream((1.0, "created", unknown)) + stream(
         (2.0, "gate-check", hop("created", "gate-check")), start_seq=3
     )
@@ -126,7 +113,7 @@ def test_gaps_and_unknown_events_are_reported_not_fatal() -> None:
 
 def test_plan_sets_the_skip_reason() -> None:
     """The plan's skip reason is the rank's final decision."""
-    plan = PlanBuilt(skip_reason="residency planner not available", requests=(), probe_fit=None)
+    plan = ev.PlanBuilt(skip_reason="residency planner not available", requests=(), probe_fit=None)
     assert fold_rank(stream((1.0, "gate-check", plan))).skip_reason == plan.skip_reason
 
 
@@ -141,7 +128,9 @@ def test_collective_records_dumped_after_a_stop_do_not_move_the_state_back() -> 
             (
                 1.6,
                 "ready",
-                CollectiveFinished(group="ulysses0", group_seq=7, op="all_to_all", duration_s=0.1),
+                ev.CollectiveFinished(
+                    group="ulysses0", group_seq=7, op="all_to_all", duration_s=0.1
+                ),
             ),
         )
     )

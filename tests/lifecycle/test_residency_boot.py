@@ -11,15 +11,8 @@ from pathlib import Path
 
 import torch
 
+from lifecycle.core import events as ev
 from lifecycle.core.config import MODEL_PRESETS, Shape
-from lifecycle.core.events import (
-    ResidencyApplied,
-    ResidencyPlanned,
-    ResidencyRolledBack,
-    ResidencyVerified,
-    StoredEvent,
-    Transition,
-)
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import LinuxRssMeter
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
@@ -29,19 +22,19 @@ from tests.conftest import Completed
 MIB = 2**20
 
 
-def runs_of(db: Path) -> list[list[StoredEvent]]:
+def runs_of(db: Path) -> list[list[ev.StoredEvent]]:
     """Every run's events, oldest run first."""
     journal = Journal.open_for_read(str(db))
     ordered = sorted(journal.runs(), key=lambda r: r.created_at)
     return [list(journal.read(run_id=r.run_id)) for r in ordered]
 
 
-def of(events: list[StoredEvent], kind: type) -> list[StoredEvent]:
+def of(events: list[ev.StoredEvent], kind: type) -> list[ev.StoredEvent]:
     return [e for e in events if isinstance(e.event, kind)]
 
 
-def path(events: list[StoredEvent], rank: int = 0) -> list[str]:
-    return [e.event.dest for e in events if isinstance(e.event, Transition) and e.rank == rank]
+def path(events: list[ev.StoredEvent], rank: int = 0) -> list[str]:
+    return [e.event.dest for e in events if isinstance(e.event, ev.Transition) and e.rank == rank]
 
 
 CALIBRATED = ["gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers", "ready", "stopped"]
@@ -61,12 +54,12 @@ def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reuse
     (events,) = runs_of(tmp_path / "j.db")
     for rank in (0, 1):
         assert path(events, rank) == CALIBRATED
-        (rolled,) = [e for e in of(events, ResidencyRolledBack) if e.rank == rank]
+        (rolled,) = [e for e in of(events, ev.ResidencyRolledBack) if e.rank == rank]
         assert rolled.state == "re-warm" and rolled.event.ranks == (1,)
-    reasons = {e.rank: e.event.reason for e in of(events, ResidencyRolledBack)}
+    reasons = {e.rank: e.event.reason for e in of(events, ev.ResidencyRolledBack)}
     assert reasons[1].startswith("measured peak") and "exceeds the budget" in reasons[1]
     assert reasons[0] == "rank 1 could not apply or verify the plan"
-    assert not of(events, ResidencyVerified)
+    assert not of(events, ev.ResidencyVerified)
     agree = [
         e
         for e in events
@@ -85,7 +78,7 @@ def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reuse
     assert again.returncode == 0, again.stderr
     second = runs_of(tmp_path / "j.db")[1]
     assert path(second) == CALIBRATED
-    (planned,) = [e for e in of(second, ResidencyPlanned) if e.rank == 0]
+    (planned,) = [e for e in of(second, ev.ResidencyPlanned) if e.rank == 0]
     assert "rolled back in run" in planned.event.reuse and "it is not reused" in planned.event.reuse
 
     reused = lifecycle_cli(*common)
@@ -94,7 +87,7 @@ def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reuse
     reason = f"verified residency plan {planned.event.plan.plan_id} from run {second[0].run_id}"
     for rank in (0, 1):
         assert path(third, rank) == ["gate-check", "bounded-warm", "ready", "stopped"]
-        (applied,) = [e for e in of(third, ResidencyApplied) if e.rank == rank]
+        (applied,) = [e for e in of(third, ev.ResidencyApplied) if e.rank == rank]
         assert applied.event.reused_from == second[0].run_id
     purposes = [e.event.purpose for e in third if e.kind == "collective_started" and e.rank == 0]  # type: ignore[attr-defined]
     assert purposes[:2] == ["gate-agree", "reuse-agree"]
@@ -112,16 +105,16 @@ def test_a_budget_nothing_fits_keeps_the_reference_residency_and_is_not_reused(
     assert result.returncode == 0, result.stderr
     assert "no plan applied" in result.stdout
     (events,) = runs_of(tmp_path / "j.db")
-    (planned,) = of(events, ResidencyPlanned)
+    (planned,) = of(events, ev.ResidencyPlanned)
     assert not planned.event.plan.fits
     assert planned.event.plan.reason.startswith("none of 8 plans fits")
     assert planned.event.given.budget_bytes == 2**30
-    assert not of(events, ResidencyApplied) and not of(events, ResidencyVerified)
+    assert not of(events, ev.ResidencyApplied) and not of(events, ev.ResidencyVerified)
     assert path(events) == CALIBRATED
 
     again = lifecycle_cli(*args)
     assert again.returncode == 0, again.stderr
-    (replanned,) = of(runs_of(tmp_path / "j.db")[1], ResidencyPlanned)
+    (replanned,) = of(runs_of(tmp_path / "j.db")[1], ev.ResidencyPlanned)
     assert replanned.event.reuse.endswith("never verified")
 
 
@@ -139,9 +132,9 @@ def test_calibrate_and_a_new_budget_calibrate_again_and_say_why(
     assert budget.returncode == 0, budget.stderr
     _, second, third = runs_of(tmp_path / "j.db")
     assert path(second) == CALIBRATED and path(third) == CALIBRATED
-    (planned,) = of(second, ResidencyPlanned)
+    (planned,) = of(second, ev.ResidencyPlanned)
     assert planned.event.reuse.startswith("--calibrate asked for a calibration; verified")
-    (other,) = of(third, ResidencyPlanned)
+    (other,) = of(third, ev.ResidencyPlanned)
     assert other.event.reuse.endswith(f"(run {second[0].run_id}) differs in budget")
     verified = lifecycle_cli("boot", "--db", "j.db", "--model", "micro-video")
     assert "calibration skipped: verified residency plan" in verified.stdout
