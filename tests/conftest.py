@@ -54,6 +54,14 @@ def lifecycle_cli(tmp_path: Path) -> Callable[..., Completed]:
     return run
 
 
+def one_clear_line(result: Completed) -> str:
+    """The one line a refused command printed on stderr, with no traceback."""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -199,6 +199,18 @@ class StartupTimeout(LifecycleError):
         self.state = state
 
 
+class RequestAborted(LifecycleError):
+    """A request given up between denoising steps because the launcher asked the rank to stop."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.REQUEST_ABORTED
+
+    def __init__(self, *, request_id: str, step: int, reason: str) -> None:
+        super().__init__(f"request {request_id} given up after step {step}: {reason}")
+        self.request_id = request_id
+        self.step = step
+        self.reason = reason
+
+
 class RendezvousFailed(LifecycleError):
     """A rank cannot join its process group at MASTER_ADDR:MASTER_PORT."""
 

@@ -11,10 +11,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from lifecycle.core.config import ServerArgs, args_from_json, validate_shape
-from lifecycle.core.errors import EXIT_UNJOURNALED, ErrorKind, JournalWriteFailed, LifecycleError
+from lifecycle.core.errors import (
+    EXIT_UNJOURNALED,
+    JournalWriteFailed,
+    LifecycleError,
+    RequestAborted,
+)
 from lifecycle.core.records import shared_fields
 from lifecycle.core.states import State
 from lifecycle.runtime.signals import (
@@ -189,18 +194,6 @@ def run_rank_process(
         session.linger(args.dist_timeout_s + LINGER_MARGIN_S, until=stop)
     session.close()
     return 1
-
-
-class RequestAborted(LifecycleError):
-    """A request given up between denoising steps because the launcher asked the rank to stop."""
-
-    error_kind: ClassVar[ErrorKind] = ErrorKind.REQUEST_ABORTED
-
-    def __init__(self, *, request_id: str, step: int, reason: str) -> None:
-        super().__init__(f"request {request_id} given up after step {step}: {reason}")
-        self.request_id = request_id
-        self.step = step
-        self.reason = reason
 
 
 # A peer that gave up a request for a stop hangs up on the collective this rank waits in;

@@ -16,17 +16,10 @@ import pytest
 from lifecycle import __version__
 from lifecycle.serve.cli import build_parser
 from lifecycle.store import Journal
-from tests.conftest import REPO, Completed, as_unprivileged, run_cli
+from tests.conftest import REPO, Completed, as_unprivileged, one_clear_line, run_cli
 
 QUICK = {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1", "OMP_NUM_THREADS": "1"}
 MICRO = ["--model", "micro-video", "--log-level", "warning"]
-
-
-def one_clear_line(result: Completed) -> str:
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def recorded_config(db: Path) -> dict[str, object]:

@@ -19,11 +19,11 @@ from lifecycle.core.errors import (
     PeerGone,
     RankDisagreement,
     RendezvousFailed,
+    RequestAborted,
     StartupTimeout,
     classify,
     recorded_kind,
 )
-from lifecycle.serve.worker import RequestAborted
 
 
 def in_ulysses0(cls: type[CollectiveError], message: str) -> CollectiveError:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lifecycle.core.errors import FaultSpecError
 from lifecycle.core.faults import FaultKind, FaultSpec, parse_fault
-from tests.conftest import REPO, Completed, file_digest, make_newer_journal, run_cli
+from tests.conftest import REPO, Completed, file_digest, make_newer_journal, one_clear_line, run_cli
 from tests.replay.builder import JournalBuilder, a2a, beat
 from tests.replay_argv import REPLAY_COMMANDS, replay_argv
 
@@ -45,13 +45,6 @@ BAD_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
 
 def replay_cli(tmp_path: Path, *args: str) -> Completed:
     return run_cli("replay", args, cwd=tmp_path, timeout=60)
-
-
-def one_clear_line(result: Completed) -> str:
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("kind", list(BAD_FILES))
@@ -150,10 +143,20 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
             "0:probe:hang: rank 0 already has fault 0:probe:raise in state 'probe'",
         ),
         (["--startup-timeout", "0"], "--startup-timeout must be in (0, 604800] seconds"),
+        (["--num-ranks", "many"], "invalid int value"),
+        (["--performance-mode", "turbo"], "invalid choice"),
+        (["--fault", "1:nowhere:raise"], "bad fault spec"),
+        (["--fault", "0:probe"], "expected RANK:STATE:KIND"),
+        (["--num-ranks", "3", "--cfg-parallel", "2", "--ulysses", "2"], "must equal"),
+        (["--model", "giant-video"], "is not one of"),
+        (["--dist-timeout", "-1"], "--dist-timeout"),
+        (["--memory-budget", "lots"], "is not a size such as 600MiB"),
+        (["--memory-budget", "1MiB"], "--memory-budget must be at least 64MiB"),
+        (["--fault", "0:probe:over-budget"], "over-budget fires only in re-warm"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
-    """Malformed fault specs and out-of-range rank counts are refused before anything starts."""
+    """A bad flag value is one clear line on stderr, exit 2, before anything starts: no journal."""
     result = run_cli("lifecycle", ["boot", "--db", "j.db", *flags], cwd=tmp_path, timeout=60)
     assert result.returncode == 2
     assert message in one_clear_line(result)

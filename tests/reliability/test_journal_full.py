@@ -18,7 +18,7 @@ import pytest
 
 from lifecycle.core.errors import JournalError
 from lifecycle.store.journal import Journal
-from tests.conftest import Completed, run_cli
+from tests.conftest import Completed, one_clear_line, run_cli
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -66,13 +66,6 @@ def nearly_full_disk(directory: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(directory)], check=True, timeout=30)
 
 
-def one_error_line(result: Completed) -> str:
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
-
 def replay_runs(cwd: Path, db: Path) -> list[dict[str, object]]:
     result = run_cli("replay", ["runs", str(db), "--json"], cwd=cwd, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -91,7 +84,7 @@ def test_a_journal_that_cannot_grow_stops_a_one_rank_boot_with_exit_3(
             result = run_cli(
                 "lifecycle", ["boot", *MICRO, "--db", str(disk / "j.db")], cwd=tmp_path
             )
-            line = one_error_line(result)
+            line = one_clear_line(result)
             assert line == (
                 f"lifecycle: error: journal {disk / 'j.db'} could not be written:"
                 " database or disk is full"
@@ -99,7 +92,7 @@ def test_a_journal_that_cannot_grow_stops_a_one_rank_boot_with_exit_3(
             runs = replay_runs(tmp_path, disk / "j.db")
     else:
         result = boot_with_file_size_limit(tmp_path, FILE_SIZE_LIMIT, *MICRO, "--db", "j.db")
-        line = one_error_line(result)
+        line = one_clear_line(result)
         assert line.startswith("lifecycle: error: journal j.db could not be written: "), line
         runs = replay_runs(tmp_path, tmp_path / "j.db")
     assert result.returncode == 3
@@ -113,7 +106,7 @@ def test_a_hung_rank_whose_journal_fills_is_stopped_by_its_heartbeat(tmp_path: P
         tmp_path, FILE_SIZE_LIMIT, *MICRO, "--db", "j.db", "--fault", "0:gate-check:hang"
     )
     assert result.returncode == 3
-    assert one_error_line(result).startswith("lifecycle: error: journal j.db could not be written")
+    assert one_clear_line(result).startswith("lifecycle: error: journal j.db could not be written")
     assert "fault injected: 0:gate-check:hang" in result.stdout
 
 
@@ -151,7 +144,7 @@ def test_a_shutdown_that_cannot_be_journaled_exits_3_in_one_line(tmp_path: Path)
         proc.wait(timeout=30)
     result = Completed(proc.returncode, stdout, stderr)
     assert result.returncode == 3
-    assert one_error_line(result).startswith("lifecycle: error: journal j.db could not be written")
+    assert one_clear_line(result).startswith("lifecycle: error: journal j.db could not be written")
 
 
 @pytest.mark.ranks

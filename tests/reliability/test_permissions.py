@@ -10,16 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Completed, file_digest, run_cli, run_unprivileged
+from tests.conftest import file_digest, one_clear_line, run_cli, run_unprivileged
 
 MICRO = ["--model", "micro-video", "--log-level", "error"]
-
-
-def one_error_line(result: Completed) -> str:
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.fixture
@@ -86,7 +79,7 @@ def test_a_journal_that_cannot_be_read_is_refused_in_one_line(
     module, *args = (str(booted) if a == "J" else a for a in argv)
     result = run_unprivileged(tmp_path, module, *args)
     assert result.returncode == 2
-    assert one_error_line(result).endswith(f"{booted}: cannot be read: permission denied")
+    assert one_clear_line(result).endswith(f"{booted}: cannot be read: permission denied")
     assert file_digest(booted) == digest
 
 
@@ -97,7 +90,7 @@ def test_boot_refuses_a_journal_it_may_not_write(tmp_path: Path, booted: Path) -
     digest = file_digest(booted)
     result = run_unprivileged(tmp_path, "lifecycle", "boot", *MICRO, "--db", str(booted))
     assert result.returncode == 2
-    assert one_error_line(result) == (
+    assert one_clear_line(result) == (
         f"lifecycle: error: {booted}: cannot be written: permission denied"
     )
     assert file_digest(booted) == digest

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Completed, file_digest, run_cli, run_unprivileged
+from tests.conftest import Completed, file_digest, one_clear_line, run_cli, run_unprivileged
 from tests.replay.builder import JournalBuilder
 
 
@@ -20,10 +20,7 @@ def replay_cli(cwd: Path, *args: str) -> Completed:
 
 def one_error_line(result: Completed) -> str:
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+    return one_clear_line(result)
 
 
 def make_journal(path: Path) -> Path:
