@@ -121,7 +121,7 @@ def diagnose_rows(settings: Settings, server: PostgresServer) -> list[Row]:
     from lifecycle.store.journal import Journal
 
     small, large = (10_000, 30_000) if settings.quick else (10_000, 1_000_000)
-    rounds = 3
+    rounds = 1 if settings.quick else 3
     urls: dict[int, str] = {}
     for size in (small, large):
         source = journal_of(settings, size)

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes, well under a minute; writes Markdown only with --output",
+        help="small sizes, about two minutes on 2 cores; writes Markdown only with --output",
     )
     parser.add_argument(
         "--output",

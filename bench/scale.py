@@ -50,7 +50,7 @@ def _mib(value: float) -> str:
 
 def diagnose_rows(settings: Settings) -> list[Row]:
     small, large = (10_000, 30_000) if settings.quick else (10_000, 1_000_000)
-    rounds = 3 if settings.quick else 5
+    rounds = 1 if settings.quick else 5
     journals = {size: journal_of(settings, size) for size in (small, large)}
     cwd = settings.workdir
     times: dict[int, list[Timed]] = {small: [], large: []}
@@ -145,7 +145,7 @@ def build_runs_journal(path: Path, *, templates: Path, runs: int) -> int:
 
 def runs_rows(settings: Settings) -> list[Row]:
     runs = 1_000 if settings.quick else 10_000
-    rounds = 3 if settings.quick else 5
+    rounds = 1 if settings.quick else 5
     templates = settings.workdir / "runs-templates.db"
     progress("scale: two real startups (calibrated, then bounded on its verified plan) to copy")
     _boot(settings, templates)
