@@ -15,18 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from lifecycle.core.codec import decode_payload, dumps_record, loads_record, to_payload
-from lifecycle.core.events import (
-    BuffersAllocated,
-    BuffersDropped,
-    CollectivesDumped,
-    Error,
-    Event,
-    FaultInjected,
-    FlightRecorderDumped,
-    ResidencyEvent,
-    Stalled,
+from lifecycle.core.events import Event
+from lifecycle.core.fold import (
+    NOTED_LISTS,
+    RECENT_HEARTBEATS,
+    RECENT_STARTS,
+    GroupTally,
+    RankFold,
+    noted_list,
 )
-from lifecycle.core.fold import RECENT_HEARTBEATS, RECENT_STARTS, GroupTally, RankFold
 from lifecycle.core.records import GroupMark
 from lifecycle.core.view import OpenCollective, RecentStart
 
@@ -59,19 +56,6 @@ class GroupStarts:
     starts: tuple[RecentStart, ...]
 
 
-# The noted events, each kind by the name of the RankFold list that keeps it, in the order a
-# checkpoint writes them.
-_NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
-    (Error, "errors"),
-    (FaultInjected, "faults"),
-    (Stalled, "stalls"),
-    (BuffersAllocated, "buffer_allocations"),
-    (BuffersDropped, "buffer_drops"),
-    (CollectivesDumped, "dumps"),
-    (ResidencyEvent, "residency"),
-    (FlightRecorderDumped, "flight_dumps"),
-)
-
 # RankFold's fields converted to types the journal's codec reads back; a dict is kept as a
 # tuple of records that name their key.
 _CONVERTED: dict[str, Any] = {
@@ -89,7 +73,7 @@ def _as_record(hint: Any) -> Any:
 
 
 def _checkpoint_fields() -> list[tuple[str, Any]]:
-    noted = {name for _, name in _NOTED_LISTS}
+    noted = {name for _, name in NOTED_LISTS}
     hints = typing.get_type_hints(RankFold)
     kept = [
         (f.name, _CONVERTED.get(f.name, _as_record(hints[f.name])))
@@ -109,7 +93,7 @@ FoldCheckpoint = dataclasses.make_dataclass(
 def _noted(fold: RankFold) -> tuple[NotedEvent, ...]:
     return tuple(
         NotedEvent.of(at, state, event)
-        for _, name in _NOTED_LISTS
+        for _, name in NOTED_LISTS
         for at, state, event in getattr(fold, name)
     )
 
@@ -155,10 +139,9 @@ def restore(text: str) -> RankFold:
         setattr(fold, name, list(value) if name in _LISTS else value)
     fold.recent_heartbeats = deque(c.recent_heartbeats, maxlen=RECENT_HEARTBEATS)
     for at, state, event in (noted.restore() for noted in c.noted):
-        for kind, name in _NOTED_LISTS:
-            if isinstance(event, kind):
-                getattr(fold, name).append((at, state, event))
-                break
+        kept_in = noted_list(type(event))
+        if kept_in is not None:
+            getattr(fold, kept_in).append((at, state, event))
     fold.groups = {g.group: GroupTally.of(g) for g in c.groups}
     fold.open_collectives = {o.started.group: o for o in c.open_collectives}
     fold.recent_starts = {g.group: deque(g.starts, maxlen=RECENT_STARTS) for g in c.recent_starts}

@@ -17,6 +17,7 @@ from lifecycle.core.events import (
     CollectivesDumped,
     CollectiveStarted,
     Error,
+    Event,
     FaultInjected,
     FlightRecorderDumped,
     GateDecided,
@@ -51,6 +52,33 @@ RECENT_STARTS = 16
 MAX_CLOCK_OFFSET_S = 1e8
 # Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
 RECENT_HEARTBEATS = 4
+
+
+# The events a fold keeps with when, and in which state, each was written: each kind by the
+# name of the RankFold list that keeps it, in the order a checkpoint writes them.
+NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
+    (Error, "errors"),
+    (FaultInjected, "faults"),
+    (Stalled, "stalls"),
+    (BuffersAllocated, "buffer_allocations"),
+    (BuffersDropped, "buffer_drops"),
+    (CollectivesDumped, "dumps"),
+    (ResidencyEvent, "residency"),
+    (FlightRecorderDumped, "flight_dumps"),
+)
+
+
+_NOTED_BY_KIND: dict[type[Event], str | None] = {}
+
+
+def noted_list(kind: type[Event]) -> str | None:
+    """The RankFold list that keeps events of `kind`, if a fold keeps them."""
+    try:
+        return _NOTED_BY_KIND[kind]
+    except KeyError:
+        found = next((name for noted, name in NOTED_LISTS if issubclass(kind, noted)), None)
+        _NOTED_BY_KIND[kind] = found
+        return found
 
 
 @dataclass(slots=True)
@@ -175,33 +203,19 @@ class RankFold:
                     del self.open_collectives[event.group]
             case BuffersAllocated():
                 self.live_buffer_bytes = event.live_bytes
-                self.buffer_allocations.append((at, stored.state, event))
             case BuffersDropped():
                 self.live_buffer_bytes = 0
-                self.buffer_drops.append((at, stored.state, event))
             case Heartbeat():
                 self.heartbeats += 1
                 self.last_heartbeat_wall = at
                 self.last_heartbeat_pending = event.pending
                 self.recent_heartbeats.append(at)
                 self._mark(event.groups)
-            case Stalled():
-                self.stalls.append((at, stored.state, event))
-            case Error():
-                self.errors.append((at, stored.state, event))
-            case FaultInjected():
-                self.faults.append((at, stored.state, event))
             case RequestStarted():
                 self.requests_started += 1
             case RequestFinished():
                 self.requests_finished += 1
                 self._mark(event.groups)
-            case CollectivesDumped():
-                self.dumps.append((at, stored.state, event))
-            case ResidencyEvent():
-                self.residency.append((at, stored.state, event))
-            case FlightRecorderDumped():
-                self.flight_dumps.append((at, stored.state, event))
             case ClockAligned():
                 self.clock = event
                 self._onto_rank0_clock(event.offset_s, before=at)
@@ -211,6 +225,9 @@ class RankFold:
                 self.unknown.append(event)
             case _:
                 pass
+        noted = noted_list(type(event))
+        if noted is not None:
+            getattr(self, noted).append((at, stored.state, event))
         # The envelope's state is authoritative: it is what the rank had committed to. Not for
         # collective records, which a dump of the ring writes after the state they ran in.
         if (
