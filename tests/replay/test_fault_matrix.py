@@ -9,8 +9,11 @@ import pytest
 
 from lifecycle.core.faults import FaultKind
 from replay.cli import main
+from tests.replay.fastpath import verdicts_agree
 from tests.replay.fault_matrix import CASES, Produced
 
+# Every test that reads the matrix is in this file, so that pytest-xdist (--dist loadfile)
+# makes it once, in one worker.
 pytestmark = [pytest.mark.ranks]
 
 # Exit statuses the launcher gives a rank it ended itself (SIGTERM journaled, or SIGKILL), and
@@ -72,3 +75,11 @@ def test_diagnosis_names_the_faulty_rank_state_and_outcome(
         assert key in doc
     for rank in doc["ranks"]:
         assert {"last_state", "status", "pending_collective", "last_heartbeat_age_s"} <= set(rank)
+
+
+def test_summaries_agree_with_the_full_fold_on_the_fault_matrix(
+    fault_matrix: dict[str, Produced],
+) -> None:
+    """Every fault kind in every state, 2 real ranks each: the same views and verdicts."""
+    for produced in fault_matrix.values():
+        verdicts_agree(produced.db)

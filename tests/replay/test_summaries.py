@@ -20,50 +20,12 @@ from lifecycle.core.fold import RankFold
 from lifecycle.store import Journal, head_revision, journal_revision, to_url
 from lifecycle.store.revisions import alembic_config
 from lifecycle.store.rows import RunRow
-from replay.analysis import analyze, combine
-from replay.diagnose import diagnose
-from replay.load import Journals
-from replay.render import diagnosis_json, summarize_run, summarize_settled
 from tests.conftest import run_cli
 from tests.replay.conftest import Journaled, copy_journal
-from tests.replay.fault_matrix import Produced
+from tests.replay.fastpath import verdicts_agree
 from tests.strategies import events, rank_streams
 
 T0 = 1_800_000_000.0
-
-
-def verdicts_agree(db: str | Path) -> int:
-    """Compare both paths on every run of `db`; how many runs `replay runs` judged from
-    their summaries alone (each of those too is held to the full fold)."""
-    settled = 0
-    with Journals.open([str(db)]) as journals:
-        journals.prefetch_summaries()
-        for run in journals.runs():
-            full = analyze(run, journals.events(run))
-            fast_views = journals.views(run)
-            assert fast_views == full.views, run.run_id
-            fast = combine(run, fast_views)
-            assert fast == full
-            assert _verdict(fast) == _verdict(full)
-            ranks = journals.settled(run)
-            if ranks is not None:
-                settled += 1
-                assert summarize_settled(run, ranks) == summarize_run(
-                    run, diagnose(full, now=T0 + 10_000)
-                )
-    return settled
-
-
-def _verdict(analysis: Any) -> dict[str, Any]:
-    return diagnosis_json(diagnose(analysis, now=T0 + 10_000))
-
-
-def test_summaries_agree_with_the_full_fold_on_the_fault_matrix(
-    fault_matrix: dict[str, Produced],
-) -> None:
-    """Every fault kind in every state, 2 real ranks each: the same views and verdicts."""
-    for produced in fault_matrix.values():
-        verdicts_agree(produced.db)
 
 
 def test_summaries_agree_on_real_startups(
