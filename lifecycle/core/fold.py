@@ -167,23 +167,8 @@ class RankFold:
                 self.shutdown_wall = at
         elif not isinstance(event, Heartbeat):
             self.last_progress = at if self.last_progress is None else max(self.last_progress, at)
+        # The kinds a journal holds most of first: each case is an isinstance test.
         match event:
-            case Transition():
-                self._enter(event.dest, at)
-            case RunStarted():
-                self.run_started = event
-            case GateDecided():
-                self.gate = event
-            case PlanBuilt():
-                self.plan = event
-            case ActionStarted():
-                self.action, self.action_at = event, at
-            case ActionFinished():
-                self.action = self.action_at = None
-                if stored.state == State.READY and event.ok:
-                    self.ready_action_done = True
-            case WarmupRecord():
-                self.warmup_records.append(event)
             case CollectiveStarted():
                 group = self.groups.setdefault(event.group, GroupTally(ranks=event.group_ranks))
                 group.started = max(group.started, event.group_seq)
@@ -201,16 +186,32 @@ class RankFold:
                 opened = self.open_collectives.get(event.group)
                 if opened is not None and opened.started.group_seq == event.group_seq:
                     del self.open_collectives[event.group]
-            case BuffersAllocated():
-                self.live_buffer_bytes = event.live_bytes
-            case BuffersDropped():
-                self.live_buffer_bytes = 0
             case Heartbeat():
                 self.heartbeats += 1
                 self.last_heartbeat_wall = at
                 self.last_heartbeat_pending = event.pending
                 self.recent_heartbeats.append(at)
                 self._mark(event.groups)
+            case Transition():
+                self._enter(event.dest, at)
+            case RunStarted():
+                self.run_started = event
+            case GateDecided():
+                self.gate = event
+            case PlanBuilt():
+                self.plan = event
+            case ActionStarted():
+                self.action, self.action_at = event, at
+            case ActionFinished():
+                self.action = self.action_at = None
+                if stored.state == State.READY and event.ok:
+                    self.ready_action_done = True
+            case WarmupRecord():
+                self.warmup_records.append(event)
+            case BuffersAllocated():
+                self.live_buffer_bytes = event.live_bytes
+            case BuffersDropped():
+                self.live_buffer_bytes = 0
             case RequestStarted():
                 self.requests_started += 1
             case RequestFinished():

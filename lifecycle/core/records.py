@@ -4,6 +4,7 @@ version bump of every event kind that holds it, and an upcaster)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 from lifecycle.core.config import Shape
@@ -12,7 +13,15 @@ from lifecycle.core.config import Shape
 def shared_fields(source: Any, cls: type) -> dict[str, Any]:
     """The values of `source`'s fields that the dataclass `cls` also has, by name: how a record
     is made from another that carries the same facts, without listing them again."""
-    return {f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
+    key = (type(source), cls)
+    names = _SHARED_NAMES.get(key)
+    if names is None:  # once per pair of types: a fold makes a Signature per collective
+        names = tuple(f.name for f in fields(cls) if hasattr(source, f.name))
+        _SHARED_NAMES[key] = names
+    return {name: getattr(source, name) for name in names}
+
+
+_SHARED_NAMES: dict[tuple[type, type], tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,8 +83,13 @@ class Signature:
 
     @classmethod
     def of(cls, started: Signature) -> Signature:
-        """The signature alone, of a record that carries one."""
-        return cls(**shared_fields(started, cls))
+        """The signature alone, of a record that carries one (a fold makes one per collective:
+        its values are read in one C call)."""
+        return cls(**dict(zip(_SIGNATURE_NAMES, _signature_values(started), strict=True)))
+
+
+_SIGNATURE_NAMES = tuple(f.name for f in fields(Signature))
+_signature_values = attrgetter(*_SIGNATURE_NAMES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
