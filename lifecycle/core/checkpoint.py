@@ -22,6 +22,7 @@ from lifecycle.core.fold import (
     RECENT_STARTS,
     GroupTally,
     RankFold,
+    frozen,
     noted_list,
 )
 from lifecycle.core.records import GroupMark
@@ -114,8 +115,7 @@ _LISTS = frozenset(
 
 def checkpoint(fold: RankFold) -> str:
     """The fold as JSON text."""
-    plain = {name: getattr(fold, name) for name in _AS_IS}
-    plain = {k: tuple(v) if isinstance(v, list | deque) else v for k, v in plain.items()}
+    plain = {name: frozen(getattr(fold, name)) for name in _AS_IS}
     return dumps_record(
         FoldCheckpoint(
             **plain,

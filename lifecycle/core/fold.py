@@ -322,7 +322,7 @@ class RankFold:
         self.state = state
 
     def view(self) -> RankView:
-        as_is = {name: _frozen(getattr(self, name)) for name in _VIEW_AS_IS}
+        as_is = {name: frozen(getattr(self, name)) for name in _VIEW_AS_IS}
         return RankView(
             **as_is,
             skip_reason=self.plan.skip_reason if self.plan else self.gate_skip_reason,
@@ -348,7 +348,8 @@ _VIEW_AS_IS = tuple(
 )
 
 
-def _frozen(value: Any) -> Any:
+def frozen(value: Any) -> Any:
+    """A fold's list or deque as a tuple, for a view or a checkpoint; anything else as it is."""
     return tuple(value) if isinstance(value, list | deque) else value
 
 

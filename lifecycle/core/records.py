@@ -13,15 +13,7 @@ from lifecycle.core.config import Shape
 def shared_fields(source: Any, cls: type) -> dict[str, Any]:
     """The values of `source`'s fields that the dataclass `cls` also has, by name: how a record
     is made from another that carries the same facts, without listing them again."""
-    key = (type(source), cls)
-    names = _SHARED_NAMES.get(key)
-    if names is None:  # once per pair of types: a fold makes a Signature per collective
-        names = tuple(f.name for f in fields(cls) if hasattr(source, f.name))
-        _SHARED_NAMES[key] = names
-    return {name: getattr(source, name) for name in names}
-
-
-_SHARED_NAMES: dict[tuple[type, type], tuple[str, ...]] = {}
+    return {f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
