@@ -85,10 +85,6 @@ def clock_for(rank: int, env: Mapping[str, str]) -> SystemClock:
 Listener = Callable[[StoredEvent], None]
 
 
-def _not_started() -> State:
-    return State.CREATED
-
-
 def dump_reason(event: Event, ring: deque[tuple[Event, str, float, int]]) -> str | None:
     """Why recording `event` writes the ring first, if it does: the trouble it reports."""
     match event:
@@ -148,7 +144,11 @@ class Recorder:
         self.ring_dropped = 0  # records that fell out of the ring since its last dump
         self._listeners: list[Listener] = []
         self._on_trouble: Callable[[str], object] | None = None
-        self._state_of: Callable[[], State] = _not_started
+        # The state the journal holds for this rank: that of its latest transition. Events are
+        # stamped with it under the same lock that orders appends, so that an event appended
+        # after a transition never carries the state before it (the heartbeat thread records
+        # beside the main thread, whose machine moves only after its transition is journaled).
+        self._state = State.CREATED
         self._offset_s = 0.0  # this rank's clock minus rank 0's, once measured
         # Made now, so that /metrics shows this rank's zero errors before any append fails.
         self._append_seconds = JOURNAL_APPEND_SECONDS.labels(rank=str(writer.rank))
@@ -176,10 +176,10 @@ class Recorder:
         with self._lock:
             self._offset_s = offset_s
 
-    def follow(self, state_of: Callable[[], State]) -> None:
-        """Stamp events with the state `state_of` reports (the rank's machine, which is the
-        only holder of its state)."""
-        self._state_of = state_of
+    @property
+    def state(self) -> State:
+        """The state this rank's journal holds: that of the latest transition recorded."""
+        return self._state
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -189,32 +189,38 @@ class Recorder:
         self._on_trouble = call
 
     def record(self, event: Event, *, state: State | None = None) -> StoredEvent | None:
-        """Commit one event (its envelope state is `state`, else the current state)."""
+        """Commit one event. A transition passes the state it enters as `state`: this event
+        and every later one carry it; any other event carries the state journaled last."""
         stored = self._record(event, state)
         if self._on_trouble is not None and (reason := trouble(event)) is not None:
             self._on_trouble(reason)
         return stored
 
-    def _record(self, event: Event, state: State | None) -> StoredEvent | None:
-        stamp = (
-            (state or self._state_of()).value,
+    def _stamp(self, state: State | None = None) -> tuple[str, float, int]:
+        return (
+            (state or self._state).value,
             self._clock.wall() - self._offset_s,
             self._clock.mono_ns(),
         )
+
+    def _record(self, event: Event, state: State | None) -> StoredEvent | None:
         with self._lock:
+            stamp = self._stamp(state)
             ring = self._ring
-            if ring is not None:
-                if event.kind in RING_KINDS:
-                    if len(ring) == ring.maxlen:
-                        self.ring_dropped += 1
-                    ring.append((event, *stamp))
-                    return None
-                reason = dump_reason(event, ring)
-                if reason is not None and (ring or self.ring_dropped):
-                    return self._publish(self._append([
-                        *self._dump_items(reason, stamp), (event, *stamp)
-                    ]))[-1]  # fmt: skip
-            return self._publish(self._append([(event, *stamp)]))[0]
+            if ring is not None and event.kind in RING_KINDS:
+                if len(ring) == ring.maxlen:
+                    self.ring_dropped += 1
+                ring.append((event, *stamp))
+                return None
+            reason = None if ring is None else dump_reason(event, ring)
+            if reason is not None and (ring or self.ring_dropped):
+                items = [*self._dump_items(reason, stamp), (event, *stamp)]
+            else:
+                items = [(event, *stamp)]
+            stored = self._publish(self._append(items))[-1]
+            if state is not None:
+                self._state = state
+            return stored
 
     def _append(self, items: list[tuple[Event, str, float, int]]) -> list[StoredEvent]:
         """Commit `items` in one transaction, timed and counted for /metrics."""
@@ -243,12 +249,7 @@ class Recorder:
         written = 0
         with self._lock:
             if self._ring is not None:  # before ready every collective record is journaled
-                stamp = (
-                    self._state_of().value,
-                    self._clock.wall() - self._offset_s,
-                    self._clock.mono_ns(),
-                )
-                items = self._dump_items(reason, stamp)
+                items = self._dump_items(reason, self._stamp())
                 self._publish(self._append(items))
                 written = len(items) - 1
         if self._on_trouble is not None:

@@ -101,7 +101,6 @@ class RankSession:
             calibration_open=lambda: self.runtime is not None and self.runtime.calibration_open,
             table=table,
         )
-        recorder.follow(lambda: self.machine.state)
         self.heartbeat = HeartbeatThread(
             recorder,
             machine=self.machine,
