@@ -3,13 +3,17 @@ both ends of the loopback connection that carries them."""
 
 from __future__ import annotations
 
+import os
 import queue
 import secrets
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from lifecycle.core.config import Shape
 from lifecycle.core.errors import LifecycleError
@@ -178,36 +182,82 @@ class RankLink:
         return True
 
 
+# A connection to the control port must complete the authkey handshake and say which rank it
+# is within this long: a rank does so at once, and anything else (a port scanner, a client
+# that connects and says nothing) is dropped without holding up the ranks.
+HANDSHAKE_S = 10.0
+ACCEPT_POLL_S = 0.2  # how often the accept loop looks whether the channel was closed
+
+
+def _bound_io(sock: socket.socket, seconds: float) -> None:
+    """Make a blocking read or write on `sock` fail after `seconds` (0: wait for ever), for
+    every descriptor of the socket: multiprocessing's Connection reads the descriptor itself,
+    past the Python socket's own timeout."""
+    whole = int(seconds)
+    value = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
 class ControlChannel:
     """A loopback listener the rank processes connect to, authenticated by a random key."""
 
     def __init__(self) -> None:
         self.authkey = secrets.token_bytes(32)
-        self.listener = Listener(("127.0.0.1", 0), authkey=self.authkey)
-        host, port = self.listener.address
+        self._listening = socket.create_server(("127.0.0.1", 0))
+        self._listening.settimeout(ACCEPT_POLL_S)
+        host, port = self._listening.getsockname()[:2]
         self.host, self.port = str(host), int(port)
         self.links: dict[int, RankLink] = {}
         self._lock = threading.Lock()
         self._request: RequestInFlight | None = None
+        self._closed = threading.Event()
 
     def accept(self, count: int) -> None:
-        """Accept `count` ranks (each says hello with its rank); runs in its own thread."""
-        for _ in range(count):
+        """Take connections until `count` ranks have said hello (each with its rank) or the
+        channel closes; runs in its own thread. Each connection is vetted on a thread of its
+        own, so that one that stalls or sends garbage holds up no other."""
+        with self._listening:
+            while not self._closed.is_set():
+                with self._lock:
+                    if len(self.links) >= count:
+                        return
+                try:
+                    sock, _ = self._listening.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                threading.Thread(
+                    target=self._admit, args=(sock,), name="control-handshake", daemon=True
+                ).start()
+
+    def _admit(self, sock: socket.socket) -> None:
+        """Link the rank on `sock` once it proved it holds the key and said hello within
+        HANDSHAKE_S; else drop it."""
+        with sock:
+            _bound_io(sock, HANDSHAKE_S)
+            connection = Connection(os.dup(sock.fileno()))
             try:
-                connection = self.listener.accept()
+                deliver_challenge(connection, self.authkey)
+                answer_challenge(connection, self.authkey)
                 hello = connection.recv()
-            except (OSError, EOFError):
-                return
-            if not isinstance(hello, Hello):
+            except (OSError, EOFError, AuthenticationError):
+                hello = None
+            if not isinstance(hello, Hello) or self._closed.is_set():
                 connection.close()
-                continue
-            link = RankLink(connection=connection)
-            with self._lock:
-                self.links[hello.rank] = link
-            threading.Thread(
-                target=self._read, args=(hello.rank, link), name=f"rank-{hello.rank}-link",
-                daemon=True,
-            ).start()  # fmt: skip
+                return
+            _bound_io(sock, 0)  # a rank's link is read for as long as the rank lives
+        link = RankLink(connection=connection)
+        with self._lock:
+            if hello.rank in self.links:
+                connection.close()
+                return
+            self.links[hello.rank] = link
+        threading.Thread(
+            target=self._read, args=(hello.rank, link), name=f"rank-{hello.rank}-link",
+            daemon=True,
+        ).start()  # fmt: skip
 
     def _read(self, rank: int, link: RankLink) -> None:
         while True:
@@ -256,7 +306,7 @@ class ControlChannel:
         ]
 
     def close(self) -> None:
-        self.listener.close()
+        self._closed.set()
 
 
 # -- the rank's end ----------------------------------------------------------------------------

@@ -60,14 +60,14 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(tmp_path: Path, *extra: str) -> Iterator[Served]:
+def serve(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[Served]:
     port = free_port()
     with (tmp_path / "serve.log").open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lifecycle", "serve", "--model", "micro-video",
              "--db", "j.db", "--port", str(port), "--log-level", "warning", *extra],
             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
         )  # fmt: skip
         served = Served(proc, f"http://127.0.0.1:{port}", tmp_path / "j.db")
         try:

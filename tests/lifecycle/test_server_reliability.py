@@ -258,3 +258,67 @@ def test_sigterm_during_a_long_request_stops_serve_and_every_rank_journals_it(
         assert isinstance(tail[0].event, Shutdown), tail
         assert tail[0].event.reason == "launcher received SIGTERM"
         assert isinstance(tail[1].event, Transition) and tail[1].state == "stopped"
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (what `ss -ltnp` shows for it)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:[") : -1])
+    ports = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
+            ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+def held_back_ranks(tmp_path: Path, seconds: float) -> dict[str, str]:
+    """An environment in which every rank process starts `seconds` late (a sitecustomize
+    that sleeps where the launcher's worker variable is set), so that a test is first at the
+    control port."""
+    folder = tmp_path / "held-back"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        f"import os, time\nif 'LIFECYCLE_WORKER' in os.environ:\n    time.sleep({seconds})\n"
+    )
+    return {"PYTHONPATH": str(folder)}
+
+
+def test_strangers_on_the_control_port_do_not_keep_the_ranks_out(tmp_path: Path) -> None:
+    """An idle connection and two that send garbage, all made to the launcher's control port
+    before the ranks connect, neither stop the ranks from being accepted (/health turns 200)
+    nor stay connected past the handshake bound, and the log holds no traceback."""
+    env = held_back_ranks(tmp_path, 3.0)
+    with serve(tmp_path, "--num-ranks", "2", "--warmup-mode", "none", *FAST, env=env) as served:
+        http_port = int(served.url.rsplit(":", 1)[1])
+
+        def control_port() -> int | None:
+            ports = listening_ports(served.proc.pid) - {http_port}
+            return ports.pop() if len(ports) == 1 else None
+
+        wait_until(lambda: control_port() is not None, within=60, what="control port open")
+        port = control_port()
+        assert port is not None
+        idle = socket.create_connection(("127.0.0.1", port), timeout=60)
+        scanner = socket.create_connection(("127.0.0.1", port), timeout=60)
+        scanner.sendall(b"GET / HTTP/1.1\r\nHost: lifecycle\r\n\r\n")
+        framed = socket.create_connection(("127.0.0.1", port), timeout=60)
+        framed.sendall(len(b"not the digest").to_bytes(4, "big") + b"not the digest")
+        try:
+            served.wait_for_health(200, within=120)
+            # The server speaks first (its challenge), then hangs up on the silent client.
+            received = b""
+            while chunk := idle.recv(4096):
+                received += chunk
+            assert received, "the idle client was sent a challenge before it was dropped"
+        finally:
+            for sock in (idle, scanner, framed):
+                sock.close()
+        assert stop_within(served, 60) == 0
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
