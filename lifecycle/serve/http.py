@@ -18,6 +18,7 @@ from typing import Any
 import anyio.to_thread
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,9 +58,12 @@ class BodyTooLarge(LifecycleError):
 
 
 class GenerateBody(BaseModel):
-    """The body of POST /generate; omitted fields take the model's defaults."""
+    """The body of POST /generate; omitted fields take the model's defaults.
 
-    model_config = ConfigDict(extra="forbid")
+    Strict: a size is a JSON integer, never a float (3.0, NaN, 1e400), a bool or a string.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     width: int | None = Field(default=None, ge=16, le=MAX_SIDE)
     height: int | None = Field(default=None, ge=16, le=MAX_SIDE)
@@ -134,6 +138,17 @@ def _unavailable(exc: ServiceUnavailable) -> HTTPException:
     return HTTPException(status_code=503, detail=exc.detail, headers=headers)
 
 
+async def _refuse_body(_request: Request, exc: Exception) -> JSONResponse:
+    """422 naming each field that was refused, and why, without the value sent: NaN or an
+    infinity (which Python's JSON reader accepts) cannot be written back as JSON."""
+    assert isinstance(exc, RequestValidationError)
+    detail = [
+        {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
+        for error in exc.errors()
+    ]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
 def create_app(service: Service, metrics: Metrics) -> FastAPI:
     """The FastAPI application; every endpoint reads the service, none touches torch.
 
@@ -143,6 +158,7 @@ def create_app(service: Service, metrics: Metrics) -> FastAPI:
     """
     app = FastAPI(title="lifecycle", version="0.1.0")
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_exception_handler(RequestValidationError, _refuse_body)
 
     @app.get("/liveness")
     async def liveness() -> JSONResponse:

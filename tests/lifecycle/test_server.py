@@ -189,3 +189,39 @@ def test_a_failed_rank_turns_health_503_for_good(tmp_path: Path) -> None:
         assert rank1["first_error"]["state"] == "bounded-warm"
         assert served.client.post("/generate", json=BODY).status_code == 503
         served.stop()
+
+
+def test_generate_refuses_numbers_that_are_not_plain_integers_with_422_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    """NaN, infinities, 1e400, floats, bools, strings and out-of-range values in any size
+    field of /generate are each a 422 naming that field, and the log gets no traceback (at
+    most one line)."""
+    with serve(tmp_path, "--num-ranks", "1", "--warmup-mode", "none") as served:
+        served.wait_for_health(200, within=120)
+        log = tmp_path / "serve.log"
+        logged = log.read_text()
+        values = (
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1e400",
+            "true",
+            "256.0",
+            '"256"',
+            "-16",
+            "100000",
+        )
+        for field in ("width", "height", "frames", "steps"):
+            for value in values:
+                body = f'{{"prompt": "a lighthouse", "{field}": {value}}}'
+                response = served.client.post(
+                    "/generate", content=body, headers={"content-type": "application/json"}
+                )
+                assert response.status_code == 422, (field, value, response.text)
+                (error,) = response.json()["detail"]
+                assert error["loc"] == ["body", field], (value, error)
+        added = log.read_text().removeprefix(logged)
+        assert "Traceback" not in added
+        assert len(added.splitlines()) <= 1, added
+        assert served.stop() == 0
