@@ -22,7 +22,7 @@ from lifecycle.core.gates import (
     evaluate_gates,
 )
 from lifecycle.core.plan import WarmupPlan, WarmupRequest, build_plan, fit_probe
-from lifecycle.core.residency import candidates, choose, plan_residency
+from lifecycle.core.residency import replan, same_plan
 from lifecycle.core.states import State, Trigger, next_state
 from replay.load import RunInfo
 
@@ -145,15 +145,13 @@ def _verify_residency(ranks: dict[int, _RankRecord], checked: list[str]) -> list
     planned = {r: rec.residency for r, rec in sorted(ranks.items()) if rec.residency is not None}
     if not planned:
         return []
-    tables = [candidates(p.given) for p in planned.values()]
-    if len({len(t) for t in tables}) != 1:
+    decided = replan([p.given for p in planned.values()])
+    if decided is None:
         return ["ranks recorded residency options of different lengths: no common plan"]
-    agreed = choose(tables)
     out = []
-    for rank, recorded in planned.items():
-        today = plan_residency(recorded.given, agreed=agreed)
+    for (rank, recorded), today in zip(planned.items(), decided, strict=True):
         checked.append(f"rank {rank} residency plan")
-        if (today.plan_id, today.fits) != (recorded.plan.plan_id, recorded.plan.fits):
+        if not same_plan(recorded.plan, today):
             out.append(
                 f"rank {rank}: recorded residency plan {recorded.plan.plan_id}"
                 f" ({'fits' if recorded.plan.fits else 'none fits'}); today's planner:"

@@ -207,6 +207,26 @@ def choose(tables: Sequence[Sequence[Candidate]]) -> tuple[int, bool]:
     return min(range(count), key=lambda i: (peak(i), seconds(i), i)), False
 
 
+def replan(given: Sequence[PlannerInput]) -> list[ResidencyPlan] | None:
+    """Every rank's plan decided again from the inputs it journaled (in rank order), agreeing
+    as the ranks did; None when their options differ in number (no plan is common to them)."""
+    tables = [candidates(g) for g in given]
+    if not tables or len({len(t) for t in tables}) != 1:
+        return None
+    agreed = choose(tables)
+    return [plan_residency(g, agreed=agreed) for g in given]
+
+
+def same_plan(recorded: ResidencyPlan, decided: ResidencyPlan) -> bool:
+    """Whether a journaled plan is the one its inputs decide: the same choices, fitting or not
+    alike, with the same predicted peak (the reason's words may change between versions)."""
+    return (recorded.choices, recorded.fits, recorded.predicted_peak_bytes) == (
+        decided.choices,
+        decided.fits,
+        decided.predicted_peak_bytes,
+    )
+
+
 def plan_residency(given: PlannerInput, *, agreed: tuple[int, bool] | None = None) -> ResidencyPlan:
     """This rank's plan: the fastest combination whose predicted peak, with the probe's
     headroom, fits the budget, or the one the ranks `agreed` on (see `choose`); when none

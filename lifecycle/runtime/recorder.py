@@ -171,6 +171,10 @@ class Recorder:
         startup decides the reuse of a verified plan from."""
         return self._writer.residency_history(model)
 
+    def planned_inputs(self, run_id: str) -> list[StoredEvent]:
+        """Every rank's `residency_planned` events of `run_id`: the inputs its plan came from."""
+        return self._writer.planned_inputs(run_id)
+
     def align_clock(self, offset_s: float) -> None:
         """From now on stamp events on rank 0's clock: this clock's time less `offset_s`."""
         with self._lock:

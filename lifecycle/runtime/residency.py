@@ -39,6 +39,8 @@ from lifecycle.core.residency import (
     plan_residency,
     predict,
     reference_choices,
+    replan,
+    same_plan,
     verify_peak,
 )
 from lifecycle.runtime.pipeline import resident
@@ -96,9 +98,46 @@ def find_reuse(rt: RankRuntime, platform: Platform) -> Reuse:
         history = rt.recorder.residency_history(args.model.name)
     except JournalError as exc:
         return Reuse(stored=None, reason=f"the journal's plans could not be read: {exc}")
-    return choose_reuse(
+    reuse = choose_reuse(
         rt.fingerprint, stored_plans(history), budget_bytes=budget_for(rt, platform)
     )
+    return reuse if reuse.stored is None else _replanned(rt, reuse.stored, reuse)
+
+
+def _replanned(rt: RankRuntime, stored: StoredPlan, reuse: Reuse) -> Reuse:
+    """`reuse` when the plan is the one its own run's journaled inputs decide, as `replay
+    verify` checks it; else calibrate: a plan edited in the journal is never applied on trust.
+    With every rank's inputs the agreed plan is decided again; with some missing (a journal
+    that holds only some of the ranks), rank 0's plan must be one of its own candidates, with
+    the prediction its inputs make."""
+    origin = stored.verified_in or stored.run_id
+    try:
+        planned = rt.recorder.planned_inputs(origin)
+    except JournalError as exc:
+        return Reuse(
+            stored=None, reason=f"the inputs of run {origin}'s plan could not be read: {exc}"
+        )
+    given = {s.rank: s.event.given for s in planned if isinstance(s.event, ev.ResidencyPlanned)}
+    decided: ResidencyPlan | None = None
+    if set(given) == set(range(rt.args.num_ranks)):
+        plans = replan([given[rank] for rank in sorted(given)])
+        decided = plans[0] if plans is not None else None
+    elif 0 in given:
+        decided = next(
+            (
+                plan_residency(given[0], agreed=(index, candidate.fits))
+                for index, candidate in enumerate(candidates(given[0]))
+                if candidate.choices == stored.plan.choices
+            ),
+            None,
+        )
+    if decided is None or not same_plan(stored.plan, decided):
+        return Reuse(
+            stored=None,
+            reason=f"plan {stored.plan.plan_id} from run {origin} is not the plan its journaled"
+            " inputs decide; it is not reused",
+        )
+    return reuse
 
 
 def _options(rt: RankRuntime, role: Role) -> tuple[ResidencyOption, ...]:

@@ -44,6 +44,18 @@ def residency_history(
     return [s for s in decoded if s is not None and not isinstance(s.event, UnknownEvent)]
 
 
+def planned_inputs(conn: Connection, run_id: str) -> list[StoredEvent]:
+    """Every rank's `residency_planned` events of one run, in rank order: what its plan is
+    decided again from before a later startup reuses it."""
+    rows = conn.execute(
+        EVENT_ROW.where(events.c.run_id == run_id, events.c.kind == "residency_planned").order_by(
+            events.c.rank, events.c.seq
+        )
+    ).all()
+    decoded = (decode_row(row, "")[0] for row in rows)
+    return [s for s in decoded if s is not None and not isinstance(s.event, UnknownEvent)]
+
+
 def _model_of(config: Any) -> str | None:
     if isinstance(config, str):
         try:

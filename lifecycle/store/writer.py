@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Dialect, Engine, Table, bindparam, select
@@ -15,7 +17,7 @@ from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, 
 from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend
 from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
-from lifecycle.store.plans import residency_history
+from lifecycle.store.plans import planned_inputs, residency_history
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
 from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
 
@@ -36,6 +38,17 @@ _CLOSING_KINDS = frozenset(
 )
 
 _CHECKPOINT = ("fold_version", "fold_seq", "fold")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredRow:
+    """An event row as a journal holds it: the event it decodes to, in its envelope, and its
+    kind, version and payload text as written (an unknown kind's included)."""
+
+    stored: StoredEvent
+    kind: str
+    version: int
+    data: str
 
 
 class _Statement:
@@ -111,6 +124,7 @@ class RankWriter:
             self._conn.close()
             raise JournalConflict(run_id=run_id, rank=rank, seq=0 if after is None else -1)
         self._next_seq = 0 if after is None else after.last_seq + 1
+        self._summarized = after is not None  # the rank's summary row exists
         self._closed = False
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
         dialect = engine.dialect
@@ -135,62 +149,91 @@ class RankWriter:
         all of them or none."""
         payloads = [encode(item[0]) for item in items]
         with self._lock:
-            if self._failure is not None:
-                # A write failed: appending past it would leave a hole that the gapless
-                # sequence numbers hide, so this writer records nothing more.
-                raise JournalWriteFailed(location=self._location, reason=self._failure.reason)
-            if self._closed:
-                raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
+            self._check_writable()
             first = self._next_seq
-            rows: list[Any] = []
-            stored = []
-            for offset, ((event, state, wall_time, mono_ns), payload) in enumerate(
-                zip(items, payloads, strict=True)
-            ):
-                row = (self.run_id, self.rank, first + offset, wall_time, mono_ns, event.kind,
-                       event.version, state, payload, *_collective_columns(event))  # fmt: skip
-                if self._positional and self._order == _COLUMN_ORDER:
-                    rows.append(row)
-                else:
-                    values = dict(zip(_COLUMN_ORDER, row, strict=True))
-                    rows.append(
-                        tuple(values[k] for k in self._order) if self._positional else values
-                    )
-                stored.append(
-                    StoredEvent(
-                        run_id=self.run_id,
-                        rank=self.rank,
-                        seq=first + offset,
-                        wall_time=wall_time,
-                        mono_ns=mono_ns,
-                        state=state,
-                        event=event,
-                    )
+            stored = [
+                StoredEvent(
+                    run_id=self.run_id,
+                    rank=self.rank,
+                    seq=first + offset,
+                    wall_time=wall_time,
+                    mono_ns=mono_ns,
+                    state=state,
+                    event=event,
                 )
-            started = time.perf_counter()
-            for item in stored:
-                self._fold.apply(item)
-            self._insert(rows, first, self._summary(first, items))
-            self.write_s += time.perf_counter() - started
-            self._next_seq = first + len(rows)
+                for offset, (event, state, wall_time, mono_ns) in enumerate(items)
+            ]
+            self._write(
+                stored,
+                [
+                    self._row(item, item.event.kind, item.event.version, payload)
+                    for item, payload in zip(stored, payloads, strict=True)
+                ],
+            )
         return stored
 
-    def _summary(
-        self, first: int, items: list[tuple[Event, str, float, int]]
-    ) -> list[tuple[str, Any]]:
+    def append_rows(self, rows: Sequence[StoredRow]) -> None:
+        """Append rows another journal holds, in one transaction, each as it is there: its own
+        seq (a gap stays a gap), kind, version and payload text (`lifecycle db copy`)."""
+        with self._lock:
+            self._check_writable()
+            after = self._next_seq - 1
+            for row in rows:
+                if row.stored.seq <= after:
+                    raise JournalError(
+                        f"{self._location}: seq {row.stored.seq} of run {self.run_id} rank"
+                        f" {self.rank} does not come after seq {after}"
+                    )
+                after = row.stored.seq
+            self._write(
+                [row.stored for row in rows],
+                [self._row(row.stored, row.kind, row.version, row.data) for row in rows],
+            )
+
+    def _check_writable(self) -> None:
+        if self._failure is not None:
+            # A write failed: appending past it would leave a hole that the gapless
+            # sequence numbers hide, so this writer records nothing more.
+            raise JournalWriteFailed(location=self._location, reason=self._failure.reason)
+        if self._closed:
+            raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
+
+    def _row(self, stored: StoredEvent, kind: str, version: int, payload: str) -> Any:
+        """The INSERT's parameters for one event row, in the driver's form."""
+        row = (self.run_id, self.rank, stored.seq, stored.wall_time, stored.mono_ns, kind,
+               version, stored.state, payload, *_collective_columns(stored.event))  # fmt: skip
+        if self._positional and self._order == _COLUMN_ORDER:
+            return row
+        values = dict(zip(_COLUMN_ORDER, row, strict=True))
+        return tuple(values[k] for k in self._order) if self._positional else values
+
+    def _write(self, stored: list[StoredEvent], rows: list[Any]) -> None:
+        """Commit `rows` (of the events `stored`) with the summary they bring; under the lock."""
+        if not stored:
+            return
+        started = time.perf_counter()
+        for item in stored:
+            self._fold.apply(item)
+        self._insert(rows, stored[0].seq, self._summary(stored))
+        self._summarized = True
+        self.write_s += time.perf_counter() - started
+        self._next_seq = stored[-1].seq + 1
+
+    def _summary(self, stored: list[StoredEvent]) -> list[tuple[str, Any]]:
         """The statements that bring this rank's summary row up to the batch, in its
         transaction, and a new checkpoint of the fold when the batch holds an event that may
         end the rank's journal, or the last one is CHECKPOINT_EVERY events old."""
         fold = self._fold
-        closing = any(item[0].kind in _CLOSING_KINDS for item in items)
-        fresh = first == 0 or closing or fold.last_seq - self._fold_seq >= CHECKPOINT_EVERY
+        new = not self._summarized
+        closing = any(item.event.kind in _CLOSING_KINDS for item in stored)
+        fresh = new or closing or fold.last_seq - self._fold_seq >= CHECKPOINT_EVERY
         key = {"key_run_id": self.run_id, "key_rank": self.rank}
-        row = {"run_id": self.run_id, "rank": self.rank} if first == 0 else key
-        then = [self._summary_insert if first == 0 else self._summary_update]
+        row = {"run_id": self.run_id, "rank": self.rank} if new else key
+        then = [self._summary_insert if new else self._summary_update]
         values = [{**row, **summary_values(fold)}]
         if fresh:
             self._fold_seq = fold.last_seq
-            then.append(self._checkpoint_insert if first == 0 else self._checkpoint_update)
+            then.append(self._checkpoint_insert if new else self._checkpoint_update)
             values.append({**row, **checkpoint_values(fold)})
         return [(st.sql, st.params(v)) for st, v in zip(then, values, strict=True)]
 
@@ -217,6 +260,16 @@ class RankWriter:
         try:
             with self._engine.connect() as conn:
                 found: list[StoredEvent] = residency_history(conn, model)
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self._location) from None
+        return found
+
+    def planned_inputs(self, run_id: str) -> list[StoredEvent]:
+        """Every rank's `residency_planned` events of `run_id` (store.plans), read on a
+        connection of its own."""
+        try:
+            with self._engine.connect() as conn:
+                found: list[StoredEvent] = planned_inputs(conn, run_id)
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self._location) from None
         return found

@@ -208,3 +208,54 @@ def test_an_offloaded_text_encoder_gives_its_weights_back_and_encodes_the_same()
     assert all(p.is_meta for p in pipeline.text_encoder.parameters())
     pipeline.apply_residency([o for o in options if o.reference])
     assert not any(p.is_meta for p in pipeline.text_encoder.parameters())
+
+
+def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A verified plan whose choices were edited in the journal (its VAE option swapped for
+    another declared one) is not the plan its journaled inputs decide: the next startup
+    calibrates and says so, as `replay verify` flags the same run."""
+    import json
+    import sqlite3
+
+    from tests.conftest import run_cli
+
+    args = ("boot", "--db", "j.db", "--model", "micro-video")
+    assert lifecycle_cli(*args).returncode == 0
+    (first,) = runs_of(tmp_path / "j.db")
+    (planned,) = of(first, ev.ResidencyPlanned)
+    chosen = {o.component: o.name for o in planned.event.plan.choices}
+    forged = next(
+        o
+        for o in planned.event.given.options
+        if o.component == "vae" and o.name != chosen["vae"] and not o.reference
+    )
+    with sqlite3.connect(tmp_path / "j.db") as conn:
+        rows = conn.execute(
+            "SELECT rowid, data FROM events WHERE kind LIKE 'residency_%'"
+        ).fetchall()
+        for rowid, data in rows:
+            doc = json.loads(data)
+            doc["plan"]["choices"] = [
+                {**c, "name": forged.name, "peak_scale": forged.peak_scale,
+                 "time_scale": forged.time_scale, "reference": forged.reference}
+                if c["component"] == "vae" else c
+                for c in doc["plan"]["choices"]
+            ]  # fmt: skip
+            conn.execute("UPDATE events SET data = ? WHERE rowid = ?", (json.dumps(doc), rowid))
+
+    check = run_cli("replay", ["verify", first[0].run_id, "j.db"], cwd=tmp_path, timeout=120)
+    assert check.returncode == 1
+    assert f"recorded residency plan vae={forged.name} (fits)" in check.stdout
+
+    again = lifecycle_cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "calibration skipped" not in again.stdout
+    second = runs_of(tmp_path / "j.db")[1]
+    assert path(second) == CALIBRATED
+    (replanned,) = of(second, ev.ResidencyPlanned)
+    assert replanned.event.reuse == (
+        f"plan vae={forged.name} from run"
+        f" {first[0].run_id} is not the plan its journaled inputs decide; it is not reused"
+    )
