@@ -88,14 +88,7 @@ def run_db_command(ns: argparse.Namespace) -> int:
         if ns.db_command == "prune":
             return _prune(ns)
         if ns.db_command == "copy":
-            from lifecycle.store.copy import copy_journal
-
-            with Journal.open_for_read(ns.db) as source, Journal.open_for_write(ns.to) as into:
-                copied = copy_journal(
-                    source, into, run_ids=set(ns.run) if ns.run is not None else None
-                )
-            print(copied.line(source.location, into.location))
-            return 0
+            return _copy(ns)
         with Journal.open_for_write(ns.db, upgrade=True) as journal:
             filled = journal.backfill_summaries()
         shown = journal.location
@@ -107,6 +100,24 @@ def run_db_command(ns: argparse.Namespace) -> int:
         return fail_unjournaled(exc)
     except LifecycleError as exc:
         return fail_usage(str(exc))
+
+
+def _copy(ns: argparse.Namespace) -> int:
+    from lifecycle.store import Journal
+    from lifecycle.store.copy import CopyStopped, copy_journal, runs_to_copy
+
+    with Journal.open_for_read(ns.db) as source:
+        # The runs named are checked before the destination is opened, which creates it.
+        runs_to_copy(source, ns.run)
+        with Journal.open_for_write(ns.to) as into:
+            try:
+                copied = copy_journal(source, into, run_ids=ns.run)
+            except CopyStopped as exc:
+                sys.stdout.flush()
+                print(f"lifecycle: error: {exc}", file=sys.stderr)
+                return EXIT_UNJOURNALED if exc.unjournaled else EXIT_USAGE
+        print(copied.line(source.location, into.location))
+    return 0
 
 
 def _prune(ns: argparse.Namespace) -> int:

@@ -1,80 +1,188 @@
 """`lifecycle db copy`: a node's journal (its black box) into the fleet's, run by run.
 
-Each rank's events are written as its own writer wrote them (same sequence numbers, states,
-times), through a RankWriter, so the copy gets its summaries and its key checks. A rank the
-destination holds all of is left as it is and counted; one it holds the start of (a run that
-was still being written at the last copy) is completed from where it ends.
+Each rank's rows are written as its own writer wrote them: the same sequence numbers (a gap
+stays a gap), states, times, kinds, versions and payloads, a kind this lifecycle cannot read
+included. They go through a RankWriter, so the copy gets its summaries, fold checkpoints and
+key checks. A rank the destination holds up to the source's last row is left as it is and
+counted; one it holds the start of (a run that was still being written at the last copy) is
+completed from where it ends.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lifecycle.core.errors import JournalConflict
-from lifecycle.core.events import Event, UnknownEvent
+from lifecycle.core.errors import ConfigError, JournalConflict, JournalError, JournalWriteFailed
+from lifecycle.core.events import UnknownEvent
+from lifecycle.core.runid import checked_run_id
 from lifecycle.store.journal import Journal
+from lifecycle.store.rows import RunRow
+from lifecycle.store.writer import RankWriter, StoredRow
 
-COPY_BATCH = 1000  # events a transaction
+COPY_BATCH = 1000  # rows a transaction
 
 
-@dataclass
+@dataclass(slots=True)
 class Copied:
-    runs: int = 0
+    """What a copy has written so far, and what it found there already or could not write."""
+
+    runs: int = 0  # runs with rows written by this copy
     ranks: int = 0
     events: int = 0
     present: int = 0  # ranks the destination held whole already
     completed: int = 0  # ranks it held the start of, completed
-    undecodable: int = 0  # rows of kinds this lifecycle cannot write back (left out)
+    undecodable: int = 0  # rows this lifecycle cannot read, written as they are
+    left_out: int = 0  # rows that cannot be written as they are (a malformed row): seq gaps
+
+    def written(self) -> str:
+        return f"{self.events:,} events of {self.ranks} rank(s) in {self.runs} run(s)"
 
     def line(self, source: str, destination: str) -> str:
-        text = (
-            f"{source} -> {destination}: copied {self.events:,} events of {self.ranks} rank(s)"
-            f" in {self.runs} run(s)"
-        )
+        text = f"{source} -> {destination}: copied {self.written()}"
         if self.completed:
             text += f" ({self.completed} of them completed from where an earlier copy ended)"
+        if self.undecodable:
+            text += (
+                f", {self.undecodable} row(s) among them that this version cannot read"
+                " (copied as they are)"
+            )
         if self.present:
             text += f"; {self.present} rank(s) already there, left as they are"
-        if self.undecodable:
-            text += f"; {self.undecodable} undecodable row(s) left out"
+        if self.left_out:
+            text += f"; {self.left_out} malformed row(s) left out (a gap in their rank's seq)"
         return text
 
 
-def copy_journal(source: Journal, destination: Journal, *, run_ids: set[str] | None) -> Copied:
-    """Copy every run of `source` (or those in `run_ids`) into `destination`."""
+class CopyStopped(JournalError):
+    """A copy stopped part way by a journal error: the error, what was copied before it (which
+    stays in the destination, and a later copy completes), and the run it stopped at."""
+
+    def __init__(
+        self, *, error: JournalError, copied: Copied, run_id: str, destination: str
+    ) -> None:
+        super().__init__(
+            f"{error}; the copy stopped at run {run_id}, after copying {copied.written()}"
+            f" into {destination}"
+        )
+        self.error = error
+        self.copied = copied
+        self.run_id = run_id
+
+    @property
+    def unjournaled(self) -> bool:
+        """Whether the destination could not be written (rather than the source read)."""
+        return isinstance(self.error, JournalWriteFailed)
+
+
+def runs_to_copy(source: Journal, run_ids: Sequence[str] | None) -> list[RunRow]:
+    """The runs of `source` to copy: every one, or those `run_ids` names, each of which must be
+    a run of the source (ConfigError otherwise, before anything is written)."""
+    found = source.runs()
+    if run_ids is None:
+        return found
+    wanted = {checked_run_id(run_id, source="--run") for run_id in run_ids}
+    missing = sorted(wanted - {run.run_id for run in found})
+    if missing:
+        raise ConfigError(
+            f"--run {', '.join(missing)}: {source.location} holds no such run", field="run"
+        )
+    return [run for run in found if run.run_id in wanted]
+
+
+def copy_journal(source: Journal, destination: Journal, *, run_ids: Sequence[str] | None) -> Copied:
+    """Copy every run of `source` (or those `run_ids` names) into `destination`; CopyStopped,
+    saying how far it got, when a journal error stops it."""
     done = Copied()
-    for run in source.runs():
-        if run_ids is not None and run.run_id not in run_ids:
+    for run in runs_to_copy(source, run_ids):
+        try:
+            _copy_run(source, destination, run, done)
+        except JournalError as exc:
+            raise CopyStopped(
+                error=exc, copied=done, run_id=run.run_id, destination=destination.location
+            ) from None
+    return done
+
+
+def _copy_run(source: Journal, destination: Journal, run: RunRow, done: Copied) -> None:
+    destination.create_run(run)
+    counted = False
+    for rank in source.ranks(run.run_id):
+        have = destination.last_seq(run.run_id, rank)
+        last = source.last_seq(run.run_id, rank)
+        if have is not None and (last is None or have >= last):
+            done.present += 1
             continue
-        destination.create_run(run)
-        copied_any = False
-        for rank in source.ranks(run.run_id):
-            have = destination.last_seq(run.run_id, rank)
-            if have is not None and have >= (source.last_seq(run.run_id, rank) or -1):
-                done.present += 1
-                continue
-            try:
-                writer = destination.writer(run_id=run.run_id, rank=rank, resume=have is not None)
-            except JournalConflict:
-                done.present += 1  # another copy or writer took it meanwhile
-                continue
-            try:
-                batch: list[tuple[Event, str, float, int]] = []
-                start = 0 if have is None else have + 1
-                for stored in source.read(run_id=run.run_id, rank=rank, from_seq=start):
-                    if isinstance(stored.event, UnknownEvent):
-                        done.undecodable += 1
-                        continue
-                    batch.append((stored.event, stored.state, stored.wall_time, stored.mono_ns))
-                    if len(batch) == COPY_BATCH:
-                        done.events += len(writer.append_batch(batch))
-                        batch = []
-                if batch:
-                    done.events += len(writer.append_batch(batch))
-            finally:
-                writer.close()
+        written = _copy_rank(source, destination, run.run_id, rank, have=have, done=done)
+        if written is None:
+            done.present += 1
+        elif written:
             done.ranks += 1
             done.completed += have is not None
-            copied_any = True
-        done.runs += copied_any
-    return done
+            if not counted:
+                done.runs += 1
+                counted = True
+        elif have is not None:
+            done.present += 1  # all the source holds past it are rows left out
+
+
+def _copy_rank(
+    source: Journal, destination: Journal, run_id: str, rank: int, *, have: int | None, done: Copied
+) -> int | None:
+    """Write the rank's rows after `have`; how many, or None when another writer holds it."""
+    writer: RankWriter | None = None
+    batch: list[StoredRow] = []
+    written = 0
+    said = len(source.malformed_rows)
+
+    def flush() -> None:
+        nonlocal writer, written, batch
+        if writer is None:
+            writer = destination.writer(run_id=run_id, rank=rank, resume=have is not None)
+        writer.append_rows(batch)
+        written += len(batch)
+        done.events += len(batch)
+        done.undecodable += sum(isinstance(row.stored.event, UnknownEvent) for row in batch)
+        batch = []
+
+    try:
+        for row in source.read_rows(
+            run_id=run_id, rank=rank, from_seq=0 if have is None else have + 1
+        ):
+            if not _writable_as_is(row):
+                done.left_out += 1
+                continue
+            batch.append(row)
+            if len(batch) == COPY_BATCH:
+                flush()
+        if batch:
+            flush()
+    except JournalConflict:
+        if not written:
+            return None  # another copy or writer took the rank first
+        raise
+    finally:
+        done.left_out += len(source.malformed_rows) - said  # read_rows says each it leaves out
+        if writer is not None:
+            writer.close()
+    return written
+
+
+def _refuse(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _writable_as_is(row: StoredRow) -> bool:
+    """Whether a row's payload is strict JSON, which every journal's `data` column accepts (a
+    server's JSON type refuses anything else). A payload this lifecycle decoded is JSON;
+    only `NaN` and `Infinity`, which Python's reader lets through, need looking for."""
+    if not isinstance(row.stored.event, UnknownEvent) and not (
+        "NaN" in row.data or "Infinity" in row.data
+    ):
+        return True
+    try:
+        json.loads(row.data, parse_constant=_refuse)
+    except (ValueError, RecursionError):
+        return False
+    return True

@@ -25,7 +25,7 @@ from lifecycle.store.revisions import (
 from lifecycle.store.rows import RunRow, is_int, is_number, without_secrets
 from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
 from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_summaries
-from lifecycle.store.writer import RankWriter
+from lifecycle.store.writer import RankWriter, StoredRow, collective_columns
 
 READ_CHUNK = 256  # rows fetched at a time per stream: readers merge many streams at once
 
@@ -272,6 +272,51 @@ class Journal:
                         stored = self._stored(row)
                         if stored is not None:
                             yield stored
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self.location) from None
+
+    def read_rows(self, *, run_id: str, rank: int, from_seq: int = 0) -> Iterator[StoredRow]:
+        """One rank's rows in seq order as they are stored, each with the event it decodes to
+        (what `lifecycle db copy` writes again, an undecodable payload included). A row that
+        cannot be written again as it is (its envelope malformed, its payload not text) is
+        left out, and said in `malformed_rows`: one line for each."""
+        # The columns that index collective records exist from the summaries' revision on;
+        # before it they are derived from the event, as its writer would have.
+        indexed = self.has_summaries
+        stmt = (
+            EVENT_ROW.add_columns(events.c.group_name, events.c.group_seq, events.c.op)
+            if indexed
+            else EVENT_ROW
+        )
+        stmt = stmt.where(events.c.run_id == run_id, events.c.rank == rank).order_by(events.c.seq)
+        if from_seq:
+            stmt = stmt.where(events.c.seq >= from_seq)
+        try:
+            with self.engine.connect() as conn:
+                result = conn.execution_options(yield_per=READ_CHUNK).execute(stmt)
+                for chunk in result.partitions():
+                    for row in chunk:
+                        stored, problems = decode_row(row[:9], self.location)
+                        _, _, _, _, _, kind, version, _, data = row[:9]
+                        if stored is not None and isinstance(data, str):
+                            yield StoredRow(
+                                stored=stored,
+                                kind=kind,
+                                version=version,
+                                data=data,
+                                collective=(
+                                    tuple(row[9:12])
+                                    if indexed
+                                    else collective_columns(stored.event)
+                                ),
+                            )
+                        else:
+                            self.malformed_rows.append(
+                                problems[0]
+                                if problems
+                                else f"{self.location}: run {run_id} rank {rank} seq"
+                                f" {row[2]!r}: payload is not text"
+                            )
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location) from None
 

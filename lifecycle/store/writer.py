@@ -49,6 +49,7 @@ class StoredRow:
     kind: str
     version: int
     data: str
+    collective: tuple[str | None, int | None, str | None]  # group_name, group_seq, op
 
 
 class _Statement:
@@ -72,7 +73,8 @@ def _summary_update(table: Table, columns: tuple[str, ...], dialect: Dialect) ->
     return _Statement(stmt, dialect)
 
 
-def _collective_columns(event: Event) -> tuple[str | None, int | None, str | None]:
+def collective_columns(event: Event) -> tuple[str | None, int | None, str | None]:
+    """The columns that index a collective record: its group, sequence number and op."""
     if isinstance(event, CollectiveStarted | CollectiveFinished):
         return event.group, event.group_seq, event.op
     return None, None, None
@@ -166,7 +168,11 @@ class RankWriter:
             self._write(
                 stored,
                 [
-                    self._row(item, item.event.kind, item.event.version, payload)
+                    self._row(
+                        item,
+                        (item.event.kind, item.event.version, payload),
+                        collective_columns(item.event),
+                    )
                     for item, payload in zip(stored, payloads, strict=True)
                 ],
             )
@@ -187,7 +193,10 @@ class RankWriter:
                 after = row.stored.seq
             self._write(
                 [row.stored for row in rows],
-                [self._row(row.stored, row.kind, row.version, row.data) for row in rows],
+                [
+                    self._row(row.stored, (row.kind, row.version, row.data), row.collective)
+                    for row in rows
+                ],
             )
 
     def _check_writable(self) -> None:
@@ -198,10 +207,17 @@ class RankWriter:
         if self._closed:
             raise JournalError(f"{self._location}: writer for rank {self.rank} is closed")
 
-    def _row(self, stored: StoredEvent, kind: str, version: int, payload: str) -> Any:
-        """The INSERT's parameters for one event row, in the driver's form."""
+    def _row(
+        self,
+        stored: StoredEvent,
+        payload: tuple[str, int, str],
+        collective: tuple[str | None, int | None, str | None],
+    ) -> Any:
+        """The INSERT's parameters for one event row (its kind, version and data text in
+        `payload`), in the driver's form."""
+        kind, version, data = payload
         row = (self.run_id, self.rank, stored.seq, stored.wall_time, stored.mono_ns, kind,
-               version, stored.state, payload, *_collective_columns(stored.event))  # fmt: skip
+               version, stored.state, data, *collective)  # fmt: skip
         if self._positional and self._order == _COLUMN_ORDER:
             return row
         values = dict(zip(_COLUMN_ORDER, row, strict=True))
