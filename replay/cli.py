@@ -299,6 +299,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"replay: error: {clean(exc)}", file=err)
         return EXIT_BAD_INPUT
+    except (RecursionError, OverflowError) as exc:
+        # A value past what replay can hold (a number past 64 bits, nesting past the stack)
+        # is bad input, never a verdict: exit 1 would read as "failed".
+        from replay.render import clean
+
+        what = "nests too deeply" if isinstance(exc, RecursionError) else "holds too large a number"
+        print(f"replay: error: the input {what} to be read ({clean(exc)[:200]})", file=err)
+        return EXIT_BAD_INPUT
     except BrokenPipeError:
         # `replay ... | head`: the reader left; nothing more to say.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -3,25 +3,42 @@ plain data only and never unpickles) and the JSON form, one file per rank."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
-from collections.abc import Iterable, Mapping
+import stat
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lifecycle.core import safepickle
+from lifecycle.core.runid import is_run_id
 from lifecycle.core.view import RankView
+from lifecycle.store.regularfile import RefusedFile, read_regular
 
 # The dump layout this replay reads: version "2.x" (torch 2.13 writes "2.10").
 MAJOR_VERSION = 2
+# What one dump may be: its size on disk, the entries in it, how deep its values nest, and
+# what it expands to with every shared (memoized) value counted as a copy.
 MAX_DUMP_BYTES = 256 << 20
+MAX_ENTRIES = 1 << 20
+MAX_DEPTH = safepickle.MAX_DEPTH
+MAX_EXPANDED_BYTES = 512 << 20
+# Text kept from a dump (an op, a group's name, a frame's file or function): a ring's worth of
+# it is held at once, and printed.
+MAX_TEXT = 300
 # A dump's rank is the number its file name ends with, as PyTorch's fr_trace reads it
 # (`fr_trace_rank_3`, `nccl_trace_rank_3`, `rank3.json`).
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
 _FRAMES_KEPT = 6
 # Frames inside torch.distributed say nothing of who called the collective.
 _TORCH_FRAMES = ("torch/distributed/", "torch\\distributed\\")
+# JSON strings, whose brackets are text, and every byte but a bracket.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 
 class BadDump(ValueError):
@@ -87,18 +104,35 @@ def rank_of(path: Path) -> int | None:
 
 def parse(data: bytes, *, rank: int, path: str) -> FlightDump:
     """One rank's dump from its bytes; BadDump says what is wrong with it."""
+    # replay.render reaches this module through the verdict it renders: imported when used.
+    from replay.render import clean
+
+    def text(value: Any) -> str:
+        """Text of a dump as replay holds it: cut short, then cleaned of escape sequences and
+        control characters as journal text is, so that a dump cannot write to the terminal."""
+        if not isinstance(value, str | int | float):
+            raise TypeError(f"expected text, not {type(value).__name__}")
+        return clean(value[:MAX_TEXT] if isinstance(value, str) else str(value))
+
     if len(data) > MAX_DUMP_BYTES:
         raise BadDump(f"{path}: {len(data)} bytes, more than a dump holds")
     start = data.lstrip()[:1]
     if start not in (b"{", b"\x80"):
         raise BadDump(f"{path}: not a Flight Recorder dump (neither JSON nor a pickle)")
     try:
-        raw: Any = json.loads(data) if start == b"{" else safepickle.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:  # UnsafePickle, JSONDecodeError
+        raw: Any = (
+            _json(data)
+            if start == b"{"
+            else safepickle.loads(data, max_depth=MAX_DEPTH, max_bytes=MAX_EXPANDED_BYTES)
+        )
+    except ValueError as exc:  # UnsafePickle, JSONDecodeError, UnicodeDecodeError
         raise BadDump(f"{path}: not a Flight Recorder dump ({_first_line(exc)})") from None
     if not isinstance(raw, dict) or "entries" not in raw or "version" not in raw:
         raise BadDump(f"{path}: not a Flight Recorder dump (no version and entries)")
-    version = str(raw["version"])
+    try:
+        version = text(raw["version"])
+    except (TypeError, ValueError):
+        raise BadDump(f"{path}: not a Flight Recorder dump (its version is not text)") from None
     major = version.split(".", maxsplit=1)[0]
     if major != str(MAJOR_VERSION):
         raise BadDump(
@@ -107,19 +141,35 @@ def parse(data: bytes, *, rank: int, path: str) -> FlightDump:
     entries = raw["entries"]
     if not isinstance(entries, list):
         raise BadDump(f"{path}: not a Flight Recorder dump (entries is not a list)")
+    if len(entries) > MAX_ENTRIES:
+        raise BadDump(f"{path}: {len(entries)} entries, more than the {MAX_ENTRIES} replay reads")
     parsed = []
     for index, entry in enumerate(entries):
         try:
-            parsed.append(_entry(entry))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadDump(f"{path}: entry {index} is not a Flight Recorder entry ({exc})") from None
+            parsed.append(_entry(entry, text))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise BadDump(
+                f"{path}: entry {index} is not a Flight Recorder entry ({_first_line(exc)})"
+            ) from None
     return FlightDump(
         rank=rank,
-        paths=(path,),
+        paths=(clean(path),),
         version=version,
         entries=tuple(sorted(parsed, key=lambda e: e.record_id)),
-        pg_ranks=_pg_ranks(raw.get("pg_config")),
+        pg_ranks=_pg_ranks(raw.get("pg_config"), text),
     )
+
+
+def _json(data: bytes | str) -> Any:
+    """JSON in UTF-8, refused unless it nests MAX_DEPTH levels at most, before it is parsed
+    (json's parser recurses once a level, as does anything that walks what it builds)."""
+    raw = data.encode() if isinstance(data, str) else data
+    # Brackets outside strings: +1 for an opening one, -1 for a closing one (UTF-8 encodes
+    # every other character in bytes that are none of these).
+    steps = _JSON_STRING.sub(b"", raw).translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    if max(itertools.accumulate(memoryview(steps).cast("b")), default=0) > MAX_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return json.loads(raw.decode("utf-8"))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -134,38 +184,38 @@ def _ns(value: Any) -> float | None:
     return None if not value else int(value) / 1e9
 
 
-def _entry(raw: Any) -> FlightEntry:
+def _entry(raw: Any, text: Callable[[Any], str]) -> FlightEntry:
     if not isinstance(raw, dict):
         raise TypeError("not a mapping")
     group = raw["process_group"]
     is_p2p = bool(raw.get("is_p2p", False))
     timeout_ms = raw.get("timeout_ms")
     frames = tuple(
-        f"{f['filename']}:{f['line']} {f['name']}"
+        f"{text(f['filename'])}:{text(f['line'])} {text(f['name'])}"
         for f in (raw.get("frames") or ())[:_FRAMES_KEPT]
         if isinstance(f, dict)
     )
     return FlightEntry(
         record_id=int(raw["record_id"]),
-        pg_name=str(group[0]),
-        pg_desc=str(group[1]) if len(group) > 1 else "",
+        pg_name=text(group[0]),
+        pg_desc=text(group[1]) if len(group) > 1 else "",
         seq=int(raw["p2p_seq_id"] if is_p2p else raw["collective_seq_id"]),
         is_p2p=is_p2p,
-        op=str(raw["profiling_name"]).split(":", 1)[-1],
+        op=text(raw["profiling_name"]).split(":", 1)[-1],
         input_sizes=_sizes(raw.get("input_sizes")),
         output_sizes=_sizes(raw.get("output_sizes")),
-        dtypes=tuple(str(d) for d in raw.get("input_dtypes") or ()),
+        dtypes=tuple(text(d) for d in raw.get("input_dtypes") or ()),
         created_s=int(raw["time_created_ns"]) / 1e9,
         started_s=_ns(raw.get("time_discovered_started_ns")),
         completed_s=_ns(raw.get("time_discovered_completed_ns")),
-        state=str(raw.get("state", "scheduled")),
+        state=text(raw.get("state", "scheduled")),
         retired=bool(raw.get("retired", False)),
         timeout_s=None if timeout_ms is None else int(timeout_ms) / 1000,
         frames=frames,
     )
 
 
-def _pg_ranks(config: Any) -> dict[str, tuple[int, ...]]:
+def _pg_ranks(config: Any, text: Callable[[Any], str]) -> dict[str, tuple[int, ...]]:
     """Each process group's members from the dump's pg_config, where it lists them."""
     found: dict[str, tuple[int, ...]] = {}
     if not isinstance(config, dict):
@@ -174,11 +224,14 @@ def _pg_ranks(config: Any) -> dict[str, tuple[int, ...]]:
         ranks = entry.get("ranks") if isinstance(entry, dict) else None
         if isinstance(ranks, str):
             try:
-                ranks = json.loads(ranks)
+                ranks = _json(ranks)
             except ValueError:
                 continue
         if isinstance(ranks, list) and ranks and all(isinstance(r, int) for r in ranks):
-            found[str(name)] = tuple(ranks)
+            try:
+                found[text(name)] = tuple(ranks)
+            except (TypeError, ValueError):
+                continue
     return found
 
 
@@ -223,12 +276,13 @@ def read_files(paths: Iterable[tuple[Path, int | None]]) -> FlightDumps:
             problems.append(f"{path}: no rank number at the end of its name")
             continue
         try:
-            with path.open("rb") as fh:
-                data = fh.read(MAX_DUMP_BYTES + 1)
+            data = read_regular(path, limit=MAX_DUMP_BYTES)
             dump = parse(data, rank=rank, path=str(path))
             found.setdefault(rank, []).append(dump)
         except OSError as exc:
             problems.append(f"{path}: {exc.strerror or exc}")
+        except RefusedFile as exc:
+            problems.append(f"{path}: {exc}")
         except BadDump as exc:
             problems.append(str(exc))
     return FlightDumps(
@@ -238,10 +292,11 @@ def read_files(paths: Iterable[tuple[Path, int | None]]) -> FlightDumps:
 
 
 def files_in(folder: Path, run_id: str) -> list[Path]:
-    """The dump files in `folder`, or in its subfolder named for the run when it has one."""
-    run_folder = folder / run_id
-    if run_folder.is_dir():
-        folder = run_folder
+    """The dump files in `folder`, or in its subfolder named for the run when it has one. Only
+    a run id of the one form is made part of a path: a journal may come from anywhere, and
+    `../..` or `/etc` is no subfolder of a run."""
+    if is_run_id(run_id) and (folder / run_id).is_dir():
+        folder = folder / run_id
     return sorted(
         p
         for p in folder.iterdir()
@@ -256,7 +311,10 @@ def dumps_for(
     files the ranks journaled writing and the others beside them (NCCL's watchdog's own);
     None when the run has none and no folder is given."""
     if folder is not None:
-        return read_files((path, None) for path in files_in(folder, run_id))
+        try:
+            return read_files((path, None) for path in files_in(folder, run_id))
+        except OSError as exc:
+            return FlightDumps(by_rank={}, problems=(f"{folder}: {exc.strerror or exc}",))
     paths: list[tuple[Path, int | None]] = []
     problems: list[str] = []
     for rank, view in sorted(views.items()):
@@ -268,13 +326,22 @@ def dumps_for(
         if not written:
             continue
         last = Path(written[-1].path or "")
-        if not last.is_file():
+        # A path a row names is followed only to a regular file, and its folder read only then.
+        try:
+            status: os.stat_result | None = last.stat()
+        except (OSError, ValueError):
+            status = None
+        if status is None or not stat.S_ISREG(status.st_mode):
+            where = "is not here" if status is None else "is not a regular file"
             problems.append(
-                f"rank {rank}'s Flight Recorder dump {last} (host {written[-1].host}) is not"
-                " here: give the folder with --flight-recorder DIR"
+                f"rank {rank}'s Flight Recorder dump {last} (host {written[-1].host}) {where}:"
+                " give the folder with --flight-recorder DIR"
             )
             continue
-        paths.extend((p, rank_of(p)) for p in files_in(last.parent, run_id))
+        try:
+            paths.extend((p, rank_of(p)) for p in files_in(last.parent, run_id))
+        except OSError as exc:
+            problems.append(f"{last.parent}: {exc.strerror or exc}")
     if not paths and not problems:
         return None
     found = read_files(paths)

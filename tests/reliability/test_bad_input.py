@@ -196,6 +196,18 @@ def test_well_formed_specs_round_trip(rank: int, state: str, kind: str) -> None:
     assert str(spec) == f"{rank}:{state}:{kind}"
 
 
+def test_a_number_replay_cannot_hold_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """`show --last` past 64 bits (SQLite's integers): one line, exit 2 (bad input), not a
+    traceback and exit 1, which reads as the "failed" verdict."""
+    db = tmp_path / "j.db"
+    builder = JournalBuilder(db, world_size=1)
+    builder.rank(0).walk(0.1, "gate-check")
+    builder.close()
+    result = replay_cli(tmp_path, "show", "latest", str(db), "--last", str(2**80))
+    assert result.returncode == 2
+    assert one_clear_line(result).startswith("replay: error: the input holds too large a number")
+
+
 QUIET_BOOT = ["boot", "--model", "micro-video", "--log-level", "error"]
 
 

@@ -8,7 +8,9 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from lifecycle.core import safepickle
 from lifecycle.core.config import ServerArgs
 from lifecycle.runtime.flight import BUFFER_ENV, folder_for, turn_on
-from replay.flight import BadDump, parse, read_files
+from replay.flight import MAX_ENTRIES, BadDump, parse, read_files
 
 _scalars = (
     st.none()
@@ -145,3 +147,103 @@ def test_the_flight_recorder_is_turned_on_by_the_flag_or_the_environment(tmp_pat
     assert folder_for(ServerArgs(db=str(journal)), "r1") == tmp_path / "j.db.flight-recorder/r1"
     chosen = ServerArgs(db="postgresql://h/db", flight_recorder_dir=str(tmp_path / "fr"))
     assert folder_for(chosen, "r1") == tmp_path / "fr" / "r1"
+
+
+_WRAP: dict[str, Callable[[Any], Any]] = {
+    "list": lambda v: [v],
+    "tuple": lambda v: (v,),
+    "dict": lambda v: {"k": v},
+    "frozenset": lambda v: frozenset({v}),
+    "set": lambda v: {v},
+}
+
+
+def _nested(kind: str, depth: int) -> object:
+    """`depth` levels of `kind`, each holding the next (a set's inner levels are frozensets:
+    a set holds only what hashes)."""
+    value: Any = 0
+    for _ in range(depth - 1):
+        value = _WRAP["frozenset" if kind == "set" else kind](value)
+    return _WRAP[kind](value)
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "dict", "frozenset", "set"])
+def test_no_container_is_built_deeper_than_the_bound(kind: str) -> None:
+    """Every kind of container nests 64 levels at most: 64 reads, 65 is refused."""
+    assert safepickle.loads(pickle.dumps(_nested(kind, 64), protocol=4)) == _nested(kind, 64)
+    with pytest.raises(safepickle.UnsafePickle, match="nested deeper than 64 levels"):
+        safepickle.loads(pickle.dumps(_nested(kind, 65), protocol=4))
+
+
+def test_a_container_is_never_changed_once_inside_another() -> None:
+    """A list placed inside another, then fetched from the memo and appended to, is refused:
+    what is inside a container can no longer grow deeper or larger unseen."""
+    with pytest.raises(safepickle.UnsafePickle, match="changed after it was used"):
+        safepickle.loads(
+            b"\x80\x04]\x94]\x94a"  # outer (memo 0), inner (memo 1), inner appended to outer
+            b"h\x01K\x01a."  # inner fetched from the memo, 1 appended to it
+        )
+    shared = [1, 2]
+    assert safepickle.loads(pickle.dumps([shared, shared])) == [shared, shared]
+
+
+def test_a_list_that_holds_itself_is_refused() -> None:
+    """A cycle is unbounded depth to whatever walks it: refused."""
+    looped: list[object] = []
+    looped.append(looped)
+    with pytest.raises(safepickle.UnsafePickle, match="refused"):
+        safepickle.loads(pickle.dumps(looped))
+
+
+def test_a_value_shared_through_the_memo_counts_as_every_copy() -> None:
+    """A 1 MiB string referenced 600 times is a 1.4 MB pickle that expands past 512 MiB:
+    refused; the same value referenced a few times reads."""
+    text = "x" * (1 << 20)
+    with pytest.raises(safepickle.UnsafePickle, match="expands to more than 536870912 bytes"):
+        safepickle.loads(pickle.dumps([text] * 600))
+    assert safepickle.loads(pickle.dumps([text] * 4)) == [text] * 4
+
+
+def test_a_json_dump_nested_past_the_bound_is_refused_before_it_is_parsed() -> None:
+    """JSON 65 levels deep is one BadDump line (json's parser would recurse once a level)."""
+    deep = b'{"version": "2.10", "entries": ' + b"[" * 64 + b"]" * 64 + b"}"
+    with pytest.raises(BadDump, match="nested deeper than 64 levels"):
+        parse(deep, rank=0, path="d.json")
+    brackets_in_text = b'{"version": "2.10", "entries": [], "note": "' + b"[" * 100 + b'"}'
+    assert parse(brackets_in_text, rank=0, path="d.json").entries == ()
+
+
+def test_a_dump_with_more_entries_than_replay_reads_is_refused() -> None:
+    """A ring past MAX_ENTRIES is one BadDump line, before any entry is converted."""
+    data = pickle.dumps({"version": "2.10", "entries": [0] * (MAX_ENTRIES + 1)})
+    with pytest.raises(BadDump, match=f"{MAX_ENTRIES + 1} entries, more than"):
+        parse(data, rank=0, path="d")
+
+
+def test_a_time_past_a_float_is_a_bad_entry_not_a_crash() -> None:
+    """An entry whose time in nanoseconds no float holds is one BadDump line."""
+    entry = {"record_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+             "profiling_name": "gloo:all_reduce", "time_created_ns": 10**400}  # fmt: skip
+    with pytest.raises(BadDump, match="entry 0 is not a Flight Recorder entry"):
+        parse(pickle.dumps({"version": "2.10", "entries": [entry]}), rank=0, path="d")
+
+
+_READ_FIFO = """
+import os, sys
+from pathlib import Path
+from replay.flight import read_files
+fifo = Path(sys.argv[1])
+os.mkfifo(fifo)
+print(read_files([(fifo, 1)]).problems[0])
+"""
+
+
+def test_a_fifo_given_as_a_dump_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    """read_files on a FIFO (as a dump's name can become one after the folder is listed): one
+    problem line at once, not a read that waits for ever."""
+    result = subprocess.run(
+        [sys.executable, "-c", _READ_FIFO, str(tmp_path / "fr_trace_rank_1")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("fr_trace_rank_1: a FIFO, not a regular file")
