@@ -137,6 +137,7 @@ def _verdict(
         found.append(NoProgress(rank=view.rank, state=view.state))
     return RankVerdict(
         rank=view.rank,
+        state=view.state,
         last_state=where(view),
         status=status,
         pending=pending_info(view, analysis),

@@ -250,7 +250,7 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
     rows = [
         [
             v.rank,
-            v.last_state,
+            clean(_states(v)),
             style.outcome_cell(v.status),
             _pending_text(v.pending),
             "-" if v.last_heartbeat_age_s is None else f"{v.last_heartbeat_age_s:.1f} s",
@@ -308,10 +308,17 @@ def _error_json(error: FirstError | None) -> dict[str, Any] | None:
     }
 
 
+def _states(v: RankVerdict) -> str:
+    """The state a rank's journal ends in, after the one it was working in when a stop moved
+    it on (`ready -> stopped`)."""
+    return v.state if v.state == v.last_state else f"{v.last_state} -> {v.state}"
+
+
 def _verdict_json(d: Diagnosis, v: RankVerdict) -> dict[str, Any]:
     p = v.pending
     return {
         "rank": v.rank,
+        "state": v.state,
         "last_state": v.last_state,
         "status": v.status.value,
         "pending_collective": None

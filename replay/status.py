@@ -53,7 +53,8 @@ class PendingInfo:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankVerdict:
     rank: int
-    last_state: str
+    state: str  # the state its journal ends in
+    last_state: str  # the state it was last working in (before a stop moved it on)
     status: Status
     pending: PendingInfo | None
     last_heartbeat_age_s: float | None

@@ -132,6 +132,37 @@ def test_a_rank_whose_journal_stops_while_the_others_go_on_crashed(
     assert ranks[0]["last_heartbeat_age_s"] == pytest.approx(0.0)
 
 
+def test_the_state_column_is_where_each_journal_ends_after_a_crash_in_ready(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 dies in ready and the server then stops rank 0: diagnose says rank 0's journal
+    ends `stopped` (after ready), as `show` does, and rank 1's in `ready`, where it crashed."""
+    b = JournalBuilder(tmp_path / "j.db")
+    for rank in (0, 1):
+        b.rank(rank).walk(0.1, "gate-check", "bounded-warm", "ready")
+        b.rank(rank).add(1.0, beat())
+    for t in range(2, 8):
+        b.rank(0).add(t, beat())
+    b.rank(0).add(8.0, Shutdown(reason="server failed", signal=None, events_written=12,
+                                journal_write_s=0.01))  # fmt: skip
+    b.rank(0).walk(8.01, "stopped")
+    b.close()
+    status, doc = diagnose(tmp_path / "j.db", capsys)
+    assert verdict(status, doc) == (1, "crashed", [1], "ready")
+    ranks = ranks_by_number(doc)
+    assert (ranks[0]["state"], ranks[0]["last_state"]) == ("stopped", "ready")
+    assert (ranks[1]["state"], ranks[1]["last_state"], ranks[1]["status"]) == (
+        "ready",
+        "ready",
+        "crashed",
+    )
+    assert main(["diagnose", "latest", str(tmp_path / "j.db"), *AS_WRITTEN]) == 1
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["0", "ready", "->", "stopped", "stopped"] == rows[[r[:1] for r in rows].index(["0"])][
+        :5
+    ]
+
+
 def test_a_late_rank_is_named_when_nobody_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
