@@ -40,8 +40,15 @@ class JournalMetrics(Collector):
     """Metrics from the journal as the server follows it: `feed` every new event (for the
     counters), and `views` gives each rank's folded view (for the gauges) at scrape time."""
 
-    def __init__(self, *, views: Callable[[], dict[int, RankView]], created_at: float) -> None:
+    def __init__(
+        self,
+        *,
+        views: Callable[[], dict[int, RankView]],
+        ended: Callable[[], set[int]],
+        created_at: float,
+    ) -> None:
         self._views = views
+        self._ended = ended
         self._created_at = created_at
         self._lock = threading.Lock()
         self._requests: Counter[tuple[int, str]] = Counter()
@@ -63,7 +70,7 @@ class JournalMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         now = time.time()
         views = self._views()
-        yield from _state_metrics(views, now=now, created_at=self._created_at)
+        yield from _state_metrics(views, ended=self._ended(), now=now, created_at=self._created_at)
         yield from _warmup_metrics(views)
         with self._lock:
             requests = dict(self._requests)
@@ -98,7 +105,7 @@ class JournalMetrics(Collector):
 
 
 def _state_metrics(
-    views: dict[int, RankView], *, now: float, created_at: float
+    views: dict[int, RankView], *, ended: set[int], now: float, created_at: float
 ) -> Iterator[Metric]:
     state = GaugeMetricFamily(
         "lifecycle_rank_state",
@@ -121,7 +128,8 @@ def _state_metrics(
         labels=["rank"],
     )
     healthy = GaugeMetricFamily(
-        "lifecycle_rank_healthy", "1 when a rank is ready and its ready action is done.",
+        "lifecycle_rank_healthy",
+        "1 when a rank is ready, its ready action is done and its process is running.",
         labels=["rank"],
     )  # fmt: skip
     for rank, view in sorted(views.items()):
@@ -138,7 +146,7 @@ def _state_metrics(
             ready.add_metric([label], entered - created_at)
         if view.last_heartbeat_wall is not None:
             heartbeat.add_metric([label], max(0.0, now - view.last_heartbeat_wall))
-        healthy.add_metric([label], 1.0 if view.healthy else 0.0)
+        healthy.add_metric([label], 1.0 if view.healthy and rank not in ended else 0.0)
     yield from (state, seconds, ready, heartbeat, healthy)
 
 

@@ -1,10 +1,11 @@
-"""What `lifecycle boot` prints while a startup runs: one line per state left (pure)."""
+"""What `lifecycle boot` and `serve` print while a startup runs: one line per state left (pure)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from lifecycle.core.events import (
+    ActionFinished,
     BuffersDropped,
     Error,
     FaultInjected,
@@ -33,19 +34,25 @@ def format_bytes(value: int | None) -> str:
 
 @dataclass
 class ProgressPrinter:
-    """Turns one rank's events into lines: each state with its duration and what it did."""
+    """Turns the ranks' events into the lines to show: rank 0's states with their durations
+    and what each did, every rank's faults, errors and failures, and the startup's ready line
+    once every one of the `ranks` is ready (its ready action done), not before: a rank ready
+    while another fails is no startup ready."""
 
     run_created_at: float
-    lines_out: list[str] = field(default_factory=list)
+    ranks: int = 1
     _entered: dict[int, tuple[str, float]] = field(default_factory=dict)
     _details: dict[int, list[str]] = field(default_factory=dict)
     _warmup_s: dict[int, float] = field(default_factory=dict)
-    _ready_at: dict[int, float] = field(default_factory=dict)
+    _ready_at: dict[int, float] = field(default_factory=dict)  # when each rank entered ready
+    _ready_done: set[int] = field(default_factory=set)  # ranks whose ready action finished
+    _announced: bool = False
 
     def feed(self, stored: StoredEvent) -> list[str]:
         rank = stored.rank
         prefix = f"[rank {rank}] " if rank else ""
-        out: list[str] = []
+        progress: list[str] = []  # this rank's own progress: shown for rank 0
+        out: list[str] = []  # shown for every rank
         event = stored.event
         details = self._details.setdefault(rank, [])
         if rank not in self._entered:
@@ -53,22 +60,23 @@ class ProgressPrinter:
         match event:
             case Transition():
                 state, since = self._entered[rank]
-                if state != State.READY:
+                # Ready is announced once for the startup; a rank that fails there says so.
+                if state != State.READY or event.dest == State.FAILED:
                     line = f"{prefix}  {state:<13} {stored.wall_time - since:8.3f} s"
                     if details:
                         line += "   " + "; ".join(details)
-                    out.append(line)
+                    progress.append(line)
                 details.clear()
                 self._entered[rank] = (event.dest, stored.wall_time)
                 if event.dest == State.READY:
                     self._ready_at[rank] = stored.wall_time
-                    warm = self._warmup_s.get(rank, 0.0)
-                    out.append(
-                        f"{prefix}  {'ready':<13} startup to ready"
-                        f" {stored.wall_time - self.run_created_at:.2f} s (warmup {warm:.2f} s)"
-                    )
                 elif event.dest == State.FAILED:
                     out.append(f"{prefix}  failed")
+            case ActionFinished() if stored.state == State.READY and event.ok:
+                self._ready_done.add(rank)
+                if len(self._ready_done) == self.ranks and not self._announced:
+                    self._announced = True
+                    out.append(self._ready_line())
             case PlanBuilt():
                 if event.skip_reason is not None:
                     details.append(f"calibration skipped: {event.skip_reason}")
@@ -111,5 +119,10 @@ class ProgressPrinter:
                 )
             case _:
                 pass
-        self.lines_out.extend(out)
-        return out
+        return [*progress, *out] if rank == 0 else out
+
+    def _ready_line(self) -> str:
+        """The startup's time to ready (its last rank's) and the longest warmup of a rank."""
+        ready_s = max(self._ready_at.values(), default=self.run_created_at) - self.run_created_at
+        warm = max(self._warmup_s.values(), default=0.0)
+        return f"  {'ready':<13} startup to ready {ready_s:.2f} s (warmup {warm:.2f} s)"

@@ -25,7 +25,7 @@ from lifecycle.serve.control import (
 )
 from lifecycle.serve.metrics import JournalMetrics
 from lifecycle.serve.progress import ProgressPrinter
-from lifecycle.serve.supervisor import POLL_S, RankGroup
+from lifecycle.serve.supervisor import POLL_S, RankGroup, ended_unjournaled, exit_text
 
 # /generate requests that may wait behind the running one; more are refused with 503 at once,
 # so that waiting requests cannot take every worker thread.
@@ -54,8 +54,10 @@ class Service:
         self._in_line = 0
         self._running: RequestInFlight | None = None
         self._stop = threading.Event()
-        self.printer = ProgressPrinter(run_created_at=group.created_at)
-        self.metrics = JournalMetrics(views=self.views_now, created_at=group.created_at)
+        self.printer = ProgressPrinter(run_created_at=group.created_at, ranks=args.num_ranks)
+        self.metrics = JournalMetrics(
+            views=self.views_now, ended=self.ended_ranks, created_at=group.created_at
+        )
         self.failed_at: float | None = None  # monotonic time of the first failure
 
     @property
@@ -66,10 +68,14 @@ class Service:
         """Fold the journal every poll interval until told to stop."""
         told: str | None = None
         while not self._stop.is_set():
+            # The exit statuses first: a rank that had ended by then has committed everything
+            # it will, and the poll after reads it, so that a rank that journaled its end is
+            # never shown as one that ended without it.
+            codes = self.group.exit_codes()
             events = self.group.poll()
             self._print(events)
             self.metrics.feed(events)
-            views, codes = self.group.views(), self.group.exit_codes()
+            views = self.group.views()
             with self._lock:
                 self.views, self.exit_codes = views, codes
             failed = [v for v in views.values() if v.state == "failed"]
@@ -85,12 +91,16 @@ class Service:
     def _print(self, events: list[StoredEvent]) -> None:
         for stored in events:
             for line in self.printer.feed(stored):
-                if stored.rank == 0 or "error" in line or "fault" in line or "failed" in line:
-                    print(line, flush=True)
+                print(line, flush=True)
 
     def views_now(self) -> dict[int, RankView]:
         with self._lock:
             return dict(self.views)
+
+    def ended_ranks(self) -> set[int]:
+        """The ranks whose process has ended, as of the last poll."""
+        with self._lock:
+            return {rank for rank, code in enumerate(self.exit_codes) if code is not None}
 
     def stop_following(self) -> None:
         self._stop.set()
@@ -123,7 +133,7 @@ class Service:
             return
         for rank, code in enumerate(self.group.exit_codes()):
             if code is not None:
-                self.fail(f"rank {rank} process ended with status {code}")
+                self.fail(f"rank {rank} process ended: {exit_text(code)}")
                 return
         for rank, link in sorted(self.control.snapshot().items()):
             if not link.alive:
@@ -260,13 +270,17 @@ def _at(codes: list[int | None], index: int) -> int | None:
 
 
 def rank_json(view: RankView, *, now: float, exit_code: int | None) -> dict[str, Any]:
-    """One rank's folded state as /lifecycle shows it."""
+    """One rank's folded state as /lifecycle shows it: `state` is the journal's unless the
+    process ended without journaling its end (`exited`; the journal's stays in
+    `journaled_state`), and `exit` reads `exit_code` as every other line does."""
     pending = view.pending
     first_error = view.errors[0] if view.errors else None
+    state = "exited" if ended_unjournaled(view, exit_code) else view.state
     return {
         "rank": view.rank,
-        "state": view.state,
-        "healthy": view.healthy,
+        "state": state,
+        "journaled_state": view.state,
+        "healthy": view.healthy and exit_code is None,
         "time_in_state_s": view.time_in_state_s(now=now),
         "path": list(view.path),
         "skip_reason": view.skip_reason,
@@ -293,4 +307,5 @@ def rank_json(view: RankView, *, now: float, exit_code: int | None) -> dict[str,
         "live_buffer_bytes": view.live_buffer_bytes,
         "requests": view.requests_finished,
         "exit_code": exit_code,
+        "exit": None if exit_code is None else exit_text(exit_code),
     }

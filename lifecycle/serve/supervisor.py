@@ -169,16 +169,6 @@ class RankGroup:
         self._reader.close()
 
 
-def _progress_lines(printer: ProgressPrinter, events: list[StoredEvent]) -> list[str]:
-    """Rank 0's progress in full; of the other ranks, faults, errors and failures."""
-    lines = []
-    for stored in events:
-        for line in printer.feed(stored):
-            if stored.rank == 0 or any(w in line for w in ("fault", "error", "failed")):
-                lines.append(line)
-    return lines
-
-
 def supervise(
     group: RankGroup,
     *,
@@ -212,7 +202,7 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     """`lifecycle boot --num-ranks N`: 0 when every rank got to ready, else 1."""
     spec = options.worker_spec(args, mode="boot")
     group = RankGroup(args, created_at=created_at, spec=spec)
-    printer = ProgressPrinter(run_created_at=created_at)
+    printer = ProgressPrinter(run_created_at=created_at, ranks=args.num_ranks)
     print(
         f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
         f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})  journal {shown_location(args.db)}",
@@ -228,21 +218,35 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
         group.start()
 
         def show(events: list[StoredEvent]) -> None:
-            for line in _progress_lines(printer, events):
-                print(line, flush=True)
+            for stored in events:
+                for line in printer.feed(stored):
+                    print(line, flush=True)
 
         supervise(group, on_events=show, keep_going=lambda: not interrupted)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    # supervise() returns once every rank process has ended and the journal was read after
+    # that: these views hold everything each rank committed.
     views = group.views()
     codes = group.exit_codes()
     group.close()
-    for line in summary_lines(views, codes, created_at=created_at):
-        print(line, flush=True)
     unjournaled = [rank for rank, code in enumerate(codes) if code == EXIT_UNJOURNALED]
+    reason = failure_reason(views, codes)
     if unjournaled:
         # Above a failure or a signal: what the journal holds of this startup is incomplete.
+        status = EXIT_UNJOURNALED
+        why = f"journal not written by rank {', '.join(map(str, unjournaled))}"
+    elif interrupted:
+        status = 128 + int(interrupted[0])
+        why = f"interrupted by {interrupted[0].name}"
+    else:
+        status = 0 if reason is None else 1
+        why = reason or "every rank got to ready"
+    for line in summary_lines(views, codes, created_at=created_at):
+        print(line, flush=True)
+    print(f"boot: {exit_text(status)}: {why}", flush=True)
+    if unjournaled:
         print(
             f"lifecycle: error: journal {shown_location(args.db)} could not be written by rank"
             f" {', '.join(map(str, unjournaled))}: the startup stopped and its record is"
@@ -250,22 +254,65 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
             file=sys.stderr,
             flush=True,
         )
-        return EXIT_UNJOURNALED
-    if interrupted:
-        return 128 + int(interrupted[0])
-    reached = all(State.READY.value in v.path and v.state == State.STOPPED for v in views.values())
-    return 0 if reached and all(c == 0 for c in codes) else 1
+    return status
+
+
+def exit_text(code: int | None) -> str:
+    """A process's exit status as every line and answer shows it: `exit 1`, `killed by
+    SIGKILL` (a signal it did not handle), `stopped by SIGTERM (143)` (a rank that journaled
+    its stop by that signal leaves with 128 + its number)."""
+    if code is None:
+        return "running"
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    if code > 128 and (name := _signal_name(code - 128)).startswith("SIG"):
+        return f"stopped by {name} ({code})"
+    return f"exit {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def ended_unjournaled(view: RankView, code: int | None) -> bool:
+    """The rank's process ended (exit status `code`) without journaling an end (a SIGKILL, a
+    crash): whatever state its journal last holds, the rank is no longer in it."""
+    return code is not None and not view.terminal
+
+
+def failure_reason(views: dict[int, RankView], codes: list[int | None]) -> str | None:
+    """What went wrong with each rank whose startup did not end in ready and a clean stop
+    (exit status 0), in rank order; None when nothing did. Which went wrong first is
+    replay's question: a peer's failure is often the consequence of another's."""
+    problems = []
+    for rank, view in sorted(views.items()):
+        code = codes[rank]
+        if view.state == State.FAILED:
+            problems.append(f"rank {rank} failed in {view.path[-2]}")  # the state before
+        elif ended_unjournaled(view, code):
+            problems.append(f"rank {rank} ended in {view.state}: {exit_text(code)}")
+        elif State.READY.value not in view.path:
+            problems.append(f"rank {rank} never got to ready ({exit_text(code)})")
+        elif view.state != State.STOPPED or code != 0:
+            problems.append(f"rank {rank} did not stop cleanly ({exit_text(code)})")
+    return "; ".join(problems) or None
 
 
 def summary_lines(
     views: dict[int, RankView], codes: list[int | None], *, created_at: float
 ) -> list[str]:
+    """One line per rank: its state, when it entered ready, its exit status, its first error."""
     lines = []
     for rank, view in views.items():
+        code = codes[rank]
+        state = f"{view.state} (end not journaled)" if ended_unjournaled(view, code) else view.state
         ready_at = view.entered_at(State.READY.value)
-        ready = f"ready after {ready_at - created_at:.2f} s" if ready_at else "never ready"
+        ready = f"entered ready after {ready_at - created_at:.2f} s" if ready_at else "never ready"
         error = (
             f"; {view.errors[0][2].error_type}: {view.errors[0][2].message}" if view.errors else ""
         )
-        lines.append(f"rank {rank}: {view.state:<12} {ready}; exit {codes[rank]}{error}"[:300])
+        lines.append(f"rank {rank}: {state:<12} {ready}; {exit_text(code)}{error}"[:300])
     return lines

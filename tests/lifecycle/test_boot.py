@@ -175,3 +175,17 @@ def test_diagram_prints_mermaid(lifecycle_cli: Callable[..., Completed]) -> None
     assert result.returncode == 0
     assert result.stdout.startswith("stateDiagram-v2")
     assert "drop_buffers --> ready: finish" in result.stdout
+
+
+def test_a_boot_that_fails_at_ready_prints_no_startup_to_ready_line(
+    lifecycle_cli: Callable[..., Completed],
+) -> None:
+    """A startup that fails on entering ready prints where it failed and exits 1, and never a
+    "startup to ready" line, which only a startup whose every rank is ready prints."""
+    result = lifecycle_cli(
+        "boot", "--db", "j.db", "--model", "micro-video", "--warmup-mode", "none",
+        "--fault", "0:ready:raise",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "error in ready: InjectedFault" in result.stdout
+    assert "startup to ready" not in result.stdout, result.stdout

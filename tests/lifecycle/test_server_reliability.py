@@ -322,3 +322,24 @@ def test_strangers_on_the_control_port_do_not_keep_the_ranks_out(tmp_path: Path)
                 sock.close()
         assert stop_within(served, 60) == 0
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_a_rank_killed_after_ready_reads_as_killed_not_ready(tmp_path: Path) -> None:
+    """A rank SIGKILLed after ready is shown by /lifecycle as exited, unhealthy and killed by
+    SIGKILL (its journal's last state, ready, kept beside), and /metrics counts it unhealthy."""
+    with serve(tmp_path, "--num-ranks", "1", "--warmup-mode", "none", *FAST) as served:
+        served.wait_for_health(200, within=120)
+        os.kill(rank_pids(served.db)[0], signal.SIGKILL)
+
+        def rank0() -> dict[str, object]:
+            ranks: list[dict[str, object]] = served.client.get("/lifecycle").json()["ranks"]
+            return ranks[0]
+
+        wait_until(lambda: rank0()["exit_code"] is not None, within=10, what="the rank's exit")
+        shown = rank0()
+        assert shown["state"] == "exited", shown
+        assert shown["journaled_state"] == "ready"
+        assert shown["healthy"] is False
+        assert (shown["exit_code"], shown["exit"]) == (-9, "killed by SIGKILL")
+        assert 'lifecycle_rank_healthy{rank="0"} 0.0' in served.client.get("/metrics").text
+        assert stop_within(served, 60) == 1

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from lifecycle.core.faults import FaultKind
+from lifecycle.serve.supervisor import exit_text
 from replay.cli import main
 from tests.replay.fastpath import verdicts_agree
 from tests.replay.fault_matrix import CASES, Produced
@@ -17,13 +18,14 @@ from tests.replay.fault_matrix import CASES, Produced
 pytestmark = [pytest.mark.ranks]
 
 # Exit statuses the launcher gives a rank it ended itself (SIGTERM journaled, or SIGKILL), and
-# the status of a rank that failed and stopped on its own.
-ENDED_BY_LAUNCHER = {143, -15, -9, 1}
+# the status of a rank that failed and stopped on its own, as the launcher's summary shows them.
+ENDED_BY_LAUNCHER = {exit_text(code) for code in (143, -15, -9, 1)}
 
 
-def rank_exit(produced: Produced, rank: int) -> int | None:
-    match = re.search(rf"^rank {rank}: .*; exit (-?\d+)", produced.log, re.MULTILINE)
-    return int(match.group(1)) if match else None
+def rank_exit(produced: Produced, rank: int) -> str | None:
+    shown = r"exit -?\d+|killed by (?:SIG\w+|signal \d+)|stopped by SIG\w+ \(\d+\)"
+    match = re.search(rf"^rank {rank}: .*?; ({shown})", produced.log, re.MULTILINE)
+    return match.group(1) if match else None
 
 
 def expected_outcome(produced: Produced) -> str:
