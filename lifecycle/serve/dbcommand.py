@@ -46,8 +46,11 @@ PRUNE_DESCRIPTION = """\
 Remove old runs from the journal, each with its rows in every table, a few at a time so that
 servers appending to the same journal are not held up. With both --keep-runs and
 --older-than, only runs that both select are removed. The newest run, and any run written to
-in the last 10 minutes, are never removed. A SQLite file does not shrink: the freed pages are
-reused by later appends (VACUUM would rewrite the whole file while blocking every writer).
+in the last 10 minutes, are never removed. A removed run's Flight Recorder dumps go with it:
+only those its ranks wrote on this host into the run's own dump folder while journaling into
+this journal (never the files that rows copied from another journal name). A SQLite file does
+not shrink: the freed pages are reused by later appends (VACUUM would rewrite the whole file
+while blocking every writer).
 """
 
 
@@ -74,7 +77,11 @@ def _add_prune_options(prune: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="remove runs created longer ago than this: 45s, 90m, 12h, 30d, 2w",
     )
-    prune.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    prune.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would go (each Flight Recorder dump file by path); change nothing",
+    )
     prune.add_argument("--now", type=float, help=argparse.SUPPRESS)  # tests: a fixed clock
 
 
@@ -128,6 +135,9 @@ def _prune(ns: argparse.Namespace) -> int:
         now = time.time() if ns.now is None else ns.now
         outcome = prune(journal, policy, now=now, dry_run=ns.dry_run)
         print(format_outcome(outcome, journal.location))
+        if outcome.dry_run:
+            for path in outcome.dump_files:
+                print(f"  {path}")
     return 0
 
 

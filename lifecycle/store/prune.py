@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +11,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Delete, Engine, Table, delete, func, inspect, select
 
 from lifecycle.core.errors import ConfigError
+from lifecycle.store.dumps import ThisJournal, find_dumps, remove_dumps
 from lifecycle.store.errors import DATABASE_ERRORS, is_retryable, journal_error
 from lifecycle.store.journal import Journal
 from lifecycle.store.schema import events, metadata, runs
@@ -89,7 +88,10 @@ class PruneOutcome:
     runs_removed: int
     events_removed: int
     dry_run: bool
-    dumps_removed: int = 0  # Flight Recorder dump files of the removed runs, on this host
+    # The Flight Recorder dump files that the removed runs' ranks wrote on this host into this
+    # journal's own dump folders (lifecycle.store.dumps), and how many of them were removed.
+    dump_files: tuple[Path, ...] = ()
+    dumps_removed: int = 0
 
 
 def plan_prune(
@@ -129,7 +131,7 @@ def format_outcome(outcome: PruneOutcome, location: str) -> str:
     runs_word = "run" if outcome.runs_removed == 1 else "runs"
     events_word = "event" if outcome.events_removed == 1 else "events"
     verb, kept = ("would remove", "would keep") if outcome.dry_run else ("removed", "kept")
-    dumps = outcome.dumps_removed
+    dumps = len(outcome.dump_files) if outcome.dry_run else outcome.dumps_removed
     line = (
         f"{location}: {verb} {outcome.runs_removed} {runs_word}"
         f" ({outcome.events_removed:,} {events_word}"
@@ -167,15 +169,18 @@ def prune(
         with reader.connect() as conn:
             plan = plan_prune(_activity(conn), policy, now=now)
             tables = _run_keyed_tables(conn)
+            # Found before the rows that name them go.
+            dumps = find_dumps(
+                conn, [run.run_id for run in plan.remove], ThisJournal.at(journal.backend.url)
+            )
         if dry_run or not plan.remove:
             return PruneOutcome(
                 plan=plan,
                 runs_removed=len(plan.remove),
                 events_removed=sum(run.events for run in plan.remove),
                 dry_run=dry_run,
+                dump_files=tuple(dumps),
             )
-        with reader.connect() as conn:
-            dumps = _dump_files(conn, [run.run_id for run in plan.remove])
         removal = _Removal(journal, reader, tables, pause)
         removal.remove(plan.remove)
     finally:
@@ -187,46 +192,9 @@ def prune(
         runs_removed=removal.runs,
         events_removed=removal.events,
         dry_run=False,
-        dumps_removed=_remove_dumps(dumps),
+        dump_files=tuple(dumps),
+        dumps_removed=remove_dumps(dumps),
     )
-
-
-# Only what a rank (or NCCL's watchdog) writes is removed: a file of this name in a folder
-# named for its run, whatever else a journal's rows may name.
-_DUMP_NAME = re.compile(r"(fr|nccl)_trace_rank_[0-9]+(\.part)?")
-
-
-def _dump_files(conn: Connection, run_ids: list[str]) -> list[Path]:
-    """The Flight Recorder dumps the removed runs journaled writing, and their neighbours."""
-    found: set[Path] = set()
-    for start in range(0, len(run_ids), RUNS_PER_TRANSACTION):
-        chunk = run_ids[start : start + RUNS_PER_TRANSACTION]
-        rows = conn.execute(
-            select(events.c.run_id, events.c.data).where(
-                events.c.run_id.in_(chunk), events.c.kind == "flight_recorder_dumped"
-            )
-        )
-        for run_id, data in rows:
-            try:
-                path = (data if isinstance(data, dict) else json.loads(data)).get("path")
-            except (ValueError, AttributeError, TypeError):
-                continue
-            folder = Path(path).parent if isinstance(path, str) else None
-            if folder is not None and folder.name == run_id and folder.is_dir():
-                found.update(p for p in folder.iterdir() if _DUMP_NAME.fullmatch(p.name))
-    return sorted(found)
-
-
-def _remove_dumps(paths: list[Path]) -> int:
-    removed = 0
-    for path in paths:
-        with contextlib.suppress(OSError):
-            path.unlink()
-            removed += 1
-    for folder in {p.parent for p in paths}:
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only once empty
-    return removed
 
 
 def _activity(conn: Connection) -> list[RunActivity]:

@@ -46,6 +46,7 @@ class Run:
     ranks: int = 2
     events_per_rank: int = 3
     last_event_at: float | None = None  # the newest event's wall time; default: created_at
+    config: dict[str, Any] | None = None  # default: the journal it is written into as its `db`
 
 
 def aged(run_id: str, days: float, **more: Any) -> Run:
@@ -60,7 +61,8 @@ def build_journal(db: Path, *runs_to_write: Run) -> Path:
         for run in runs_to_write:
             journal.create_run(
                 RunRow(run_id=run.run_id, created_at=run.created_at, host="h", world_size=run.ranks,
-                       config={}, lifecycle_version="0.1.0")
+                       config={"db": str(db)} if run.config is None else run.config,
+                       lifecycle_version="0.1.0")
             )  # fmt: skip
     with sqlite3.connect(db) as conn:
         for run in runs_to_write:
@@ -437,42 +439,3 @@ def test_a_plan_never_removes_the_newest_a_kept_or_a_live_run(
         assert older_than_s is None or run.created_at < NOW - older_than_s
         assert max(run.created_at, run.last_wall or 0.0) <= NOW - ACTIVE_MARGIN_S
     assert len(plan.remove) + plan.kept + plan.skipped_active == len(activity)
-
-
-def test_a_removed_runs_flight_recorder_dumps_go_with_it_and_nothing_else(
-    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
-) -> None:
-    """The dump files a removed run journaled writing (and NCCL's beside them) are removed with
-    it, and its folder once empty; a file the rows name that is not a dump of that run stays."""
-    db = build_journal(tmp_path / "j.db", aged("r1", 50), aged("r2", 40), aged("r3", 30))
-    flight = tmp_path / "j.db.flight-recorder"
-    for run_id in ("r1", "r2", "r3"):
-        (flight / run_id).mkdir(parents=True)
-        for name in ("fr_trace_rank_0", "fr_trace_rank_1", "nccl_trace_rank_1"):
-            (flight / run_id / name).write_bytes(b"dump")
-    (flight / "r2" / "notes.txt").write_text("kept")
-    elsewhere = tmp_path / "other" / "fr_trace_rank_0"
-    elsewhere.parent.mkdir()
-    elsewhere.write_bytes(b"not r1's")
-    named = {
-        "r1": str(flight / "r1" / "fr_trace_rank_0"),
-        "r2": str(flight / "r2" / "fr_trace_rank_1"),
-        "r3": str(flight / "r3" / "fr_trace_rank_0"),
-    }
-    with sqlite3.connect(db) as conn:
-        for seq, (run_id, path) in enumerate([*named.items(), ("r1", str(elsewhere))]):
-            data = {"reason": "stall", "path": path, "host": "h", "bytes": 4, "entries": 1,
-                    "groups": [], "error": None}  # fmt: skip
-            conn.execute(
-                "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind, version, state,"
-                " data) VALUES (?, 0, ?, ?, 0, 'flight_recorder_dumped', 1, 'failed', ?)",
-                (run_id, 100 + seq, NOW - 40 * DAY, json.dumps(data)),
-            )
-    settle(db)
-    result = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
-    assert result.returncode == 0, result.stderr
-    assert "removed 2 runs (15 events, 6 Flight Recorder dump file(s))" in result.stdout
-    assert not (flight / "r1").exists()
-    assert sorted(p.name for p in (flight / "r2").iterdir()) == ["notes.txt"]
-    assert len(list((flight / "r3").iterdir())) == 3
-    assert elsewhere.read_bytes() == b"not r1's"
