@@ -15,6 +15,7 @@ from lifecycle.core import safepickle
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import FlightRecorderDumped
 from lifecycle.core.records import TorchGroup
+from lifecycle.core.runid import checked_run_id, is_run_id
 from lifecycle.runtime.comm import EventSink
 
 # The ring's size in entries; unset or 0 leaves the Flight Recorder off.
@@ -35,15 +36,22 @@ def entries_from(env: MutableMapping[str, str]) -> int:
 
 def folder_for(args: ServerArgs, run_id: str = "") -> Path:
     """Where a run's dumps go: --flight-recorder-dir, else beside a journal file, else in the
-    current folder (a fleet's journal is a database on another host); a folder per run."""
+    current folder (a fleet's journal is a database on another host); a folder per run, named
+    by a run id of the one form (ConfigError otherwise), so that it is inside that folder."""
+    if run_id:
+        checked_run_id(run_id, source="flight recorder folder")
+    return _root_for(args) / run_id
+
+
+def _root_for(args: ServerArgs) -> Path:
     if args.flight_recorder_dir:
-        return Path(args.flight_recorder_dir).resolve() / run_id
+        return Path(args.flight_recorder_dir).resolve()
     journal = args.db
     if "://" not in journal or journal.startswith("sqlite:///"):
         path = Path(journal.removeprefix("sqlite:///"))
         if path.name and path.name != ":memory:":
-            return path.resolve().with_name(path.name + ".flight-recorder") / run_id
-    return Path("flight-recorder").resolve() / run_id
+            return path.resolve().with_name(path.name + ".flight-recorder")
+    return Path("flight-recorder").resolve()
 
 
 def turn_on(env: MutableMapping[str, str], *, entries: int, folder: Path) -> bool:
@@ -59,18 +67,21 @@ def turn_on(env: MutableMapping[str, str], *, entries: int, folder: Path) -> boo
 
 
 class FlightDumper:
-    """Writes this rank's Flight Recorder dump on trouble and journals where it went."""
+    """Writes this rank's Flight Recorder dump on trouble, in its run's folder of the dump
+    folder `root` and nowhere else, and journals where it went."""
 
     def __init__(
         self,
         *,
-        folder: Path,
+        root: Path,
+        run_id: str,
         rank: int,
         sink: EventSink,
         groups: Callable[[], tuple[TorchGroup, ...]],
     ) -> None:
-        self.folder = folder
-        self.path = folder / f"{DUMP_PREFIX}{rank}"
+        self.root = root
+        self.folder = root / run_id
+        self.path = self.folder / f"{DUMP_PREFIX}{rank}"
         self._sink = sink
         self._groups = groups
         self._lock = threading.Lock()
@@ -82,10 +93,7 @@ class FlightDumper:
         with self._lock:
             try:
                 data = _dump_bytes()
-                self.folder.mkdir(parents=True, exist_ok=True)
-                part = self.path.with_name(self.path.name + ".part")
-                part.write_bytes(data)
-                os.replace(part, self.path)
+                _write_inside(self.root, self.folder.name, self.path.name, data)
             except (OSError, RuntimeError, AttributeError) as exc:
                 error = f"{type(exc).__name__}: {exc}"[:300]
         event = FlightRecorderDumped(
@@ -99,6 +107,25 @@ class FlightDumper:
         )
         self._sink.record(event)
         return event
+
+
+def _write_inside(root: Path, run_id: str, name: str, data: bytes) -> None:
+    """Write `root/run_id/name` through a temporary name and a rename, and never outside
+    `root`: `run_id` must be of the one form, and its folder, every link resolved, a folder of
+    `root` itself; a link planted at the temporary name is not followed. PermissionError
+    otherwise, which the dump journals."""
+    real_root = root.resolve()
+    folder = real_root / run_id
+    if not is_run_id(run_id):
+        raise PermissionError(f"{run_id[:80]!r} is not a run id: no dump written under {root}")
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.resolve() != folder:
+        raise PermissionError(f"{folder} leads outside {real_root}: no dump written")
+    part = folder / f"{name}.part"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(part, flags, 0o644), "wb") as out:
+        out.write(data)
+    os.replace(part, folder / name)
 
 
 def _dump_bytes() -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from traceback import extract_tb
@@ -13,11 +14,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lifecycle.core.agreement import (
+    describe_disagreements,
+    disagreements,
+    settings_digest,
+    shared_settings,
+)
+from lifecycle.core.config import ServerArgs, args_to_json
 from lifecycle.core.errors import (
     CollectiveError,
     CollectiveTimeout,
     LifecycleError,
     PeerGone,
+    RankDisagreement,
     RendezvousFailed,
 )
 from lifecycle.core.events import Error, error_event
@@ -154,3 +163,28 @@ def measure_clock_offset(device: torch.device, wall: Callable[[], float]) -> tup
             best = (offset, trip)
     assert best is not None
     return (0.0, 0.0) if dist.get_rank() == 0 else best
+
+
+def settings_disagreement(
+    args: ServerArgs, device: torch.device, *, rank: int
+) -> RankDisagreement | None:
+    """At the rendezvous, what the ranks' settings differ in (None when they all match): each
+    rank's own command line parsed into `args`, of which the run records one rank's.
+
+    The digests go in one small all-gather; only when they differ is every rank's settings
+    gathered to name what differs, so every rank takes the same branch and names the same
+    settings and ranks.
+    """
+    settings = shared_settings(args_to_json(args))
+    mine = torch.tensor([settings_digest(settings)], dtype=torch.int64, device=device)
+    digests = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(digests, mine)
+    if all(bool(torch.equal(digest, mine)) for digest in digests):
+        return None
+    texts: list[object] = [None] * len(digests)
+    dist.all_gather_object(texts, json.dumps(settings))  # in the order ServerArgs has them
+    found = disagreements([json.loads(str(text)) for text in texts])
+    return RankDisagreement(
+        f"the ranks were started with different settings: {describe_disagreements(found)}",
+        rank=rank,
+    )

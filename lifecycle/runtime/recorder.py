@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -65,21 +66,46 @@ class SystemClock:
 
 
 CLOCK_SKEW_ENV = "LIFECYCLE_CLOCK_SKEW"
+# Hosts whose clocks are further apart than a day are not what the alignment is tested for,
+# and a skew of that size makes every duration measured before the alignment meaningless.
+MAX_CLOCK_SKEW_S = 86_400.0
 
 
-def clock_for(rank: int, env: Mapping[str, str]) -> SystemClock:
-    """This rank's clock, skewed where LIFECYCLE_CLOCK_SKEW names it (`RANK:SECONDS`)."""
-    spec = env.get(CLOCK_SKEW_ENV, "")
+def clock_skews(spec: str, *, world_size: int) -> dict[int, float]:
+    """The skew of each rank LIFECYCLE_CLOCK_SKEW names (`RANK:SECONDS[,...]`); ConfigError
+    naming the variable on any entry that is not a rank of the world and a finite number of
+    seconds within a day, so that no entry is silently ignored."""
+    skews: dict[int, float] = {}
+    if not spec.strip():
+        return skews
     for part in spec.split(","):
-        name, _, seconds = part.partition(":")
-        if name.strip() == str(rank):
+        name, colon, seconds = (text.strip() for text in part.partition(":"))
+        problem = None
+        if not colon or not name.isascii() or not name.isdigit():
+            problem = f"{part.strip()!r} is not RANK:SECONDS"
+        elif int(name) >= world_size:
+            problem = f"rank {int(name)} is outside 0..{world_size - 1}"
+        elif int(name) in skews:
+            problem = f"rank {int(name)} is named twice"
+        else:
             try:
-                return SystemClock(skew_s=float(seconds))
+                skew = float(seconds)
             except ValueError:
-                raise ConfigError(
-                    f"{CLOCK_SKEW_ENV}={spec!r}: expected RANK:SECONDS", field="clock_skew"
-                ) from None
-    return SystemClock()
+                skew = math.nan
+            if not math.isfinite(skew) or abs(skew) > MAX_CLOCK_SKEW_S:
+                limit = f"{MAX_CLOCK_SKEW_S:g}"
+                problem = f"{seconds!r} is not a number of seconds in -{limit}..{limit} (a day)"
+            else:
+                skews[int(name)] = skew
+        if problem is not None:
+            raise ConfigError(f"{CLOCK_SKEW_ENV}={spec[:80]!r}: {problem}", field="clock_skew")
+    return skews
+
+
+def clock_for(rank: int, env: Mapping[str, str], *, world_size: int) -> SystemClock:
+    """This rank's clock, skewed where LIFECYCLE_CLOCK_SKEW names it (`RANK:SECONDS`)."""
+    skews = clock_skews(env.get(CLOCK_SKEW_ENV, ""), world_size=world_size)
+    return SystemClock(skew_s=skews.get(rank, 0.0))
 
 
 Listener = Callable[[StoredEvent], None]

@@ -24,6 +24,7 @@ from lifecycle.core.errors import (
     InjectedFault,
     JournalError,
     JournalWriteFailed,
+    RankDisagreement,
     StartupTimeout,
 )
 from lifecycle.core.events import (
@@ -49,6 +50,7 @@ from lifecycle.runtime.process_group import (
     fatal_error,
     join_process_group,
     measure_clock_offset,
+    settings_disagreement,
 )
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import leave_process
@@ -95,6 +97,8 @@ class RankSession:
         self._fire_lock = threading.RLock()
         self._skip_armed: FaultSpec | None = None
         self.runtime: RankRuntime | None = None
+        # The ranks were started with different settings: bad input, not a rank's failure.
+        self.disagreement: RankDisagreement | None = None
         self.machine = LifecycleMachine(
             before=self._journal_transition,
             on_illegal=self._journal_illegal,
@@ -170,6 +174,7 @@ class RankSession:
                 ),
             )
             self._align_clock(device)
+            self._run_action("agree-settings", functools.partial(self._agree_settings, device))
         comm = Comm(
             layout=self.layout,
             sink=self.recorder,
@@ -181,7 +186,8 @@ class RankSession:
         if fr_on:  # each trouble the recorder journals dumps the Flight Recorder too
             self.recorder.on_trouble(
                 FlightDumper(
-                    folder=flight,
+                    root=folder_for(self.args),
+                    run_id=self.launch.run_id,
                     rank=self.launch.rank,
                     sink=self.recorder,
                     groups=comm.torch_names,
@@ -205,6 +211,13 @@ class RankSession:
         self.recorder.record(
             ClockAligned(offset_s=offset, round_trip_s=trip, host=socket.gethostname())
         )
+
+    def _agree_settings(self, device: torch.device) -> None:
+        """Fail unless every rank was started with the settings the run records (torchrun
+        gives each rank its own command line)."""
+        self.disagreement = settings_disagreement(self.args, device, rank=self.launch.rank)
+        if self.disagreement is not None:
+            raise self.disagreement
 
     def boot(self) -> State:
         """Walk the table to `ready`; on any error journal it and go to `failed`."""

@@ -31,6 +31,7 @@ from lifecycle.serve.options import (
     load_config,
     torchrun_num_ranks,
 )
+from lifecycle.serve.rankenv import check_environment
 
 EXIT_READY = 0
 EXIT_FAILED = 1
@@ -183,6 +184,7 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
             f"--model {ns.model!r} is not one of {', '.join(sorted(MODEL_PRESETS))}", field="model"
         )
     num_ranks = torchrun_num_ranks(ns.num_ranks, env)
+    check_environment(env, world_size=num_ranks)
     ulysses = ns.ulysses if ns.ulysses is not None else max(1, num_ranks // max(1, ns.cfg_parallel))
     return ServerArgs(
         model=model,

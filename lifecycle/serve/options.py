@@ -227,18 +227,14 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
 
 
 def torchrun_num_ranks(given: int | None, env: Mapping[str, str]) -> int:
-    """--num-ranks, else torchrun's WORLD_SIZE, else 1; under torchrun the two must agree."""
-    from lifecycle.serve.worker import under_torchrun
+    """--num-ranks, else torchrun's WORLD_SIZE, else 1; under torchrun the two must agree.
+    ConfigError on a torchrun environment no torchrun sets (see `torchrun_ranks`)."""
+    from lifecycle.serve.rankenv import torchrun_ranks
 
-    if not under_torchrun(env):
+    ranks = torchrun_ranks(env)
+    if ranks is None:
         return 1 if given is None else given
-    try:
-        world_size = int(env["WORLD_SIZE"])
-    except ValueError:
-        raise ConfigError(
-            f"WORLD_SIZE must be an integer (as torchrun sets it), not {env['WORLD_SIZE']!r}",
-            field="env",
-        ) from None
+    world_size = ranks.world_size
     if given is not None and given != world_size:
         raise ConfigError(
             f"--num-ranks {given} disagrees with torchrun's WORLD_SIZE {world_size}"

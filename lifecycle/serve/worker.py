@@ -21,9 +21,11 @@ from lifecycle.core.errors import (
     RequestAborted,
 )
 from lifecycle.core.records import shared_fields
+from lifecycle.core.runid import checked_run_id
 from lifecycle.core.states import State
 from lifecycle.runtime.signals import (
     block_shutdown_signals,
+    leave_process,
     watch_dump_signal,
     watch_shutdown_signals,
 )
@@ -37,6 +39,13 @@ from lifecycle.serve.control import (
 )
 from lifecycle.serve.logs import configure_logging
 
+# RUN_ID_ENV, RankEnv and under_torchrun are re-exported: the launcher, the supervisor and the
+# command line take them from the rank's entry, where they were first defined.
+from lifecycle.serve.rankenv import RUN_ID_ENV as RUN_ID_ENV  # noqa: PLC0414
+from lifecycle.serve.rankenv import RankEnv as RankEnv  # noqa: PLC0414
+from lifecycle.serve.rankenv import named_run_id
+from lifecycle.serve.rankenv import under_torchrun as under_torchrun  # noqa: PLC0414
+
 if TYPE_CHECKING:
     from lifecycle.runtime.session import RankSession
 
@@ -45,7 +54,7 @@ if TYPE_CHECKING:
 # are blocked.
 
 WORKER_ENV = "LIFECYCLE_WORKER"
-RUN_ID_ENV = "LIFECYCLE_RUN_ID"
+EXIT_USAGE = 2
 # A failed rank stays this long past the process-group timeout at most, so that peers blocked
 # on it time out themselves (as under NCCL) and journal where they were.
 LINGER_MARGIN_S = 10.0
@@ -86,39 +95,15 @@ class WorkerSpec:
         return cls(**doc)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RankEnv:
-    """RANK, WORLD_SIZE and LOCAL_WORLD_SIZE, as torchrun and the launcher set them."""
-
-    rank: int
-    world_size: int
-    local_world_size: int
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> RankEnv:
-        world = int(env.get("WORLD_SIZE", "1"))
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            world_size=world,
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
-        )
-
-
-def under_torchrun(env: Mapping[str, str]) -> bool:
-    return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
 def _agreed_run_id(
     env: Mapping[str, str], created_at: float, ranks: RankEnv, args: ServerArgs
 ) -> str:
     """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast."""
     from lifecycle.store.runs import new_run_id
 
-    if env.get(RUN_ID_ENV):
-        return env[RUN_ID_ENV]
-    elastic = env.get("TORCHELASTIC_RUN_ID", "none")
-    if elastic and elastic != "none":
-        return f"{time.strftime('%Y%m%d', time.gmtime(created_at))}-{elastic}"[:64]
+    named = named_run_id(env)
+    if named is not None:
+        return named
     if ranks.world_size == 1:
         return new_run_id(created_at)
     import torch
@@ -129,7 +114,7 @@ def _agreed_run_id(
     from lifecycle.runtime.process_group import join_process_group
 
     # No shared id in the environment: join the group first and let rank 0 name the run.
-    device = select_device(args.device, local_rank=int(env.get("LOCAL_RANK", ranks.rank)))
+    device = select_device(args.device, local_rank=ranks.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # The run's folder is not known yet: NCCL's own dumps go to the folder above it.
@@ -141,9 +126,9 @@ def _agreed_run_id(
         dist_timeout_s=args.dist_timeout_s,
         env=env,
     )
-    named = [new_run_id(created_at) if ranks.rank == 0 else ""]
-    dist.broadcast_object_list(named, src=0)
-    return str(named[0])
+    chosen = [new_run_id(created_at) if ranks.rank == 0 else ""]
+    dist.broadcast_object_list(chosen, src=0)
+    return checked_run_id(str(chosen[0]), source="rank 0")
 
 
 def run_rank_process(
@@ -161,11 +146,27 @@ def run_rank_process(
     from lifecycle.store.runs import launch_command, open_run
 
     ranks = RankEnv.from_env(env)
+    clock = clock_for(ranks.rank, env, world_size=ranks.world_size)
+    stop = threading.Event()
+    started: list[RankSession] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        stop.set()
+        if not started:
+            # Before the session: the ranks may still be joining the group to agree on a run
+            # id, which would hold this one until the rendezvous timeout, and no journal is
+            # open yet to record the stop in.
+            sys.stderr.write(
+                f"lifecycle: rank {ranks.rank}: stopped by {sig.name} before its journal was"
+                " open (the ranks were agreeing on a run id): nothing journaled\n"
+            )
+            leave_process(128 + int(sig))
+        os._exit(started[0].shutdown_by_signal(sig))
+
+    watch_shutdown_signals(on_signal)
     run_id = _agreed_run_id(env, created_at, ranks, args)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
-    recorder = Recorder(
-        journal.writer(run_id=run_id, rank=ranks.rank), clock=clock_for(ranks.rank, env)
-    )
+    recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank), clock=clock)
     launch = RankLaunch(
         run_id=run_id,
         rank=ranks.rank,
@@ -173,15 +174,16 @@ def run_rank_process(
         distributed=ranks.world_size > 1,
     )
     session = RankSession(args, launch, recorder)
-    stop = threading.Event()
-
-    def on_signal(sig: signal.Signals) -> None:
-        stop.set()
-        os._exit(session.shutdown_by_signal(sig))
-
-    watch_shutdown_signals(on_signal)
+    started.append(session)
     watch_dump_signal(lambda: session.dump_ring("signal"))
     state = session.boot()
+    if session.disagreement is not None:
+        # Every rank saw the same settings at the rendezvous and fails on them at once: none
+        # waits on a peer, so none lingers; bad input, as a flag refused at start is.
+        sys.stderr.write(f"lifecycle: error: rank {ranks.rank}: {session.disagreement}\n")
+        session.close()
+        leave_process_group()
+        return EXIT_USAGE
     if state is State.READY:
         if mode == "serve" and control is not None:
             _serve(session, control)
@@ -298,7 +300,7 @@ def main() -> int:
         status = EXIT_UNJOURNALED
     except LifecycleError as exc:
         print(f"lifecycle worker: error: {exc}", file=sys.stderr)
-        status = 2
+        status = EXIT_USAGE
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: a failed gloo group can abort in its destructor.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import one_clear_line, run_cli
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -45,3 +45,34 @@ def test_a_rank_whose_clock_is_off_is_still_ordered_by_what_happened(
     spans = [x.split() for x in shown.splitlines() if x.strip().startswith("+")]
     starts = [float(fields[0]) for fields in spans if len(fields) > 2 and fields[1] != "collective"]
     assert all(0 <= s < 25 for s in starts), shown  # its start and rendezvous moved too
+
+
+@pytest.mark.parametrize(
+    ("skew", "said"),
+    [
+        ("1:-1e12", "'-1e12' is not a number of seconds in -86400..86400 (a day)"),
+        ("1:nan", "'nan' is not a number of seconds in -86400..86400 (a day)"),
+        ("1:inf", "'inf' is not a number of seconds in -86400..86400 (a day)"),
+        ("1:soon", "'soon' is not a number of seconds in -86400..86400 (a day)"),
+        ("2:30", "rank 2 is outside 0..1"),
+        ("1=30", "'1=30' is not RANK:SECONDS"),
+        ("1:30,", "'' is not RANK:SECONDS"),
+        ("1:30,1:40", "rank 1 is named twice"),
+    ],
+    ids=["a-day-exceeded", "nan", "inf", "not-a-number", "no-such-rank", "no-colon",
+         "empty-entry", "rank-twice"],
+)  # fmt: skip
+def test_a_clock_skew_that_cannot_be_right_is_one_line_and_exit_2(
+    tmp_path: Path, skew: str, said: str
+) -> None:
+    """Every entry of LIFECYCLE_CLOCK_SKEW must be a rank of the world and a finite number of
+    seconds within a day: anything else is one line naming the variable, and exit 2 before
+    any rank starts, rather than ignored or taken."""
+    done = run_cli(
+        "lifecycle",
+        ["boot", "--model", "micro-video", "--num-ranks", "2", "--db", "j.db"],
+        cwd=tmp_path, timeout=180, env={"LIFECYCLE_CLOCK_SKEW": skew},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert one_clear_line(done) == f"lifecycle: error: LIFECYCLE_CLOCK_SKEW={skew!r}: {said}"
+    assert list(tmp_path.iterdir()) == []

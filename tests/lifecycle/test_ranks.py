@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -260,7 +261,8 @@ def test_faults_also_come_from_the_environment(
 
 
 def test_torchrun_starts_the_same_entry(tmp_path: Path) -> None:
-    """Under torchrun each process is one rank; all ranks share one run id."""
+    """Under torchrun each process is one rank; all ranks share one run id, derived from
+    torchrun's rendezvous id (a UUID under --standalone) in the one form."""
     import subprocess
     import sys
 
@@ -277,3 +279,4 @@ def test_torchrun_starts_the_same_entry(tmp_path: Path) -> None:
     assert sorted(ranks) == [0, 1]
     for rank_events in ranks.values():
         assert path_of(rank_events) == CALIBRATED
+    assert re.fullmatch(r"torchrun-[0-9a-f]{14}", events[0].run_id), events[0].run_id
