@@ -43,6 +43,8 @@ class Served:
         seen: list[int] = []
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited {self.proc.returncode} before /health {want}")
             response = self.get("/health")
             if response is not None:
                 seen.append(response.status_code)
