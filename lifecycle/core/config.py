@@ -56,6 +56,9 @@ MIN_MEMORY_BUDGET = 64 * 2**20
 DEFAULT_LINGER_S = 60.0
 DEFAULT_RING_CAPACITY = 65536
 MAX_RING_CAPACITY = 1 << 22
+# A seed is 64 bits, as torch's generators take it: a larger one would be refused only when
+# the first request is run, well into the startup.
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,6 +280,9 @@ def validate(args: ServerArgs) -> None:
             f"--memory-budget must be at least 64MiB, not {args.memory_budget_bytes} bytes",
             field="memory_budget_bytes",
         )
+    if not 0 <= args.seed <= MAX_SEED:
+        shown = str(args.seed) if args.seed.bit_length() <= 128 else "a larger number"
+        raise ConfigError(f"--seed must be an integer in 0..{MAX_SEED}, not {shown}", field="seed")
     placed: dict[tuple[int, str], FaultSpec] = {}
     for fault in args.faults:
         if fault.rank >= args.num_ranks:

@@ -30,8 +30,13 @@ _SIZE_UNITS = {
 }  # fmt: skip
 
 
+# The largest size taken, whatever its unit: past any device's memory, well inside 64 bits.
+MAX_SIZE = 2**60
+
+
 def parse_size(text: str, *, flag: str = "--memory-budget") -> int:
-    """Bytes from `600MiB`, `2GiB`, `1.5G` or a plain number of bytes; ConfigError otherwise."""
+    """Bytes from `600MiB`, `2GiB`, `1.5G` or a plain number of bytes, up to MAX_SIZE;
+    ConfigError otherwise."""
     raw = text.strip().lower().replace(" ", "")
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = raw[len(number) :]
@@ -39,11 +44,15 @@ def parse_size(text: str, *, flag: str = "--memory-budget") -> int:
         value = float(number)
     except ValueError:
         value = -1.0
-    if unit not in _SIZE_UNITS or not 0 < value < 2**60:
+    shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
+    if unit not in _SIZE_UNITS or not value > 0:
         raise ConfigError(
-            f"{flag} {text!r} is not a size such as 600MiB, 2GiB or 1.5G", field="memory_budget"
+            f"{flag} {shown} is not a size such as 600MiB, 2GiB or 1.5G", field="memory_budget"
         )
-    return int(value * _SIZE_UNITS[unit])
+    size = value * _SIZE_UNITS[unit]
+    if not size <= MAX_SIZE:  # NaN and infinity too
+        raise ConfigError(f"{flag} {shown} is more than 2**60 bytes (1 EiB)", field="memory_budget")
+    return int(size)
 
 
 def format_bytes(n: int) -> str:

@@ -6,21 +6,23 @@ import argparse
 import difflib
 import math
 import os
-import tomllib
+import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from lifecycle.core.config import (
     DEFAULT_LINGER_S,
     DEFAULT_RING_CAPACITY,
     DEFAULT_STARTUP_TIMEOUT_S,
+    MAX_SEED,
     MODEL_PRESETS,
     PerformanceMode,
     SmokeRequest,
     WarmupMode,
 )
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.residency import parse_size
+from lifecycle.serve.configfile import read_document, shown
 from lifecycle.serve.logs import LEVELS
 
 # Every LIFECYCLE_* variable the code reads, with its meaning, for the help of boot and serve.
@@ -112,6 +114,47 @@ def _linger_seconds(text: str) -> float:
     return seconds
 
 
+class _BoundedInt:
+    """An integer option's type, within bounds: text on the command line, an integer in a
+    config file; a value past them is refused where it is given (one line, exit 2), not
+    where it is first used."""
+
+    __name__ = "int"  # argparse's words for a value that is no integer: "invalid int value"
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low = low
+        self.high = high
+
+    def __call__(self, text: str) -> int:
+        digits = text.strip().lstrip("+-")
+        if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+            raise argparse.ArgumentTypeError(f"invalid int value: {shown(text)}")
+        if len(digits) > len(str(self.high)) + 1:  # past the bound, and past what str() reads
+            raise argparse.ArgumentTypeError(
+                self._out_of_range(f"a number of {len(digits)} digits")
+            )
+        return self.check(int(text))
+
+    def check(self, value: int) -> int:
+        if not self.low <= value <= self.high:
+            shown_value = str(value) if value.bit_length() <= 128 else "a larger number"
+            raise argparse.ArgumentTypeError(self._out_of_range(shown_value))
+        return value
+
+    def _out_of_range(self, shown_value: str) -> str:
+        return f"must be an integer in {self.low}..{self.high}, not {shown_value}"
+
+
+def _size_text(text: str) -> str:
+    """A size as --memory-budget takes it (600MiB, 2GiB, a number of bytes), checked where it
+    is given and kept as given."""
+    try:
+        parse_size(text, flag="")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
+    return text
+
+
 # The settings only `serve` has: a config file of boot that names one is told so.
 SERVE_ONLY = ("host", "port", "linger")
 
@@ -172,7 +215,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(model, "--pipeline", metavar="MODULE:ATTR")
     add(model, "--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
     add(model, "--device", choices=["auto", "cpu", "cuda"], default="auto")
-    add(model, "--seed", type=int, default=0, metavar="N")
+    add(model, "--seed", type=_BoundedInt(0, MAX_SEED), default=0, metavar="N")
 
     ranks = p.add_argument_group("parallelism")
     add(ranks, "--num-ranks", "--num-gpus", action=_Spelled, type=int, metavar="N")
@@ -192,7 +235,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     warmup = p.add_argument_group("warmup and calibration")
     add(warmup, "--warmup-mode", choices=[m.value for m in WarmupMode], default="server")
     add(warmup, "--calibrate", action="store_true")
-    add(warmup, "--memory-budget", metavar="SIZE")
+    add(warmup, "--memory-budget", type=_size_text, metavar="SIZE")
     add(warmup, "--smoke-request", choices=[m.value for m in SmokeRequest], default="auto")
     add(warmup, "--state-deadline", default=300.0, **seconds)
     add(warmup, "--startup-timeout", default=DEFAULT_STARTUP_TIMEOUT_S, **seconds)
@@ -250,21 +293,23 @@ def load_config(
     """The settings of a config file, by option dest; ConfigError naming the file (and the
     key) on a file that cannot be read, is not TOML or YAML, or holds a key or value that no
     option of `command` takes."""
-    doc = _read(path)
+    doc = read_document(path)
     settings: dict[str, tuple[str, Any]] = {}
     for key, value in doc.items():
-        name = str(key).replace("_", "-")
-        action = options.get(name)
+        if not isinstance(key, str):
+            raise ConfigError(f"{path}: a key is a name, not {_kind(key)}", field="config")
+        action = options.get(key.replace("_", "-"))
         if action is None:
-            raise ConfigError(_unknown_key(path, str(key), options, command), field="config")
+            raise ConfigError(_unknown_key(path, key, options, command), field="config")
         checked = _checked(f"{path}: {key}", action, value)
+        given = f"{key} = {shown(value)}"
         earlier = settings.get(action.dest)
         if earlier is not None and earlier[1] != checked:
             raise ConfigError(
-                f"{path}: {key} = {value!r} disagrees with {earlier[0]}: they are one setting",
+                f"{path}: {given} disagrees with {earlier[0]}: they are one setting",
                 field="config",
             )
-        settings[action.dest] = (f"{key} = {value!r}", checked)
+        settings[action.dest] = (given, checked)
     return {dest: value for dest, (_, value) in settings.items()}
 
 
@@ -272,63 +317,13 @@ def _unknown_key(path: str, key: str, options: Mapping[str, argparse.Action], co
     name = key.replace("_", "-")
     if name in SERVE_ONLY:
         return f"{path}: {key}: only lifecycle serve takes it, not lifecycle {command}"
-    close = difflib.get_close_matches(name, list(options), n=1)
+    close = difflib.get_close_matches(name[:100], list(options), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"{path}: unknown key {key!r}{hint}"
-
-
-def _read(path: str) -> dict[Any, Any]:
-    suffix = Path(path).suffix.lower()
-    if suffix not in (".toml", ".yaml", ".yml"):
-        raise ConfigError(
-            f"{path}: a config file's name ends in .toml, .yaml or .yml",
-            field="config",
-        )
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file", field="config") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}", field="config") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text", field="config") from None
-    doc = _parse_toml(path, text) if suffix == ".toml" else _parse_yaml(path, text)
-    if not isinstance(doc, dict):
-        raise ConfigError(
-            f"{path}: expected a mapping of option to value, not {_kind(doc)}", field="config"
-        )
-    return doc
-
-
-def _parse_toml(path: str, text: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: TOML syntax: {_one_line(str(exc))}", field="config") from None
-
-
-def _parse_yaml(path: str, text: str) -> object:
-    import yaml  # type: ignore[import-untyped]  # only a YAML config file pays for it
-
-    try:
-        doc: object = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
-        raise ConfigError(
-            f"{path}: YAML syntax{where}: {_one_line(str(exc.problem))}", field="config"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: YAML syntax: {_one_line(str(exc))}", field="config") from None
-    return {} if doc is None else doc  # an empty file sets nothing
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return f"{path}: unknown key {shown(key)}{hint}"
 
 
 def _kind(value: object) -> str:
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {shown(value)}"
 
 
 def _checked(where: str, action: argparse.Action, value: object) -> Any:
@@ -342,24 +337,34 @@ def _checked(where: str, action: argparse.Action, value: object) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings, not {_kind(value)}")
         return list(value)
-    if action.type is int:
+    if action.type is int or isinstance(action.type, _BoundedInt):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, not {_kind(value)}")
+        if isinstance(action.type, _BoundedInt):
+            try:
+                value = action.type.check(value)
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
     elif action.type is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, not {_kind(value)}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ConfigError(f"{where}: {_kind(value)} is past any float") from None
     elif action.type is None:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, not {_kind(value)}")
     else:  # a checking type, as the command line's: it reads the value's text
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ConfigError(f"{where}: expected a number, not {_kind(value)}")
+        if isinstance(value, int) and value.bit_length() > 256:  # past what str() would read
+            raise ConfigError(f"{where}: a number of {value.bit_length()} bits is out of range")
         try:
             value = action.type(str(value))  # type: ignore[operator]
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from None
     if action.choices is not None and value not in action.choices:
         choices = ", ".join(str(c) for c in action.choices)
-        raise ConfigError(f"{where}: {value!r} is not one of {choices}")
+        raise ConfigError(f"{where}: {shown(value)} is not one of {choices}")
     return value

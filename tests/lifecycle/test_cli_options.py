@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle import __version__
+from lifecycle.core.config import ServerArgs
+from lifecycle.core.errors import ConfigError
 from lifecycle.serve.cli import build_parser
 from lifecycle.store import Journal
 from tests.conftest import REPO, Completed, as_unprivileged, one_clear_line, run_cli
@@ -192,7 +195,20 @@ BAD_CONFIGS = {
     "two spellings": ("c.toml", "num-ranks = 1\nnum_gpus = 2\n", "num_gpus = 2 disagrees"),
     "extension": ("c.json", "{}\n", "c.json: a config file's name ends in .toml, .yaml"),
     "missing": ("", "", "absent.toml: no such config file"),
-}
+    "seed past 64 bits": (
+        "c.toml", f"seed = {2**64}\n", "c.toml: seed: must be an integer in 0..18446744073709551615"
+    ),
+    "yaml key twice": (
+        "c.yaml", "seed: 1\nmodel: micro-video\nseed: 2\n", "c.yaml: key 'seed' given twice"
+    ),
+    "absurd budget": (
+        "c.toml", 'memory_budget = "1e18tib"\n', "c.toml: memory_budget: '1e18tib' is more than"
+    ),
+    "toml nested deep": ("c.toml", "a = " + "[" * 5000 + "]" * 5000, "c.toml: nested too deeply"),
+    "yaml nested deep": ("c.yaml", "a: " + "[" * 5000 + "]" * 5000, "c.yaml: nested deeper than"),
+    "5,000 digits": ("c.toml", "seed = " + "9" * 5000, "c.toml: a value cannot be read"),
+    "past a float": ("c.yml", "dist-timeout: " + "9" * 400, "dist-timeout: int 99"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", list(BAD_CONFIGS))
@@ -205,6 +221,80 @@ def test_a_bad_config_file_is_one_line_and_exit_2(
     if name:
         (tmp_path / name).write_text(text)
     result = lifecycle_cli("boot", "--db", "j.db", "--config", name or "absent.toml", timeout=60)
+    assert result.returncode == 2
+    assert message in one_clear_line(result)
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_an_integer_memory_budget_in_a_config_file_is_bytes(
+    lifecycle_cli: Callable[..., Completed], tmp_path: Path
+) -> None:
+    """`memory_budget = 1000` is 1000 bytes, as `--memory-budget 1000` is (and so below the
+    least budget taken), not a value of the wrong type."""
+    (tmp_path / "c.toml").write_text("memory_budget = 1000\n")
+    result = lifecycle_cli("boot", "--db", "j.db", "--config", "c.toml", timeout=60)
+    assert result.returncode == 2
+    assert "--memory-budget must be at least 64MiB, not 1000 bytes" in one_clear_line(result)
+
+
+def test_a_seed_past_64_bits_is_refused_wherever_it_comes_from() -> None:
+    """ServerArgs, however it is made (a recorded config, a caller), refuses a seed torch's
+    generators cannot take, naming --seed."""
+    with pytest.raises(
+        ConfigError, match=r"--seed must be an integer in 0\.\.18446744073709551615"
+    ):
+        ServerArgs(seed=2**64)
+
+
+# A YAML file of 400 bytes whose aliases stand for 9**9 strings.
+ALIAS_BOMB = (
+    "a: &a ["
+    + ", ".join(["lol"] * 9)
+    + "]\n"
+    + "".join(
+        f"{b}: &{b} [" + ", ".join([f"*{a}"] * 9) + "]\n"
+        for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    + "fault: *i\n"
+)
+
+
+def _special_config(tmp_path: Path, kind: str) -> str:
+    if kind == "alias bomb":
+        (tmp_path / "c.yaml").write_text(ALIAS_BOMB)
+        return "c.yaml"
+    if kind == "FIFO":
+        os.mkfifo(tmp_path / "c.toml")
+        return "c.toml"
+    (tmp_path / "c.yaml").symlink_to(kind)
+    return "c.yaml"
+
+
+def _bounded() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("alias bomb", "c.yaml: expands to more than 100000 values"),
+        ("FIFO", "c.toml: cannot read: a FIFO, not a regular file"),
+        ("/dev/zero", "c.yaml: cannot read: a character device, not a regular file"),
+        ("/dev/urandom", "c.yaml: cannot read: a character device, not a regular file"),
+    ],
+)
+def test_a_config_file_that_never_ends_or_expands_is_one_line(
+    tmp_path: Path, kind: str, message: str
+) -> None:
+    """An alias bomb, a FIFO no one writes to, /dev/zero and /dev/urandom as --config: one
+    line and exit 2 at once, in a bounded address space, never a wait or gigabytes."""
+    name = _special_config(tmp_path, kind)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lifecycle", "boot", "--db", "j.db", "--config", name],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+        text=True, timeout=60, check=False, preexec_fn=_bounded,
+    )  # fmt: skip
+    result = Completed(proc.returncode, proc.stdout, proc.stderr)
     assert result.returncode == 2
     assert message in one_clear_line(result)
     assert not (tmp_path / "j.db").exists()

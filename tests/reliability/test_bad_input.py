@@ -152,6 +152,8 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
         (["--dist-timeout", "-1"], "--dist-timeout"),
         (["--memory-budget", "lots"], "is not a size such as 600MiB"),
         (["--memory-budget", "1MiB"], "--memory-budget must be at least 64MiB"),
+        (["--memory-budget", "1e18tib"], "--memory-budget: '1e18tib' is more than 2**60 bytes"),
+        (["--seed", str(2**64)], "--seed: must be an integer in 0..18446744073709551615, not"),
         (["--fault", "0:probe:over-budget"], "over-budget fires only in re-warm"),
     ],
 )
