@@ -69,11 +69,15 @@ class CopyStopped(JournalError):
         self.error = error
         self.copied = copied
         self.run_id = run_id
+        self.destination = destination
 
     @property
     def unjournaled(self) -> bool:
-        """Whether the destination could not be written (rather than the source read)."""
-        return isinstance(self.error, JournalWriteFailed)
+        """Whether the destination could not be written (exit 3); a source that could not be
+        read, its server gone included, is bad input."""
+        return (
+            isinstance(self.error, JournalWriteFailed) and self.error.location == self.destination
+        )
 
 
 def runs_to_copy(source: Journal, run_ids: Sequence[str] | None) -> list[RunRow]:

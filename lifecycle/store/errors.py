@@ -10,6 +10,7 @@ from sqlalchemy.exc import (
     DBAPIError,
     IntegrityError,
     NoSuchModuleError,
+    OperationalError,
     SQLAlchemyError,
 )
 
@@ -113,6 +114,11 @@ def fault_of(exc: BaseException) -> Fault:
         return _SQLSTATE.get(state) or _SQLSTATE_CLASSES.get(state[:2], Fault.OTHER)
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return Fault.CONNECTION
+    if isinstance(exc, OperationalError):
+        # A server's driver raises PEP 249's OperationalError with no SQLSTATE when the
+        # connection itself failed: refused, reset, or closed by a server going away
+        # (SQLite's have a result code, read above).
+        return Fault.CONNECTION
     if isinstance(exc, IntegrityError | sqlite3.IntegrityError):
         # A driver that reports no code: which constraint failed is unknown, and only a known
         # duplicate key may be called a second writer.
@@ -133,16 +139,24 @@ def message_of(exc: BaseException) -> str:
     return lines[0] if lines else type(cause).__name__
 
 
-def journal_error(exc: BaseException, location: str, *, writing: bool = False) -> JournalError:
+def journal_error(
+    exc: BaseException, location: str, *, writing: bool = False, opened: bool = False
+) -> JournalError:
     """A database error as a journal error; one the disk raised while `writing` is a failed
-    write (exit 3), not bad input."""
+    write (exit 3), not bad input.
+
+    `opened`: the journal opened fine before. A server that then refuses or drops the
+    connection (stopped, shut down by its administrator, crashed) went away under the ranks
+    appending to it: the journal could not be written (exit 3), as with a full disk; before it
+    opened, the same refusal is an unreachable server, bad input (exit 2).
+    """
     fault = fault_of(exc)
     message = message_of(exc)
     if fault is Fault.CORRUPT:
         return NotAJournal(location=location, reason=f"corrupt database ({message})")
     if fault is Fault.MISSING_DATABASE:
         return JournalNotFound(location=location)
-    if writing and fault in _DISK_FAULTS:
+    if (writing and fault in _DISK_FAULTS) or (opened and fault is Fault.CONNECTION):
         return JournalWriteFailed(location=location, reason=message)
     return JournalError(f"{location}: {message}")
 

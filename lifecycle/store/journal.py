@@ -157,7 +157,7 @@ class Journal:
             if fault is Fault.DUPLICATE_KEY:
                 return  # another rank recorded it between our check and insert
             if fault is Fault.CONSTRAINT:
-                raise journal_error(exc, self.location) from None
+                raise journal_error(exc, self.location, opened=True) from None
             raise write_failure(exc, self.location) from None
 
     def runs(self) -> list[RunRow]:
@@ -184,7 +184,7 @@ class Journal:
                     if run is not None:
                         out.append(run)
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location) from None
+            raise journal_error(exc, self.location, opened=True) from None
         return out
 
     def _run_row(self, row: Any) -> RunRow | None:
@@ -249,7 +249,7 @@ class Journal:
             with self.engine.connect() as conn:
                 rows = conn.execute(stmt).all()
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location) from None
+            raise journal_error(exc, self.location, opened=True) from None
         found = (self._stored(row) for row in reversed(rows))
         return [stored for stored in found if stored is not None]
 
@@ -273,7 +273,7 @@ class Journal:
                         if stored is not None:
                             yield stored
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location) from None
+            raise journal_error(exc, self.location, opened=True) from None
 
     def read_rows(self, *, run_id: str, rank: int, from_seq: int = 0) -> Iterator[StoredRow]:
         """One rank's rows in seq order as they are stored, each with the event it decodes to
@@ -318,7 +318,7 @@ class Journal:
                                 f" {row[2]!r}: payload is not text"
                             )
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location) from None
+            raise journal_error(exc, self.location, opened=True) from None
 
     @property
     def has_summaries(self) -> bool:
@@ -336,7 +336,7 @@ class Journal:
             with self.engine.connect() as conn:
                 return read_summaries(conn, run_ids, checkpoints=checkpoints)
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location) from None
+            raise journal_error(exc, self.location, opened=True) from None
 
     def backfill_summaries(self) -> int:
         """Summarize every rank that has events and no summary (written before revision
@@ -363,7 +363,7 @@ class Journal:
             with self.engine.connect() as conn:
                 value = conn.execute(stmt).scalar()
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location) from None
+            raise journal_error(exc, self.location, opened=True) from None
         return value if is_int(value) else None
 
     def ranks(self, run_id: str) -> list[int]:
@@ -373,7 +373,7 @@ class Journal:
             with self.engine.connect() as conn:
                 return sorted(int(r) for r in conn.execute(stmt).scalars() if is_int(r))
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location) from None
+            raise journal_error(exc, self.location, opened=True) from None
 
     def _stored(self, row: Any) -> StoredEvent | None:
         stored, problems = decode_row(row, self.location)

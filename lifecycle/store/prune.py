@@ -183,6 +183,9 @@ def prune(
             )
         removal = _Removal(journal, reader, tables, pause)
         removal.remove(plan.remove)
+    except DATABASE_ERRORS as exc:
+        # Reading: a damaged page, or a server that went away after the journal opened.
+        raise journal_error(exc, journal.location, opened=True) from None
     finally:
         reader.dispose()
     if journal.engine.dialect.name == "sqlite":
@@ -315,7 +318,9 @@ class _Removal:
                 if is_retryable(exc) and attempt <= LOCKED_RETRIES:
                     self._pause(0.05 * attempt)
                     continue
-                raise journal_error(exc, self._journal.location, writing=True) from None
+                raise journal_error(
+                    exc, self._journal.location, writing=True, opened=True
+                ) from None
             self._pause(max(MIN_PAUSE_S, time.monotonic() - started))
             return counts
 
@@ -328,7 +333,7 @@ def _truncate_wal(journal: Journal) -> None:
     try:
         raw = journal.engine.raw_connection()
     except DATABASE_ERRORS as exc:
-        raise journal_error(exc, journal.location, writing=True) from None
+        raise journal_error(exc, journal.location, writing=True, opened=True) from None
     try:
         cursor = raw.cursor()
         cursor.execute("PRAGMA busy_timeout=1000")
@@ -336,7 +341,7 @@ def _truncate_wal(journal: Journal) -> None:
         cursor.fetchall()
         cursor.close()
     except DATABASE_ERRORS as exc:
-        raise journal_error(exc, journal.location, writing=True) from None
+        raise journal_error(exc, journal.location, writing=True, opened=True) from None
     finally:
         raw.close()
 

@@ -106,7 +106,7 @@ class RankWriter:
         try:
             self._conn = engine.connect()
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self._location) from None
+            raise journal_error(exc, self._location, opened=True) from None
         compiled = events.insert().compile(dialect=engine.dialect)
         self._positional = bool(compiled.positional)
         self._order = tuple(compiled.positiontup or ())
@@ -120,7 +120,7 @@ class RankWriter:
             self._appender = backend.appender(self._conn, str(compiled))
         except DATABASE_ERRORS as exc:
             self._conn.close()
-            raise journal_error(exc, self._location) from None
+            raise journal_error(exc, self._location, opened=True) from None
         if (existing is not None) != (after is not None):
             self._appender.close()
             self._conn.close()
@@ -277,7 +277,7 @@ class RankWriter:
             with self._engine.connect() as conn:
                 found: list[StoredEvent] = residency_history(conn, model)
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self._location) from None
+            raise journal_error(exc, self._location, opened=True) from None
         return found
 
     def planned_inputs(self, run_id: str) -> list[StoredEvent]:
@@ -287,7 +287,7 @@ class RankWriter:
             with self._engine.connect() as conn:
                 found: list[StoredEvent] = planned_inputs(conn, run_id)
         except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self._location) from None
+            raise journal_error(exc, self._location, opened=True) from None
         return found
 
     def close(self) -> None:

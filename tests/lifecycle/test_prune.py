@@ -31,7 +31,7 @@ from lifecycle.store.prune import (
 )
 from lifecycle.store.revisions import alembic_config
 from lifecycle.store.schema import events, metadata, runs
-from tests.conftest import Completed, file_digest, reaped, wait_until
+from tests.conftest import Completed, file_digest, one_clear_line, reaped, wait_until
 
 NOW = 1_900_000_000.0
 DAY = 86_400.0
@@ -439,3 +439,19 @@ def test_a_plan_never_removes_the_newest_a_kept_or_a_live_run(
         assert older_than_s is None or run.created_at < NOW - older_than_s
         assert max(run.created_at, run.last_wall or 0.0) <= NOW - ACTIVE_MARGIN_S
     assert len(plan.remove) + plan.kept + plan.skipped_active == len(activity)
+
+
+def test_a_journal_with_a_corrupt_page_is_one_line_and_exit_2(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A journal whose events table has a page of garbage (a disk that lost it): one line that
+    says the database is corrupt, exit 2, no traceback."""
+    from tests.lifecycle.test_copy import corrupt_the_last_events_page
+
+    db = build_journal(tmp_path / "j.db", aged("a", 40, events_per_rank=400), aged("b", 1))
+    corrupt_the_last_events_page(db)
+    result = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
+    assert result.returncode == 2
+    assert one_clear_line(result).startswith(
+        f"lifecycle: error: {db}: not a lifecycle journal: corrupt database"
+    )

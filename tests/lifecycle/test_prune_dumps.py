@@ -206,3 +206,32 @@ def test_a_dump_another_host_journaled_is_left_alone(
     assert result.returncode == 0, result.stderr
     assert "Flight Recorder" not in result.stdout
     assert all(path.exists() for path in victims)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"db": "j.db"},
+        {"db": "sqlite:///sub/j.db"},
+        {"db": "ABS/j.db"},
+        {"db": "j.db", "flight_recorder_dir": "ABS/dumps"},
+    ],
+)
+def test_prune_looks_for_a_runs_dumps_where_its_ranks_put_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: dict[str, str]
+) -> None:
+    """For a journal path given relative or absolute, or as a URL, and with or without a dump
+    folder of its own, the folder prune removes a run's dumps from is the one a rank of that
+    run dumps into."""
+    from lifecycle.core.config import ServerArgs, args_to_json
+    from lifecycle.runtime.flight import folder_for
+    from lifecycle.store import to_url
+    from lifecycle.store.dumps import ThisJournal
+
+    monkeypatch.chdir(tmp_path)
+    args = ServerArgs(**{key: value.replace("ABS", str(tmp_path)) for key, value in where.items()})
+    config = args_to_json(args)
+    if args.flight_recorder_dir:
+        config["db"] = str(tmp_path / args.db)  # the journal named absolutely, as it must be
+    found = ThisJournal.at(to_url(args.db)).run_folder("20261201-120000-abcdef", config)
+    assert found == folder_for(args, "20261201-120000-abcdef")
