@@ -39,6 +39,9 @@ _TORCH_FRAMES = ("torch/distributed/", "torch\\distributed\\")
 _JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+# What a JSON container and a value in one take once parsed, as safepickle counts them.
+_JSON_CONTAINER = 64
+_JSON_VALUE = 40
 
 
 class BadDump(ValueError):
@@ -161,12 +164,16 @@ def parse(data: bytes, *, rank: int, path: str) -> FlightDump:
 
 
 def _json(data: bytes | str) -> Any:
-    """JSON in UTF-8, refused unless it nests MAX_DEPTH levels at most, before it is parsed
-    (json's parser recurses once a level, as does anything that walks what it builds)."""
+    """JSON in UTF-8, refused before it is parsed unless it nests MAX_DEPTH levels at most
+    (json's parser recurses once a level, as does anything that walks what it builds) and
+    builds MAX_EXPANDED_BYTES at most (two bytes of `[]` are a list of 56)."""
     raw = data.encode() if isinstance(data, str) else data
-    # Brackets outside strings: +1 for an opening one, -1 for a closing one (UTF-8 encodes
-    # every other character in bytes that are none of these).
-    steps = _JSON_STRING.sub(b"", raw).translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    # Outside strings, UTF-8 encodes no character but the ASCII ones in bytes of ASCII.
+    outside = _JSON_STRING.sub(b"", raw)
+    steps = outside.translate(_BRACKET_STEPS, _NOT_BRACKETS)  # +1 opening, -1 closing
+    built = _JSON_CONTAINER * steps.count(1) + _JSON_VALUE * outside.count(b",") + len(raw)
+    if built > MAX_EXPANDED_BYTES:
+        raise ValueError(f"refused: it expands to more than {MAX_EXPANDED_BYTES} bytes")
     if max(itertools.accumulate(memoryview(steps).cast("b")), default=0) > MAX_DEPTH:
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return json.loads(raw.decode("utf-8"))

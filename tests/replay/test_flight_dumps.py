@@ -247,3 +247,26 @@ def test_a_fifo_given_as_a_dump_is_refused_without_waiting_for_a_writer(tmp_path
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("fr_trace_rank_1: a FIFO, not a regular file")
+
+
+_PARSE_EMPTY_LISTS = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from replay.flight import BadDump, parse
+data = b'{"version": "2.10", "entries": [' + b",".join([b"[]"] * 9_000_000) + b"]}"
+try:
+    parse(data, rank=0, path="d.json")
+except BadDump as exc:
+    print(exc)
+"""
+
+
+def test_a_json_dump_that_would_build_too_much_is_refused_before_it_is_parsed() -> None:
+    """27 MB of JSON empty lists (nine million lists, half a gigabyte once built) is one
+    BadDump line, in a child bounded to 1 GiB."""
+    result = subprocess.run(
+        [sys.executable, "-c", _PARSE_EMPTY_LISTS],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "d.json: not a Flight Recorder dump (refused: it expands to more than" in result.stdout
