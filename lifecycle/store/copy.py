@@ -62,14 +62,17 @@ class CopyStopped(JournalError):
     def __init__(
         self, *, error: JournalError, copied: Copied, run_id: str, destination: str
     ) -> None:
-        super().__init__(
-            f"{error}; the copy stopped at run {run_id}, after copying {copied.written()}"
-            f" into {destination}"
-        )
         self.error = error
         self.copied = copied
         self.run_id = run_id
         self.destination = destination
+        said = str(error)
+        if isinstance(error, JournalWriteFailed) and not self.unjournaled:
+            said = f"{error.location}: could not be read: {error.reason}"  # the source's server
+        super().__init__(
+            f"{said}; the copy stopped at run {run_id}, after copying {copied.written()}"
+            f" into {destination}"
+        )
 
     @property
     def unjournaled(self) -> bool:
