@@ -168,7 +168,7 @@ def _json(data: bytes | str) -> Any:
     (json's parser recurses once a level, as does anything that walks what it builds) and
     builds MAX_EXPANDED_BYTES at most (two bytes of `[]` are a list of 56)."""
     raw = data.encode() if isinstance(data, str) else data
-    # Outside strings, UTF-8 encodes no character but the ASCII ones in bytes of ASCII.
+    # UTF-8 puts no byte of a longer character in ASCII: brackets and commas are bytes.
     outside = _JSON_STRING.sub(b"", raw)
     steps = outside.translate(_BRACKET_STEPS, _NOT_BRACKETS)  # +1 opening, -1 closing
     built = _JSON_CONTAINER * steps.count(1) + _JSON_VALUE * outside.count(b",") + len(raw)
