@@ -63,7 +63,7 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
     """Side B: build the pipeline and run the plan's requests in a loop; seconds taken."""
     import torch
 
-    from lifecycle.runtime.actions import WARMUP_PROMPT
+    from lifecycle.runtime.actions import warmup_generation
     from lifecycle.runtime.comm import Comm
     from lifecycle.runtime.device import memory_meter, release_cache, select_device
     from lifecycle.runtime.pipeline import build_pipeline
@@ -78,14 +78,11 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
     results = [
         run_request(
             pipeline,
-            prompt=WARMUP_PROMPT,
-            shape=request.shape,
-            steps=request.steps,
-            seed=args.seed,
+            warmup_generation(args, request.shape, request.steps),
             meter=meter,
             device=device,
             decode=True,
-        )
+        ).result
         for request in plan.requests
     ]
     if plan.calibration_open:

@@ -19,6 +19,7 @@ from lifecycle.core.upcasters import (
     upcast_plan_built_v1_to_v2,
     upcast_request_finished_v1_to_v2,
     upcast_request_started_v1_to_v2,
+    upcast_request_started_v2_to_v3,
     upcast_warmup_record_v1_to_v2,
 )
 
@@ -32,6 +33,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("plan_built", 1): upcast_plan_built_v1_to_v2,
     ("warmup_record", 1): upcast_warmup_record_v1_to_v2,
     ("request_started", 1): upcast_request_started_v1_to_v2,
+    ("request_started", 2): upcast_request_started_v2_to_v3,
     ("heartbeat", 1): upcast_heartbeat_v1_to_v2,
     ("request_finished", 1): upcast_request_finished_v1_to_v2,
 }

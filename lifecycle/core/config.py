@@ -118,6 +118,11 @@ class ModelSpec:
     realtime_adapter: bool = False
     # Whether its pipeline declares residency options for the planner (a plug-in opts in).
     declares_residency: bool = False
+    default_guidance_scale: float = 5.0  # a request's classifier-free guidance unless given
+    # Where a library's pipeline is loaded from (a diffusers directory), and a digest of its
+    # configs and weight files: part of the spec, so that new weights are a new fingerprint.
+    source: str | None = None
+    source_digest: str = ""
     memory: MemoryModel = field(
         default_factory=lambda: MemoryModel(fixed_bytes=0, bytes_per_token=0, bytes_per_pixel=0)
     )

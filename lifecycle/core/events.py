@@ -201,15 +201,20 @@ class FaultInjected(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestStarted(Event):
-    """Version 2 nests the shape (version 1 flattened it)."""
+    """Version 2 nests the shape (version 1 flattened it); version 3 adds what else a request
+    is asked with: the negative prompt's length, the guidance scale and the seed (None for a
+    request journaled before them)."""
 
     kind: ClassVar[str] = "request_started"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     request_id: str
     source: str  # "http" or "smoke"
     shape: Shape
     steps: int
     prompt_chars: int
+    negative_prompt_chars: int = 0
+    guidance_scale: float | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,18 @@ class TorchGroup:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Generation:
+    """What one request asks a pipeline for (a warmup's, a smoke request's, a client's)."""
+
+    prompt: str
+    negative_prompt: str = ""
+    shape: Shape
+    steps: int
+    guidance_scale: float
+    seed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageRecord:
     name: str  # text_encoder, dit, vae
     ran: bool

@@ -116,3 +116,10 @@ def upcast_request_finished_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """Version 2 of `request_finished` adds its collectives; version 1 journaled each of them
     instead, so none is counted here."""
     return {**payload, "collectives": 0, "groups": []}
+
+
+def upcast_request_started_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 of `request_started` adds the negative prompt's length, the guidance scale and
+    the seed; a version 2 request had no negative prompt, and its guidance and seed were not
+    journaled."""
+    return {**payload, "negative_prompt_chars": 0, "guidance_scale": None, "seed": None}

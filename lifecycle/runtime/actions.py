@@ -36,14 +36,14 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
-from lifecycle.core.records import GroupMark, RequestResult, shared_fields
+from lifecycle.core.records import Generation, GroupMark, RequestResult, shared_fields
 from lifecycle.core.residency import ResidencyPlan
 from lifecycle.core.states import State
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import MemoryMeter, probe_platform, release_cache
 from lifecycle.runtime.pipeline import Pipeline, build_pipeline
 from lifecycle.runtime.recorder import Recorder
-from lifecycle.runtime.request import run_request
+from lifecycle.runtime.request import Generated, run_request
 from lifecycle.runtime.residency import (
     apply_before_rewarm,
     apply_reused,
@@ -174,14 +174,11 @@ def _warm(rt: RankRuntime, request: WarmupRequest) -> None:
     assert rt.pipeline is not None
     result = run_request(
         rt.pipeline,
-        prompt=WARMUP_PROMPT,
-        shape=request.shape,
-        steps=request.steps,
-        seed=rt.args.seed,
+        warmup_generation(rt.args, request.shape, request.steps),
         meter=rt.meter,
         device=rt.device,
         decode=rt.decodes,
-    )
+    ).result
     rt.measured[request.role] = result
     rt.recorder.record(
         WarmupRecord(
@@ -223,46 +220,60 @@ def ready(rt: RankRuntime) -> None:
         model = rt.args.model
         generate(
             rt,
-            prompt=WARMUP_PROMPT,
-            shape=bounded_shape(model),
-            steps=bounded_steps(model, calibration_open=False),
+            warmup_generation(
+                rt.args, bounded_shape(model), bounded_steps(model, calibration_open=False)
+            ),
             source="smoke",
         )
 
 
+def warmup_generation(args: ServerArgs, shape: Shape, steps: int) -> Generation:
+    """A warmup's (or smoke request's) request: the fixed prompt, the model's guidance, the
+    run's seed."""
+    return Generation(
+        prompt=WARMUP_PROMPT,
+        shape=shape,
+        steps=steps,
+        guidance_scale=args.model.default_guidance_scale,
+        seed=args.seed,
+    )
+
+
 def generate(
     rt: RankRuntime,
+    request: Generation,
     *,
-    prompt: str,
-    shape: Shape,
-    steps: int,
     source: str,
+    request_id: str | None = None,
+    keep_video: bool = False,
     after_step: Callable[[int], None] | None = None,
-) -> RequestResult:
-    """Run one request on this rank, journaled as request_started / request_finished;
-    `after_step` runs after each denoising step (see run_request)."""
+) -> Generated:
+    """Run one request on this rank, journaled as request_started / request_finished under
+    `request_id` (the server's, the same on every rank; a new one when None); `after_step`
+    runs after each denoising step (see run_request)."""
     assert rt.pipeline is not None
-    request_id = uuid.uuid4().hex[:12]
+    request_id = request_id or uuid.uuid4().hex[:12]
     before = sum(m.count for m in rt.comm.marks())
     rt.recorder.record(
         RequestStarted(
             request_id=request_id,
             source=source,
-            shape=shape,
-            steps=steps,
-            prompt_chars=len(prompt),
+            shape=request.shape,
+            steps=request.steps,
+            prompt_chars=len(request.prompt),
+            negative_prompt_chars=len(request.negative_prompt),
+            guidance_scale=request.guidance_scale,
+            seed=request.seed,
         )
     )
     try:
-        result = run_request(
+        generated = run_request(
             rt.pipeline,
-            prompt=prompt,
-            shape=shape,
-            steps=steps,
-            seed=rt.args.seed,
+            request,
             meter=rt.meter,
             device=rt.device,
             decode=rt.decodes,
+            keep_video=keep_video,
             after_step=after_step,
         )
     except Exception:
@@ -277,6 +288,7 @@ def generate(
             )
         )
         raise
+    result = generated.result
     rt.recorder.record(
         RequestFinished(
             request_id=request_id,
@@ -287,7 +299,7 @@ def generate(
             **_collectives_since(rt, before),
         )
     )
-    return result
+    return generated
 
 
 class _CollectivesSummary(TypedDict):

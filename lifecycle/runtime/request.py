@@ -5,33 +5,42 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from lifecycle.core.config import Shape
-from lifecycle.core.records import RequestResult, StageRecord
+from lifecycle.core.records import Generation, RequestResult, StageRecord
 from lifecycle.runtime.device import MemoryMeter, synchronize
 from lifecycle.runtime.pipeline import Pipeline
 
 
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """A request's result, and its video when it was kept (the rank that decodes)."""
+
+    result: RequestResult
+    video: torch.Tensor | None = None
+
+
 def run_request(
     pipeline: Pipeline,
+    request: Generation,
     *,
-    prompt: str,
-    shape: Shape,
-    steps: int,
-    seed: int,
     meter: MemoryMeter,
     device: torch.device,
     decode: bool,
+    keep_video: bool = False,
     after_step: Callable[[int], None] | None = None,
-) -> RequestResult:
-    """Run text encoder, DiT and (when `decode`) the decoder; measure each as its own phase.
+) -> Generated:
+    """Run the text encoder, the denoiser and (when `decode`) the decoder, each measured as
+    its own phase and named by the pipeline's components (a pipeline that measures its own
+    components reports them instead).
 
     Only the rank that returns the video decodes; the others record the decoder as not run.
     `after_step` is called after each denoising step (progress, and where a stop may cut the
-    request short by raising).
+    request short by raising). `keep_video` keeps the decoded uint8 video with the result.
     """
+    encoder, denoiser, decoder = _stage_names(pipeline)
     stages: list[StageRecord] = []
     step_s: list[float] = []
     baseline = meter.current_bytes()
@@ -53,8 +62,8 @@ def run_request(
         )
 
     since = begin()
-    embeds = pipeline.encode_prompt(prompt)
-    end("text_encoder", since)
+    embeds = pipeline.encode_prompt(request.prompt, request.negative_prompt)
+    end(encoder, since)
 
     since = begin()
     last_step = [time.perf_counter()]
@@ -67,22 +76,32 @@ def run_request(
         if after_step is not None:
             after_step(_step)
 
-    latents = pipeline.denoise(embeds, shape, steps, seed=seed, on_step=on_step)
-    end("dit", since)
+    latents = pipeline.denoise(
+        embeds,
+        request.shape,
+        request.steps,
+        seed=request.seed,
+        guidance_scale=request.guidance_scale,
+        on_step=on_step,
+    )
+    end(denoiser, since)
 
+    video = None
     if decode:
         since = begin()
-        video = pipeline.decode(latents, shape)
-        end("vae", since)
+        video = pipeline.decode(latents, request.shape)
+        end(decoder, since)
         checksum = video_checksum(video)
-        del video
     else:
-        stages.append(StageRecord(name="vae", ran=False, seconds=0.0, peak_bytes=None))
+        stages.append(StageRecord(name=decoder, ran=False, seconds=0.0, peak_bytes=None))
         checksum = video_checksum(latents.contiguous().view(torch.uint8))
+    measured = getattr(pipeline, "measured_stages", None)
+    if measured is not None:
+        stages = list(measured())
     peaks = [s.peak_bytes for s in stages if s.peak_bytes is not None]
-    return RequestResult(
-        shape=shape,
-        steps=steps,
+    result = RequestResult(
+        shape=request.shape,
+        steps=request.steps,
         total_s=time.perf_counter() - started,
         step_s=tuple(step_s),
         stages=tuple(stages),
@@ -91,6 +110,16 @@ def run_request(
         peak_bytes=max(peaks) if peaks else None,
         checksum=checksum,
     )
+    return Generated(result=result, video=video if keep_video else None)
+
+
+def _stage_names(pipeline: Pipeline) -> tuple[str, str, str]:
+    """The names of a request's three phases: the pipeline's first, middle and last
+    components (text encoder, denoiser, decoder)."""
+    names = pipeline.components
+    if len(names) >= 3:
+        return names[0], names[len(names) // 2], names[-1]
+    return ("text_encoder", "dit", "vae")
 
 
 def video_checksum(video: torch.Tensor) -> str:

@@ -20,7 +20,7 @@ from lifecycle.core.errors import (
     LifecycleError,
     RequestAborted,
 )
-from lifecycle.core.records import shared_fields
+from lifecycle.core.records import Generation, shared_fields
 from lifecycle.core.runid import checked_run_id
 from lifecycle.core.states import State
 from lifecycle.runtime.signals import (
@@ -244,12 +244,17 @@ def _serve(session: RankSession, control: Connection) -> None:
             validate_shape(session.args.model, message.shape, message.steps)
             result = generate(
                 runtime,
-                prompt=message.prompt,
-                shape=message.shape,
-                steps=message.steps,
+                Generation(
+                    prompt=message.prompt,
+                    shape=message.shape,
+                    steps=message.steps,
+                    guidance_scale=session.args.model.default_guidance_scale,
+                    seed=session.args.seed,
+                ),
                 source="http",
+                request_id=request_id,
                 after_step=after_step,
-            )
+            ).result
             inbox.send(
                 Result(request_id=request_id, rank=rank, ok=True, **shared_fields(result, Result))
             )

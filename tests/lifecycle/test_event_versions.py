@@ -53,14 +53,15 @@ def test_v1_rows_in_a_journal_read_as_todays_events(tmp_path: Path) -> None:
     assert request.shape == Shape(width=832, height=480, frames=17)
 
 
-def test_new_rows_are_written_at_version_2_with_nested_shapes(tmp_path: Path) -> None:
-    """Today's writer stores the three kinds at version 2, each shape a nested object."""
+def test_new_rows_are_written_at_their_versions_with_nested_shapes(tmp_path: Path) -> None:
+    """Today's writer stores warmup records and plans at version 2 and request starts at
+    version 3, each shape a nested object."""
     db = tmp_path / "j.db"
     write_startup(db, run_id="run-v2", as_v1=False)
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT kind, version, data FROM events").fetchall()
     by_kind = {kind: (version, json.loads(data)) for kind, version, data in rows}
-    assert by_kind["warmup_record"][0] == by_kind["request_started"][0] == 2
+    assert (by_kind["warmup_record"][0], by_kind["request_started"][0]) == (2, 3)
     version, plan = by_kind["plan_built"]
     assert version == 2
     assert plan["requests"][0] == {
@@ -153,3 +154,16 @@ def test_a_number_the_encoder_refuses_is_not_decoded(number: str) -> None:
     assert decode("heartbeat", 1, '{"uptime_s": 1, "in_state_s": 0, "pending": null}') == (
         Heartbeat(uptime_s=1.0, in_state_s=0.0, pending=None)
     )
+
+
+def test_a_version_2_request_start_reads_with_no_negative_prompt_guidance_or_seed() -> None:
+    """A request journaled before version 3 had no negative prompt, and its guidance scale and
+    seed were not journaled: it reads as version 3 saying so."""
+    payload = {
+        "request_id": "r1", "source": "http", "shape": {"width": 64, "height": 64, "frames": 5},
+        "steps": 2, "prompt_chars": 5,
+    }  # fmt: skip
+    assert decode("request_started", 2, json.dumps(payload)) == RequestStarted(
+        request_id="r1", source="http", shape=Shape(width=64, height=64, frames=5), steps=2,
+        prompt_chars=5, negative_prompt_chars=0, guidance_scale=None, seed=None,
+    )  # fmt: skip

@@ -196,7 +196,7 @@ def test_decoder_options_change_peak_memory_and_not_the_picture(tmp_path: Path) 
 
 def test_an_offloaded_text_encoder_gives_its_weights_back_and_encodes_the_same() -> None:
     pipeline = _pipeline()
-    before = pipeline.encode_prompt("a fox").text.clone()
+    before = pipeline.encode_prompt("a fox", "").text.clone()
     options = pipeline.residency_options(Shape(width=832, height=480, frames=17))
     offload = [o for o in options if o.name in ("frames-1", "offloaded")]
     meter = LinuxRssMeter()
@@ -204,7 +204,7 @@ def test_an_offloaded_text_encoder_gives_its_weights_back_and_encodes_the_same()
     pipeline.apply_residency(offload)
     assert all(p.is_meta for p in pipeline.text_encoder.parameters())
     assert (meter.current_bytes() or 0) < resident - 32 * MIB
-    assert torch.equal(pipeline.encode_prompt("a fox").text, before)
+    assert torch.equal(pipeline.encode_prompt("a fox", "").text, before)
     assert all(p.is_meta for p in pipeline.text_encoder.parameters())
     pipeline.apply_residency([o for o in options if o.reference])
     assert not any(p.is_meta for p in pipeline.text_encoder.parameters())

@@ -158,9 +158,8 @@ def test_the_state_column_is_where_each_journal_ends_after_a_crash_in_ready(
     )
     assert main(["diagnose", "latest", str(tmp_path / "j.db"), *AS_WRITTEN]) == 1
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
-    assert ["0", "ready", "->", "stopped", "stopped"] == rows[[r[:1] for r in rows].index(["0"])][
-        :5
-    ]
+    row = rows[[r[:1] for r in rows].index(["0"])]
+    assert row[:5] == ["0", "ready", "->", "stopped", "stopped"]
 
 
 def test_a_late_rank_is_named_when_nobody_is_missing(

@@ -10,6 +10,7 @@ import torch
 
 from lifecycle.core.config import MODEL_PRESETS, ModelSpec, Shape
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.records import StageRecord
 from lifecycle.core.residency import ResidencyOption
 from lifecycle.runtime.comm import Comm
 
@@ -17,8 +18,10 @@ from lifecycle.runtime.comm import Comm
 class Pipeline(Protocol):
     """What the startup actions need of a text-to-video pipeline.
 
-    `components` names its stages in order; `encode_prompt`, `denoise` and `decode` run them.
-    Collectives go through `comm` (a recorded group); buffers through `comm.staging`.
+    `components` names its stages in order (the text encoder, the denoiser, the decoder);
+    `encode_prompt`, `denoise` and `decode` run them. Collectives go through `comm` (recorded
+    groups); persistent communication buffers through `comm.staging`. `decode` returns the
+    video as uint8 (frames, height, width, 3).
     """
 
     spec: ModelSpec
@@ -27,7 +30,7 @@ class Pipeline(Protocol):
     @property
     def parameter_bytes(self) -> int: ...
 
-    def encode_prompt(self, prompt: str) -> Any: ...
+    def encode_prompt(self, prompt: str, negative_prompt: str) -> Any: ...
 
     def denoise(
         self,
@@ -36,6 +39,7 @@ class Pipeline(Protocol):
         steps: int,
         *,
         seed: int,
+        guidance_scale: float,
         on_step: Callable[[int], None],
     ) -> torch.Tensor: ...
 
@@ -48,6 +52,14 @@ class ResidentPipeline(Pipeline, Protocol):
     def residency_options(self, shape: Shape) -> tuple[ResidencyOption, ...]: ...
 
     def apply_residency(self, choices: Sequence[ResidencyOption]) -> None: ...
+
+
+class MeasuredPipeline(Pipeline, Protocol):
+    """A pipeline that measures its own components (a library's pipeline run as one call,
+    timed by forward hooks): the request records these stages instead of timing its three
+    calls."""
+
+    def measured_stages(self) -> tuple[StageRecord, ...]: ...
 
 
 def resident(pipeline: Pipeline | None) -> ResidentPipeline | None:

@@ -42,7 +42,6 @@ class TinyConfig:
     vae_spatial: int = 32
     vae_temporal: int = 4
     vae_hidden: int = 32
-    guidance: float = 5.0
 
 
 def _seeded(name: str) -> torch.Generator:
@@ -214,9 +213,9 @@ class TinyVideoPipeline:
         return ("cond",) if self.comm.layout.cfg_rank == 0 else ("uncond",)
 
     @torch.inference_mode()
-    def encode_prompt(self, prompt: str) -> PromptEmbeds:
+    def encode_prompt(self, prompt: str, negative_prompt: str) -> PromptEmbeds:
         branches = self.branches()
-        prompts = [prompt if b == "cond" else "" for b in branches]
+        prompts = [prompt if b == "cond" else negative_prompt for b in branches]
         tokens = self.text_encoder.tokenize(prompts).to(self.comm.device)
         self.text_offloader.restore()
         text = self.text_encoder(tokens)
@@ -240,6 +239,7 @@ class TinyVideoPipeline:
         steps: int,
         *,
         seed: int,
+        guidance_scale: float,
         on_step: Callable[[int], None],
     ) -> torch.Tensor:
         """Flow-matching Euler steps with classifier-free guidance; returns the final latents."""
@@ -277,7 +277,7 @@ class TinyVideoPipeline:
             local = self.dit(tokens, positions_local, sigma, embeds.text, self.attention, key_mask)
             velocity = self._gather_sequence(local.contiguous(), n, token_dim)
             cond, uncond = self._gather_branches(velocity, embeds.branches)
-            guided = uncond + cfg.guidance * (cond - uncond)
+            guided = uncond + guidance_scale * (cond - uncond)
             latents = latents + (sigmas[step + 1] - sigmas[step]) * self._unpatchify(
                 guided[None], (c, t, h, w)
             )

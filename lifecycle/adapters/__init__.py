@@ -1,0 +1,1 @@
+"""Pipelines from libraries, written on the public surface `lifecycle.pipelines` alone."""

@@ -1,0 +1,110 @@
+"""diffusers pipelines behind the lifecycle: `--model-path DIR` (a pipeline directory, loaded
+offline) and the built-in `tiny-wan`. Written on `lifecycle.pipelines` and diffusers alone."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lifecycle.adapters.diffusers.directory import PipelineDirectory, read_directory
+from lifecycle.adapters.diffusers.specs import (
+    ADAPTED,
+    DIFFUSERS,
+    DIFFUSERS_COMPONENTS,
+    generic_spec,
+    wan_spec,
+)
+from lifecycle.adapters.diffusers.tiny import TINY_WAN, build_tiny_wan
+from lifecycle.pipelines import Comm, ConfigError, ModelSpec, Pipeline, register_pipeline
+
+EXTRA = "lifecycle[diffusers]"
+BACKENDS = frozenset({DIFFUSERS, DIFFUSERS_COMPONENTS})
+# Nothing reaches a model hub: every load is from the directory given.
+_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+__all__ = ["BACKENDS", "EXTRA", "TINY_WAN", "register", "spec_for_directory", "tiny_wan_spec"]
+
+
+def _diffusers() -> Any:
+    """diffusers, offline; one line naming the extra when it is not installed."""
+    for key, value in _OFFLINE.items():
+        os.environ.setdefault(key, value)
+    try:
+        import diffusers
+        import transformers  # noqa: F401  (diffusers loads its text encoders through it)
+    except ImportError as exc:
+        raise ConfigError(
+            f"diffusers pipelines need the diffusers extra ({exc.name or 'diffusers'} is not"
+            f" installed): pip install '{EXTRA}'",
+            field="model",
+        ) from None
+    return diffusers
+
+
+def pipeline_class(directory: PipelineDirectory) -> Any:
+    found = getattr(_diffusers(), directory.class_name, None)
+    if found is None:
+        raise ConfigError(
+            f"--model-path {directory.path}: diffusers has no pipeline class"
+            f" {directory.class_name!r}",
+            field="model_path",
+        )
+    return found
+
+
+def spec_for_directory(path: str) -> ModelSpec:
+    """The spec of the pipeline directory at `path`: one line when it is not one."""
+    directory = read_directory(path)
+    cls = pipeline_class(directory)
+    if directory.class_name not in ADAPTED:
+        return generic_spec(directory, cls)
+    from lifecycle.adapters.diffusers.specs import call_defaults
+
+    return wan_spec(
+        name=directory.name,
+        source=str(directory.path),
+        digest=directory.digest,
+        pipe_configs={c: directory.config(c) for c in ("vae", "transformer")},
+        defaults=call_defaults(cls),
+    )
+
+
+def tiny_wan_spec() -> ModelSpec:
+    """tiny-wan's spec: WanPipeline's grid and heads at a default request small enough that a
+    calibrated startup takes seconds on two CPU cores (and still larger than the bounded
+    warmup, so that it can calibrate)."""
+    pipe = build_tiny_wan_checked()
+    return wan_spec(
+        name=TINY_WAN,
+        source=None,
+        digest="",
+        pipe_configs={"vae": dict(pipe.vae.config), "transformer": dict(pipe.transformer.config)},
+        defaults={"width": 128, "height": 128, "num_frames": 33, "num_inference_steps": 20},
+    )
+
+
+def build_tiny_wan_checked() -> Any:
+    _diffusers()
+    return build_tiny_wan()
+
+
+def register(spec: ModelSpec) -> None:
+    """Make `spec` buildable in this process (every rank process calls this)."""
+    if spec.backend not in BACKENDS:
+        raise ConfigError(f"{spec.name} is not a diffusers model", field="model")
+    register_pipeline(spec, _factory)
+
+
+def _factory(spec: ModelSpec, comm: Comm) -> Pipeline:
+    from lifecycle.adapters.diffusers.generic import GenericAdapter
+    from lifecycle.adapters.diffusers.wan import WanAdapter
+
+    if spec.source is None:
+        pipe = build_tiny_wan_checked()
+    else:
+        directory = read_directory(spec.source)
+        pipe = pipeline_class(directory).from_pretrained(str(directory.path), local_files_only=True)
+    pipe.to(comm.device)
+    if spec.backend == DIFFUSERS_COMPONENTS:
+        return WanAdapter(spec, comm, pipe)
+    return GenericAdapter(spec, comm, pipe)

@@ -1,0 +1,141 @@
+"""Any other diffusers pipeline class: one rank, through the pipeline's own `__call__`, with
+the lifecycle's states and journal around it. Forward hooks on each of its model components
+measure the component's time and peak, which the request records as its stages."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lifecycle.pipelines import (
+    Comm,
+    ConfigError,
+    ModelSpec,
+    Shape,
+    StageRecord,
+    memory_meter,
+    synchronize,
+)
+
+
+@dataclass(slots=True)
+class _Measure:
+    seconds: float = 0.0
+    peak: int | None = None
+    calls: int = 0
+    started: float = 0.0
+
+
+class GenericAdapter:
+    """A diffusers pipeline run as one call per request."""
+
+    def __init__(self, spec: ModelSpec, comm: Comm, pipe: Any) -> None:
+        if comm.layout.world_size > 1:
+            raise ConfigError(
+                f"{type(pipe).__name__} runs on one rank only (the lifecycle drives the"
+                " components of WanPipeline alone): use --num-ranks 1",
+                field="num_ranks",
+            )
+        self.spec = spec
+        self.comm = comm
+        self.pipe = pipe
+        if hasattr(pipe, "set_progress_bar_config"):
+            pipe.set_progress_bar_config(disable=True)
+        self._meter = memory_meter(comm.device)
+        modules = {
+            name: module
+            for name, module in pipe.components.items()
+            if isinstance(module, torch.nn.Module)
+        }
+        self.components: tuple[str, ...] = tuple(modules)
+        self._measures = {name: _Measure() for name in modules}
+        for name, module in modules.items():
+            module.register_forward_pre_hook(self._begin(name))
+            module.register_forward_hook(self._end(name))
+        self._parameters = set(inspect.signature(type(pipe).__call__).parameters)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(
+            p.numel() * p.element_size()
+            for module in self.pipe.components.values()
+            if isinstance(module, torch.nn.Module)
+            for p in module.parameters()
+        )
+
+    def _begin(self, name: str) -> Callable[..., None]:
+        def hook(_module: Any, _args: Any) -> None:
+            measure = self._measures[name]
+            self._meter.reset_peak()
+            measure.started = time.perf_counter()
+
+        return hook
+
+    def _end(self, name: str) -> Callable[..., None]:
+        def hook(_module: Any, _args: Any, _out: Any) -> None:
+            synchronize(self.comm.device)
+            measure = self._measures[name]
+            measure.seconds += time.perf_counter() - measure.started
+            measure.calls += 1
+            peak = self._meter.peak_bytes()
+            if peak is not None:
+                measure.peak = peak if measure.peak is None else max(measure.peak, peak)
+
+        return hook
+
+    def measured_stages(self) -> tuple[StageRecord, ...]:
+        """Each component's time and peak over the last request, from its forward hooks."""
+        return tuple(
+            StageRecord(name=name, ran=m.calls > 0, seconds=m.seconds, peak_bytes=m.peak)
+            for name, m in self._measures.items()
+        )
+
+    def encode_prompt(self, prompt: str, negative_prompt: str) -> tuple[str, str]:
+        for measure in self._measures.values():
+            measure.seconds, measure.peak, measure.calls = 0.0, None, 0
+        return prompt, negative_prompt
+
+    @torch.no_grad()
+    def denoise(
+        self,
+        embeds: tuple[str, str],
+        shape: Shape,
+        steps: int,
+        *,
+        seed: int,
+        guidance_scale: float,
+        on_step: Callable[[int], None],
+    ) -> torch.Tensor:
+        """The whole call: its output frames (float, frames x height x width x 3)."""
+        prompt, negative = embeds
+        given: dict[str, Any] = {
+            "prompt": prompt,
+            "height": shape.height,
+            "width": shape.width,
+            "num_inference_steps": steps,
+            "guidance_scale": guidance_scale,
+            "generator": torch.Generator("cpu").manual_seed(seed),
+            "output_type": "np",
+            "negative_prompt": negative or None,
+            "num_frames": shape.frames,
+        }
+
+        def after_step(_pipe: Any, step: int, _t: Any, _kwargs: dict[str, Any]) -> dict[str, Any]:
+            on_step(step)
+            return {}
+
+        given["callback_on_step_end"] = after_step
+        out = self.pipe(**{k: v for k, v in given.items() if k in self._parameters})
+        frames = getattr(out, "frames", None)
+        video = np.asarray(frames[0] if frames is not None else out.images)
+        return torch.from_numpy(video.reshape(-1, *video.shape[-3:]).astype(np.float32))
+
+    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        """The call's frames in [0, 1] as uint8 (frames, height, width, 3)."""
+        return (latents * 255.0).round().clamp(0, 255).to(torch.uint8)

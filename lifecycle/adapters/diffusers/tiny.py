@@ -1,0 +1,72 @@
+"""`tiny-wan`: diffusers' Wan text-to-video pipeline at a small size with seeded random weights,
+built offline at start (no hub, no files shipped), so that the real diffusers code path runs
+anywhere. Every rank builds the same weights from the same seed.
+
+The tokenizer is a T5 (SentencePiece unigram) tokenizer over a fixed vocabulary: every byte
+of printable ASCII as a piece, a word-start marker and a few common words, so that any prompt
+tokenizes, and the same way on every rank and every start.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import torch
+
+TINY_WAN = "tiny-wan"
+SEED = 20260601
+_WORDS = (
+    "a", "the", "of", "and", "in", "on", "at", "with", "to", "is", "cat", "dog", "city",
+    "street", "night", "rain", "sea", "waves", "forest", "walks", "runs", "flies", "slow",
+    "motion", "sunset", "light",
+)  # fmt: skip
+
+
+def tiny_vocabulary() -> list[tuple[str, float]]:
+    """(piece, log probability) pairs: the specials T5 expects first, then words, then bytes."""
+    specials = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    words = [(f"\u2581{word}", -4.0) for word in _WORDS]
+    chars = [("\u2581", -6.0)] + [(ch, -8.0) for ch in string.printable[:94]]
+    return specials + words + chars
+
+
+def build_tiny_wan() -> Any:
+    """A WanPipeline of about a megabyte of weights, the same on every call."""
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(SEED)
+        text_encoder = UMT5EncoderModel(
+            UMT5Config(
+                vocab_size=len(tokenizer), d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                num_heads=4, relative_attention_num_buckets=8,
+            )
+        )  # fmt: skip
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=16,
+            out_channels=16, text_dim=64, freq_dim=64, ffn_dim=128, num_layers=2,
+        )  # fmt: skip
+        vae = AutoencoderKLWan(
+            base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+        )  # fmt: skip
+    finally:
+        torch.random.set_rng_state(generator_state)
+    for module in (text_encoder, transformer, vae):
+        module.eval()
+    return WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        transformer=transformer,
+    )
