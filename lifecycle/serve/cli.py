@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from lifecycle.core.config import (
-    MODEL_PRESETS,
     PerformanceMode,
     ServerArgs,
     SmokeRequest,
@@ -24,6 +23,7 @@ from lifecycle.core.residency import parse_size
 from lifecycle.serve.dbcommand import add_db_command, fail_unjournaled, fail_usage, run_db_command
 from lifecycle.serve.firstrun import add_first_run
 from lifecycle.serve.logs import configure_logging
+from lifecycle.serve.models import model_for
 from lifecycle.serve.options import (
     SPELLINGS,
     add_startup_options,
@@ -174,16 +174,8 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ServerArgs:
     """ServerArgs from parsed options and the environment; ConfigError on anything invalid."""
-    if ns.pipeline:
-        from lifecycle.runtime.pipeline import load_plugin
-
-        load_plugin(ns.pipeline)
-    model = MODEL_PRESETS.get(ns.model)
-    if model is None:
-        raise ConfigError(
-            f"--model {ns.model!r} is not one of {', '.join(sorted(MODEL_PRESETS))}", field="model"
-        )
     num_ranks = torchrun_num_ranks(ns.num_ranks, env)
+    model = model_for(ns, num_ranks=num_ranks)
     check_environment(env, world_size=num_ranks)
     ulysses = ns.ulysses if ns.ulysses is not None else max(1, num_ranks // max(1, ns.cfg_parallel))
     return ServerArgs(

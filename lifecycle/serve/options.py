@@ -17,6 +17,7 @@ from lifecycle.core.config import (
     MAX_SEED,
     MODEL_PRESETS,
     PerformanceMode,
+    Shape,
     SmokeRequest,
     WarmupMode,
 )
@@ -155,13 +156,30 @@ def _size_text(text: str) -> str:
     return text
 
 
+def _shape(text: str) -> Shape:
+    """WIDTHxHEIGHTxFRAMES, each a positive integer."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(
+        p.isascii() and p.isdigit() and 0 < int(p) < 100_000 for p in parts
+    ):
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHTxFRAMES, e.g. 832x480x33")
+    width, height, frames = map(int, parts)
+    return Shape(width=width, height=height, frames=frames)
+
+
 # The settings only `serve` has: a config file of boot that names one is told so.
 SERVE_ONLY = ("host", "port", "linger")
 
 # The help of each option, by its first flag; every one says its default.
 HELP = {
-    "--model": f"a preset ({', '.join(MODEL_PRESETS)}) or a --pipeline plug-in's model"
+    "--model": f"a preset ({', '.join(MODEL_PRESETS)}), tiny-wan (diffusers' Wan pipeline at a"
+    " small size, built at start; the diffusers extra), or a --pipeline plug-in's model"
     " (default: %(default)s)",
+    "--model-path": "a diffusers pipeline directory (model_index.json, as save_pretrained or a"
+    " hub snapshot writes it), loaded offline; the diffusers extra (default: none)",
+    "--default-shape": "the model's default request WIDTHxHEIGHTxFRAMES, which calibration"
+    " probes (default: the model's own)",
+    "--default-steps": "the model's default denoising steps (default: the model's own)",
     "--pipeline": "import a (ModelSpec, factory) plug-in, then --model names it (default: none)",
     "--performance-mode": "auto lets the gates decide on calibration; the others skip it"
     " (default: %(default)s)",
@@ -212,7 +230,10 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     seconds: dict[str, Any] = {"type": float, "metavar": "SECONDS"}
     model = p.add_argument_group("model")
     add(model, "--model", default="tiny-video", metavar="NAME")
+    add(model, "--model-path", metavar="DIR")
     add(model, "--pipeline", metavar="MODULE:ATTR")
+    add(model, "--default-shape", type=_shape, metavar="WxHxF")
+    add(model, "--default-steps", type=_BoundedInt(1, 10_000), metavar="N")
     add(model, "--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
     add(model, "--device", choices=["auto", "cpu", "cuda"], default="auto")
     add(model, "--seed", type=_BoundedInt(0, MAX_SEED), default=0, metavar="N")

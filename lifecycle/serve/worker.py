@@ -38,6 +38,7 @@ from lifecycle.serve.control import (
     Stop,
 )
 from lifecycle.serve.logs import configure_logging
+from lifecycle.serve.models import register_model
 
 # RUN_ID_ENV, RankEnv and under_torchrun are re-exported: the launcher, the supervisor and the
 # command line take them from the rank's entry, where they were first defined.
@@ -288,6 +289,7 @@ def main() -> int:
 
             load_plugin(spec.pipeline)
         args = args_from_json(spec.config)
+        register_model(args.model)
         control = None
         if spec.mode == "serve" and spec.control_port is not None:
             assert spec.control_host is not None and spec.control_authkey is not None

@@ -56,7 +56,7 @@ def build_tiny_wan() -> Any:
             out_channels=16, text_dim=64, freq_dim=64, ffn_dim=128, num_layers=2,
         )  # fmt: skip
         vae = AutoencoderKLWan(
-            base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+            base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
             temperal_downsample=[False, True, True],
         )  # fmt: skip
     finally:

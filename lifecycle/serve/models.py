@@ -1,0 +1,69 @@
+"""Which model a command line names: a preset, a plug-in's, `tiny-wan`, or a diffusers
+directory; and the defaults the flags override."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from lifecycle.core.config import MODEL_PRESETS, ModelSpec
+from lifecycle.core.errors import ConfigError
+
+TINY_WAN = "tiny-wan"
+# The field's gate: a library pipeline run as one opaque call (see lifecycle.pipelines).
+OPAQUE_BACKEND = "diffusers"
+
+
+def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
+    """The model of this command line, registered in this process, with --default-shape and
+    --default-steps applied; ConfigError when it cannot be."""
+    if ns.pipeline:
+        from lifecycle.runtime.pipeline import load_plugin
+
+        load_plugin(ns.pipeline)
+    if ns.model_path is not None or ns.model == TINY_WAN:
+        from lifecycle.adapters import diffusers
+
+        spec = (
+            diffusers.spec_for_directory(ns.model_path)
+            if ns.model_path is not None
+            else diffusers.tiny_wan_spec()
+        )
+        if spec.backend == OPAQUE_BACKEND and num_ranks > 1:
+            raise ConfigError(
+                f"--model-path {ns.model_path}: the lifecycle drives the components of"
+                " WanPipeline only; another pipeline class runs on one rank (--num-ranks 1)",
+                field="num_ranks",
+            )
+    else:
+        found = MODEL_PRESETS.get(ns.model)
+        if found is None:
+            raise ConfigError(
+                f"--model {ns.model!r} is not one of {', '.join(sorted(MODEL_PRESETS))},"
+                f" {TINY_WAN}, or a --pipeline plug-in's model",
+                field="model",
+            )
+        spec = found
+    if ns.default_shape is not None:
+        shape = ns.default_shape
+        spec = dataclasses.replace(
+            spec,
+            default_width=shape.width,
+            default_height=shape.height,
+            default_frames=shape.frames,
+        )
+    if ns.default_steps is not None:
+        spec = dataclasses.replace(spec, default_steps=ns.default_steps)
+    register_model(spec)
+    return spec
+
+
+def register_model(spec: ModelSpec) -> None:
+    """Make `spec` buildable in this process: a library's model through its adapter (each
+    rank process calls this with the spec its config carries)."""
+    from lifecycle.adapters.diffusers import BACKENDS, register
+
+    if spec.backend in BACKENDS:
+        register(spec)
+    elif spec.name not in MODEL_PRESETS:
+        MODEL_PRESETS[spec.name] = spec
