@@ -60,10 +60,11 @@ class BodyTooLarge(LifecycleError):
 class GenerateBody(BaseModel):
     """The body of POST /generate; omitted fields take the model's defaults.
 
-    Strict: a size is a JSON integer, never a float (3.0, NaN, 1e400), a bool or a string.
+    Strict: a size is a JSON integer, never a float (3.0, NaN, 1e400), a bool or a string;
+    a float field, if one is added, is finite.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     width: int | None = Field(default=None, ge=16, le=MAX_SIDE)
     height: int | None = Field(default=None, ge=16, le=MAX_SIDE)
