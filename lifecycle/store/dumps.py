@@ -1,5 +1,4 @@
-"""The Flight Recorder dump files a journal's own runs wrote on this host, which retention may
-remove with them.
+"""The Flight Recorder dump files that retention may remove with a journal's runs.
 
 A journal's rows are not proof that it wrote the files they name: `lifecycle db copy` carries a
 node's `flight_recorder_dumped` rows into the fleet's journal, and a hand-made or damaged
@@ -7,11 +6,11 @@ journal may name anything. A dump file goes with its run only when all of these 
 
 - the run id is of the one form (`lifecycle.core.runid`), so that a folder named for it is
   one folder, under its parent;
-- the run's config shows its ranks journaled into this very journal, and where they put their
-  dumps: `--flight-recorder-dir` given as an absolute path, with `db` naming this journal by
-  its absolute path or URL; or, by default, beside this journal file (`JOURNAL.flight-
-  recorder/RUN_ID/`, a folder named for the file the ranks resolved, which a copy elsewhere
-  does not share);
+- the run's config shows that its ranks journaled into this very journal, and where they put
+  their dumps: an absolute `--flight-recorder-dir`, with `db` naming this journal by its
+  absolute path or its URL; or, by default, beside this journal file, in
+  `JOURNAL.flight-recorder/RUN_ID/` (named for the file the ranks resolved, which a copy
+  elsewhere does not share);
 - a dump row of the run names this host, and an absolute path whose real path lies in that
   folder (no `..`, no link out of it; a relative path is not resolved against whatever the
   working directory now is).
