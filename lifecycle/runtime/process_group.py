@@ -165,25 +165,31 @@ def measure_clock_offset(device: torch.device, wall: Callable[[], float]) -> tup
     return (0.0, 0.0) if dist.get_rank() == 0 else best
 
 
-def settings_disagreement(
-    args: ServerArgs, device: torch.device, *, rank: int
-) -> RankDisagreement | None:
+# Where each rank posts its shared settings, and their digest, in the rendezvous store.
+SETTINGS_KEY = "lifecycle-settings"
+
+
+def settings_disagreement(args: ServerArgs, *, rank: int, run_id: str) -> RankDisagreement | None:
     """At the rendezvous, what the ranks' settings differ in (None when they all match): each
     rank's own command line parsed into `args`, of which the run records one rank's.
 
-    The digests go in one small all-gather; only when they differ is every rank's settings
-    gathered to name what differs, so every rank takes the same branch and names the same
-    settings and ranks.
+    They go through the rendezvous store, not a collective: every collective the lifecycle
+    runs is recorded, and its recorder is not set up yet. Each rank posts its settings, then
+    their digest; every rank reads the digests, and only when they differ the settings, so
+    every rank takes the same branch and names the same settings and ranks. A read waits for
+    a peer's post at most the rendezvous timeout.
     """
     settings = shared_settings(args_to_json(args))
-    mine = torch.tensor([settings_digest(settings)], dtype=torch.int64, device=device)
-    digests = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(digests, mine)
-    if all(bool(torch.equal(digest, mine)) for digest in digests):
+    # torch's own store of the default group: no public way to it.
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"{SETTINGS_KEY}/{run_id}/"
+    store.set(f"{prefix}{rank}", json.dumps(settings))  # in the order ServerArgs has them
+    store.set(f"{prefix}{rank}/digest", str(settings_digest(settings)))
+    ranks = range(dist.get_world_size())
+    digests = {store.get(f"{prefix}{peer}/digest") for peer in ranks}
+    if len(digests) == 1:
         return None
-    texts: list[object] = [None] * len(digests)
-    dist.all_gather_object(texts, json.dumps(settings))  # in the order ServerArgs has them
-    found = disagreements([json.loads(str(text)) for text in texts])
+    found = disagreements([json.loads(store.get(f"{prefix}{peer}")) for peer in ranks])
     return RankDisagreement(
         f"the ranks were started with different settings: {describe_disagreements(found)}",
         rank=rank,

@@ -174,7 +174,7 @@ class RankSession:
                 ),
             )
             self._align_clock(device)
-            self._run_action("agree-settings", functools.partial(self._agree_settings, device))
+            self._run_action("agree-settings", self._agree_settings)
         comm = Comm(
             layout=self.layout,
             sink=self.recorder,
@@ -212,10 +212,11 @@ class RankSession:
             ClockAligned(offset_s=offset, round_trip_s=trip, host=socket.gethostname())
         )
 
-    def _agree_settings(self, device: torch.device) -> None:
+    def _agree_settings(self) -> None:
         """Fail unless every rank was started with the settings the run records (torchrun
         gives each rank its own command line)."""
-        self.disagreement = settings_disagreement(self.args, device, rank=self.launch.rank)
+        launch = self.launch
+        self.disagreement = settings_disagreement(self.args, rank=launch.rank, run_id=launch.run_id)
         if self.disagreement is not None:
             raise self.disagreement
 

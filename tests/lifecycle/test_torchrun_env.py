@@ -4,12 +4,15 @@ settings all stop at the rendezvous, saying what differs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,11 +44,32 @@ def rank_env(rank: int, world: int, port: int, **more: str) -> dict[str, str]:
     }  # fmt: skip
 
 
-def start_rank(tmp_path: Path, env: dict[str, str], *flags: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "lifecycle", *MICRO, *flags],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+@dataclass(frozen=True)
+class RankProcess:
+    """A rank process, and the file its stderr goes to."""
+
+    proc: subprocess.Popen[str]
+    stderr: Path
+
+    def stopped_with(self, *, within: float) -> tuple[int, str]:
+        """Its exit status and stderr, once it has exited (within `within` seconds)."""
+        status = self.proc.wait(timeout=within)
+        return status, self.stderr.read_text()
+
+
+@contextlib.contextmanager
+def rank_process(tmp_path: Path, env: dict[str, str], *flags: str) -> Iterator[RankProcess]:
+    """`lifecycle boot` of the micro model as the rank `env` names, its stderr kept in a file
+    (a pipe left open by a failing test would be reported against the next one); killed on
+    leaving the block if still running."""
+    err = tmp_path / f"rank{env['RANK']}.stderr"
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lifecycle", *MICRO, *flags],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True,
+        )  # fmt: skip
+        with reaped(proc):
+            yield RankProcess(proc=proc, stderr=err)
 
 
 def boot_with(tmp_path: Path, env: dict[str, str], timeout: float = 90) -> Completed:
@@ -127,13 +151,13 @@ def test_a_rank_waiting_at_the_rendezvous_for_its_run_id_stops_at_once_on_a_sign
     that never comes; a signal ends it within seconds with 128+N and one line saying that
     nothing could be journaled, not at the rendezvous timeout."""
     port = free_port()
-    with reaped(start_rank(tmp_path, rank_env(0, 2, port))) as proc:
+    with rank_process(tmp_path, rank_env(0, 2, port)) as rank:
         # Rank 0 holds the rendezvous store at MASTER_PORT while it waits for rank 1.
         wait_until(lambda: store_listens(port), within=120, what="rank 0 at the rendezvous")
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=15)
-    assert proc.returncode == 128 + int(sig)
-    assert one_clear_line(Completed(proc.returncode, "", err)) == (
+        rank.proc.send_signal(sig)
+        status, err = rank.stopped_with(within=15)
+    assert status == 128 + int(sig)
+    assert one_clear_line(Completed(status, "", err)) == (
         f"lifecycle: rank 0: stopped by {sig.name} before its journal was open (the ranks were"
         " agreeing on a run id): nothing journaled"
     )
@@ -154,11 +178,11 @@ def test_a_rank_waiting_at_the_rendezvous_journals_its_stop_by_signal(tmp_path: 
     peer that never comes; SIGTERM ends it at once with 143, the stop journaled."""
     port = free_port()
     env = rank_env(0, 2, port, TORCHELASTIC_RUN_ID="job-1")
-    with reaped(start_rank(tmp_path, env)) as proc:
+    with rank_process(tmp_path, env) as rank:
         wait_until(lambda: store_listens(port), within=120, what="rank 0 at the rendezvous")
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=15)
-    assert proc.returncode == 143
+        rank.proc.send_signal(signal.SIGTERM)
+        status, _ = rank.stopped_with(within=15)
+    assert status == 143
     (stop,) = [e for e in events_by_rank(tmp_path / "j.db")[0] if isinstance(e.event, Shutdown)]
     assert isinstance(stop.event, Shutdown)
     assert (stop.state, stop.event.signal) == ("created", "SIGTERM")
@@ -174,16 +198,18 @@ def test_ranks_started_with_different_settings_all_stop_at_the_rendezvous(
     port = free_port()
     flags = [["--seed", "1"], ["--seed", "2", "--warmup-mode", "none"]]
     envs = [rank_env(r, 2, port, TORCHELASTIC_RUN_ID="job-2") for r in range(2)]
-    procs = [start_rank(tmp_path, envs[r], *flags[r]) for r in range(2)]
-    with reaped(procs[0]), reaped(procs[1]):
-        errs = [proc.communicate(timeout=150)[1] for proc in procs]
+    with (
+        rank_process(tmp_path, envs[0], *flags[0]) as first,
+        rank_process(tmp_path, envs[1], *flags[1]) as second,
+    ):
+        ended = [rank.stopped_with(within=150) for rank in (first, second)]
     said = (
         'the ranks were started with different settings: warmup_mode ("server" on rank 0 vs'
         ' "none" on rank 1); seed (1 on rank 0 vs 2 on rank 1)'
     )
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 2, errs[rank][-2000:]
-        assert errs[rank].strip().splitlines()[-1] == f"lifecycle: error: rank {rank}: {said}"
+    for rank, (status, err) in enumerate(ended):
+        assert status == 2, err[-2000:]
+        assert err.strip().splitlines()[-1] == f"lifecycle: error: rank {rank}: {said}"
     journaled = events_by_rank(tmp_path / "j.db")
     assert sorted(journaled) == [0, 1]
     for events in journaled.values():
