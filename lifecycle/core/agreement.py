@@ -70,10 +70,11 @@ def agreed_rollback(failed: Iterable[bool]) -> tuple[int, ...]:
     return tuple(rank for rank, bad in enumerate(failed) if bad)
 
 
-# Settings a rank may hold on its own: where it writes its journal and its Flight Recorder
-# dumps, a path on its own host. Every other setting must be the same on every rank: the run
-# records one rank's settings, and replay judges every rank by them.
-RANK_OWN_SETTINGS = frozenset({"db", "flight_recorder_dir"})
+# Settings a rank may hold on its own, paths on its own host: where it writes its journal and
+# its Flight Recorder dumps, and where it reads its model's files (whose digest,
+# model.source_digest, must still match). Every other setting must be the same on every rank:
+# the run records one rank's settings, and replay judges every rank by them.
+RANK_OWN_SETTINGS = frozenset({"db", "flight_recorder_dir", "model.source"})
 
 
 def shared_settings(config: Mapping[str, object]) -> dict[str, object]:
@@ -84,10 +85,11 @@ def shared_settings(config: Mapping[str, object]) -> dict[str, object]:
 
     def walk(prefix: str, doc: Mapping[str, object]) -> None:
         for key, value in doc.items():
+            name = f"{prefix}{key}"
             if isinstance(value, Mapping):
-                walk(f"{prefix}{key}.", value)
-            elif prefix or key not in RANK_OWN_SETTINGS:
-                out[f"{prefix}{key}"] = _comparable(value)
+                walk(f"{name}.", value)
+            elif name not in RANK_OWN_SETTINGS:
+                out[name] = _comparable(value)
 
     walk("", config)
     faults = out.get("faults")

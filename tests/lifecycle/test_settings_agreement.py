@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,10 +31,16 @@ def test_settings_written_differently_but_meaning_the_same_agree() -> None:
     assert disagreements([one, other]) == ()
 
 
-def test_where_a_rank_writes_may_differ_from_rank_to_rank() -> None:
-    """The journal and the dump folder are paths on each rank's own host: no disagreement."""
-    one = settings_of(db="/a/j.db", flight_recorder_dir="/a/fr")
-    other = settings_of(db="postgresql://h/j", flight_recorder_dir=None)
+def test_where_a_rank_writes_and_reads_may_differ_from_rank_to_rank() -> None:
+    """The journal, the dump folder and the model's files are paths on each rank's own host:
+    no disagreement."""
+    model = MODEL_PRESETS["micro-video"]
+    one = settings_of(db="/a/j.db", flight_recorder_dir="/a/fr", model=model)
+    other = settings_of(
+        db="postgresql://h/j",
+        flight_recorder_dir=None,
+        model=dataclasses.replace(model, source="/elsewhere/micro"),
+    )
     assert settings_digest(one) == settings_digest(other)
     assert disagreements([one, other]) == ()
 
