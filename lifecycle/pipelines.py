@@ -23,7 +23,15 @@ spec and the rank's `Comm` and returns a `Pipeline`. The library adapters of
 
 from __future__ import annotations
 
-from lifecycle.core.config import MemoryModel, ModelSpec, Shape
+from lifecycle.core.config import (
+    DIFFUSERS_BACKEND,
+    DIFFUSERS_COMPONENTS_BACKEND,
+    MAX_STEPS,
+    NATIVE_BACKEND,
+    MemoryModel,
+    ModelSpec,
+    Shape,
+)
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.records import Generation, StageRecord
 from lifecycle.core.residency import ResidencyOption
@@ -39,6 +47,10 @@ from lifecycle.runtime.pipeline import (
 from lifecycle.runtime.pipeline.residency import Offloader
 
 __all__ = [
+    "DIFFUSERS_BACKEND",
+    "DIFFUSERS_COMPONENTS_BACKEND",
+    "MAX_STEPS",
+    "NATIVE_BACKEND",
     "Comm",
     "ConfigError",
     "Generation",

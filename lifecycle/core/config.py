@@ -98,6 +98,15 @@ class MemoryModel:
         return self.fixed_bytes + self.bytes_per_token * tokens + self.bytes_per_pixel * pixels
 
 
+# What runs a model (`ModelSpec.backend`): the lifecycle's own code or a plug-in's (NATIVE); a
+# diffusers pipeline run as one opaque call (DIFFUSERS: the field's "diffusers backend" gate
+# closes calibration for it); a diffusers pipeline whose components the adapter drives.
+NATIVE_BACKEND = "native"
+DIFFUSERS_BACKEND = "diffusers"
+DIFFUSERS_COMPONENTS_BACKEND = "diffusers-components"
+LIBRARY_BACKENDS = frozenset({DIFFUSERS_BACKEND, DIFFUSERS_COMPONENTS_BACKEND})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """What the gates and the planner need to know of a model; the pipeline brings the rest."""
@@ -114,7 +123,7 @@ class ModelSpec:
     frames_per_latent: int = 4
     attention_heads: int = 4
     supports_residency_calibration: bool = True
-    backend: str = "native"
+    backend: str = NATIVE_BACKEND
     realtime_adapter: bool = False
     # Whether its pipeline declares residency options for the planner (a plug-in opts in).
     declares_residency: bool = False

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lifecycle.core.config import (
+    DIFFUSERS_BACKEND,
     VISUAL_TASKS,
     DisaggRole,
     PerformanceMode,
@@ -87,7 +88,7 @@ GATES: tuple[Gate, ...] = (
     Gate(
         name="diffusers-backend",
         reason="diffusers backend",
-        passes=lambda a, p: a.model.backend != "diffusers",
+        passes=lambda a, p: a.model.backend != DIFFUSERS_BACKEND,
     ),
     Gate(
         name="graph-capture",

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
 
-from lifecycle.core.config import Shape
 from lifecycle.core.errors import LifecycleError
-from lifecycle.core.records import StageRecord
+from lifecycle.core.records import Generation, StageRecord
 
 # -- messages ----------------------------------------------------------------------------------
 
@@ -38,12 +38,11 @@ class Ready:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Generate:
-    """Run one request; every rank gets the same one."""
+    """Run one request; every rank gets the same one, under the server's request id."""
 
     request_id: str
-    prompt: str
-    shape: Shape
-    steps: int
+    request: Generation
+    return_video: bool = False  # the rank that decodes sends the video with its result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +68,7 @@ class Result:
     stages: tuple[StageRecord, ...] = ()
     peak_bytes: int | None = None
     memory_source: str | None = None
+    video: Any = None  # uint8 (frames, height, width, 3), when asked for and decoded here
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

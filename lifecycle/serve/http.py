@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from types import FrameType
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from lifecycle.core.config import (
     MAX_FRAMES,
     MAX_PROMPT_CHARS,
+    MAX_SEED,
     MAX_SIDE,
     MAX_STEPS,
     ServerArgs,
@@ -34,18 +35,25 @@ from lifecycle.core.config import (
 )
 from lifecycle.core.config import validate_shape as check_shape
 from lifecycle.core.errors import ConfigError, LifecycleError
+from lifecycle.core.records import Generation
+from lifecycle.core.runid import is_run_id
 from lifecycle.serve.control import (
     ControlChannel,
     RequestFailed,
     ServiceUnavailable,
     Stop,
 )
+from lifecycle.serve.media import MEDIA_TYPES, mp4_bytes, npy_bytes
 from lifecycle.serve.metrics import Metrics
 from lifecycle.serve.service import Service
 from lifecycle.serve.supervisor import POLL_S, LaunchOptions, RankGroup
 from lifecycle.store import shown_location
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_GUIDANCE = 100.0
+REQUEST_ID_RULE = (
+    "X-Request-ID must be 1 to 64 letters, digits, '.', '-' or '_', starting with a letter or digit"
+)
 STOP_GRACE_S = 10.0  # how long serving ranks get to stop on request before SIGTERM
 
 
@@ -70,6 +78,10 @@ class GenerateBody(BaseModel):
     height: int | None = Field(default=None, ge=16, le=MAX_SIDE)
     frames: int | None = Field(default=None, ge=1, le=MAX_FRAMES)
     steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    negative_prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
+    guidance_scale: float | None = Field(default=None, ge=0.0, le=MAX_GUIDANCE)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    response_format: Literal["json", "npy", "mp4"] = "json"
 
 
 class BodyLimit:
@@ -190,8 +202,19 @@ def create_app(service: Service, metrics: Metrics) -> FastAPI:
             raise HTTPException(status_code=403, detail="/debug/dump answers loopback only")
         return {"ranks": service.dump()}
 
-    @app.post("/generate")
-    async def generate(body: GenerateBody) -> dict[str, Any]:
+    @app.post("/generate", response_model=None)
+    async def generate(
+        body: GenerateBody,
+        x_request_id: Annotated[str | None, Header()] = None,
+    ) -> dict[str, Any] | Response:
+        """One request on every rank. `X-Request-ID` names it (a new id when absent): the
+        reply echoes it, and every rank journals its request under it."""
+        if x_request_id is not None and not is_run_id(x_request_id):
+            raise HTTPException(
+                status_code=422,
+                detail=[{"loc": ["header", "x-request-id"], "msg": REQUEST_ID_RULE,
+                         "type": "value_error"}],
+            )  # fmt: skip
         ok, status = service.health()
         if not ok:
             raise HTTPException(status_code=503, detail=f"not ready: {status}")
@@ -206,14 +229,33 @@ def create_app(service: Service, metrics: Metrics) -> FastAPI:
             check_shape(model, shape, steps)
         except ConfigError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        run = partial(service.generate, prompt=body.prompt, shape=shape, steps=steps)
+        request = Generation(
+            prompt=body.prompt,
+            negative_prompt=body.negative_prompt,
+            shape=shape,
+            steps=steps,
+            guidance_scale=(
+                model.default_guidance_scale if body.guidance_scale is None else body.guidance_scale
+            ),
+            seed=service.args.seed if body.seed is None else body.seed,
+        )
+        media = body.response_format != "json"
+        run = partial(service.generate, request, request_id=x_request_id, return_video=media)
         try:
             with service.place_in_line():
-                return await anyio.to_thread.run_sync(run)
+                reply = await anyio.to_thread.run_sync(run)
         except ServiceUnavailable as exc:
             raise _unavailable(exc) from None
         except RequestFailed as exc:
             raise HTTPException(status_code=500, detail=str(exc)) from None
+        headers = {"X-Request-ID": reply.summary["request_id"]}
+        if not media:
+            return JSONResponse(content=reply.summary, headers=headers)
+        encode = npy_bytes if body.response_format == "npy" else mp4_bytes
+        content = await anyio.to_thread.run_sync(encode, reply.video)
+        return Response(
+            content=content, media_type=MEDIA_TYPES[body.response_format], headers=headers
+        )
 
     return app
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from lifecycle.core.config import MODEL_PRESETS, ModelSpec
+from lifecycle.core.config import DIFFUSERS_BACKEND, LIBRARY_BACKENDS, MODEL_PRESETS, ModelSpec
 from lifecycle.core.errors import ConfigError
 
 TINY_WAN = "tiny-wan"
-# The field's gate: a library pipeline run as one opaque call (see lifecycle.pipelines).
-OPAQUE_BACKEND = "diffusers"
 
 
 def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
@@ -29,7 +27,7 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
             if ns.model_path is not None
             else diffusers.tiny_wan_spec()
         )
-        if spec.backend == OPAQUE_BACKEND and num_ranks > 1:
+        if spec.backend == DIFFUSERS_BACKEND and num_ranks > 1:
             raise ConfigError(
                 f"--model-path {ns.model_path}: the lifecycle drives the components of"
                 " WanPipeline only; another pipeline class runs on one rank (--num-ranks 1)",
@@ -60,10 +58,11 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
 
 def register_model(spec: ModelSpec) -> None:
     """Make `spec` buildable in this process: a library's model through its adapter (each
-    rank process calls this with the spec its config carries)."""
-    from lifecycle.adapters.diffusers import BACKENDS, register
+    rank process calls this with the spec its config carries). Torch is imported only for a
+    library's model: a rank blocks its shutdown signals before torch starts threads."""
+    if spec.backend in LIBRARY_BACKENDS:
+        from lifecycle.adapters.diffusers import register
 
-    if spec.backend in BACKENDS:
         register(spec)
     elif spec.name not in MODEL_PRESETS:
         MODEL_PRESETS[spec.name] = spec

@@ -11,8 +11,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from lifecycle.core.config import ServerArgs, Shape
+from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
+from lifecycle.core.records import Generation
 from lifecycle.core.view import RankView
 from lifecycle.serve.control import (
     ControlChannel,
@@ -36,6 +37,14 @@ RETRY_AFTER_S = 5
 # compute. The bound is on silence, not on the request's length: a large request that keeps
 # stepping is never cut short.
 REQUEST_MARGIN_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """A request's answer: rank 0's timings and checksum, and its video when asked for."""
+
+    summary: dict[str, Any]
+    video: Any = None  # uint8 (frames, height, width, 3)
 
 
 class Service:
@@ -206,9 +215,11 @@ class Service:
             with self._line:
                 self._in_line -= 1
 
-    def generate(self, *, prompt: str, shape: Shape, steps: int) -> dict[str, Any]:
-        """Run one request on every rank once the one running now is done; rank 0's result
-        (it decodes) is the answer."""
+    def generate(
+        self, request: Generation, *, request_id: str | None = None, return_video: bool = False
+    ) -> Reply:
+        """Run one request on every rank once the one running now is done, under
+        `request_id` (a new one when None); rank 0's result (it decodes) is the answer."""
         with self._line:
             while self._running is not None and self._refusal() is None:
                 self._line.wait()
@@ -216,17 +227,21 @@ class Service:
             if refusal is not None:
                 raise refusal
             links = self.control.snapshot()
-            request = RequestInFlight(request_id=uuid.uuid4().hex[:12], ranks=links)
-            self._running = request
+            running = RequestInFlight(request_id=request_id or uuid.uuid4().hex[:12], ranks=links)
+            self._running = running
         try:
-            replies = self._run(request, links, prompt=prompt, shape=shape, steps=steps)
+            message = Generate(
+                request_id=running.request_id, request=request, return_video=return_video
+            )
+            replies = self._run(running, links, message)
         finally:
             with self._line:
                 self._running = None
                 self._line.notify_all()
         lead = replies[0]
-        return {
-            "request_id": request.request_id,
+        shape = request.shape
+        summary = {
+            "request_id": running.request_id,
             "checksum": lead.checksum,
             "total_s": lead.total_s,
             "step_s": list(lead.step_s),
@@ -236,19 +251,15 @@ class Service:
             "width": shape.width,
             "height": shape.height,
             "frames": shape.frames,
-            "steps": steps,
+            "steps": request.steps,
+            "guidance_scale": request.guidance_scale,
+            "seed": request.seed,
         }
+        return Reply(summary=summary, video=lead.video)
 
     def _run(
-        self,
-        request: RequestInFlight,
-        links: dict[int, RankLink],
-        *,
-        prompt: str,
-        shape: Shape,
-        steps: int,
+        self, request: RequestInFlight, links: dict[int, RankLink], message: Generate
     ) -> dict[int, Result]:
-        message = Generate(request_id=request.request_id, prompt=prompt, shape=shape, steps=steps)
         self.control.begin(request)
         try:
             for rank, link in sorted(links.items()):

@@ -20,7 +20,7 @@ from lifecycle.core.errors import (
     LifecycleError,
     RequestAborted,
 )
-from lifecycle.core.records import Generation, shared_fields
+from lifecycle.core.records import shared_fields
 from lifecycle.core.runid import checked_run_id
 from lifecycle.core.states import State
 from lifecycle.runtime.signals import (
@@ -231,7 +231,7 @@ def _serve(session: RankSession, control: Connection) -> None:
             step: int,
             request_id: str = request_id,
             nth: int = served,
-            half_way: int = max(1, message.steps // 2),
+            half_way: int = max(1, message.request.steps // 2),
         ) -> None:
             if inbox.stopping:
                 raise RequestAborted(
@@ -242,22 +242,25 @@ def _serve(session: RankSession, control: Connection) -> None:
             inbox.send(Progress(request_id=request_id, rank=rank, step=step))
 
         try:
-            validate_shape(session.args.model, message.shape, message.steps)
-            result = generate(
+            request = message.request
+            validate_shape(session.args.model, request.shape, request.steps)
+            generated = generate(
                 runtime,
-                Generation(
-                    prompt=message.prompt,
-                    shape=message.shape,
-                    steps=message.steps,
-                    guidance_scale=session.args.model.default_guidance_scale,
-                    seed=session.args.seed,
-                ),
+                request,
                 source="http",
                 request_id=request_id,
+                keep_video=message.return_video,
                 after_step=after_step,
-            ).result
+            )
+            video = None if generated.video is None else generated.video.numpy()
             inbox.send(
-                Result(request_id=request_id, rank=rank, ok=True, **shared_fields(result, Result))
+                Result(
+                    request_id=request_id,
+                    rank=rank,
+                    ok=True,
+                    video=video,
+                    **shared_fields(generated.result, Result),
+                )
             )
         except Exception as exc:  # the request failed on this rank: journal it, fail, report
             hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)

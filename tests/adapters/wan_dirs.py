@@ -51,3 +51,19 @@ def small_wan(*, heads: int = 2, layers: int = 1, scheduler: str = "unipc") -> A
 def save_small_wan(path: Path, **kw: Any) -> Path:
     small_wan(**kw).save_pretrained(str(path))
     return path
+
+
+def save_small_ddpm(path: Path) -> Path:
+    """A pipeline class the lifecycle does not drive (unconditional DDPM), saved by diffusers."""
+    from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
+
+    torch.manual_seed(3)
+    unet = UNet2DModel(
+        sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+        block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4,
+    ).eval()  # fmt: skip
+    DDPMPipeline(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=100)).save_pretrained(
+        str(path)
+    )
+    return path

@@ -18,11 +18,10 @@ from lifecycle.adapters.diffusers.tiny import TINY_WAN, build_tiny_wan
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, Pipeline, register_pipeline
 
 EXTRA = "lifecycle[diffusers]"
-BACKENDS = frozenset({DIFFUSERS, DIFFUSERS_COMPONENTS})
 # Nothing reaches a model hub: every load is from the directory given.
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
-__all__ = ["BACKENDS", "EXTRA", "TINY_WAN", "register", "spec_for_directory", "tiny_wan_spec"]
+__all__ = ["EXTRA", "TINY_WAN", "register", "spec_for_directory", "tiny_wan_spec"]
 
 
 def _diffusers() -> Any:
@@ -90,7 +89,7 @@ def build_tiny_wan_checked() -> Any:
 
 def register(spec: ModelSpec) -> None:
     """Make `spec` buildable in this process (every rank process calls this)."""
-    if spec.backend not in BACKENDS:
+    if spec.backend not in (DIFFUSERS, DIFFUSERS_COMPONENTS):
         raise ConfigError(f"{spec.name} is not a diffusers model", field="model")
     register_pipeline(spec, _factory)
 

@@ -7,15 +7,21 @@ import inspect
 from typing import Any
 
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
-from lifecycle.pipelines import MemoryModel, ModelSpec
+from lifecycle.pipelines import (
+    DIFFUSERS_BACKEND,
+    DIFFUSERS_COMPONENTS_BACKEND,
+    MAX_STEPS,
+    MemoryModel,
+    ModelSpec,
+)
 
 # The Wan adapter drives these classes' components itself (CFG-parallel, Ulysses, residency);
 # any other pipeline class runs on one rank through its own __call__.
 ADAPTED = frozenset({"WanPipeline"})
 # `backend` of a ModelSpec: the field's gate closes calibration for a pipeline run as one
 # opaque call (DIFFUSERS) and passes for one whose components the adapter drives.
-DIFFUSERS = "diffusers"
-DIFFUSERS_COMPONENTS = "diffusers-components"
+DIFFUSERS = DIFFUSERS_BACKEND
+DIFFUSERS_COMPONENTS = DIFFUSERS_COMPONENTS_BACKEND
 FALLBACK_SIDE = 512  # a call default of None (the pipeline derives it from its configs)
 
 
@@ -86,7 +92,8 @@ def generic_spec(directory: PipelineDirectory, pipeline_class: Any) -> ModelSpec
         default_width=_int(defaults.get("width"), FALLBACK_SIDE),
         default_height=_int(defaults.get("height"), FALLBACK_SIDE),
         default_frames=_int(defaults.get("num_frames"), 1),
-        default_steps=_int(defaults.get("num_inference_steps"), 50),
+        # A call's default steps past what a request may ask for (DDPM's 1000) are capped.
+        default_steps=min(_int(defaults.get("num_inference_steps"), 50), MAX_STEPS),
         default_guidance_scale=float(defaults.get("guidance_scale", 5.0) or 5.0),
         frame_multiple=4 if video else 1,
         spatial_multiple=8,
