@@ -40,6 +40,7 @@ VISUAL_TASKS = frozenset({"text-to-video", "image-to-video", "text-to-image", "i
 
 # Hard limits on one request; a server refuses anything outside them with a clear reason.
 MAX_SIDE = 4096
+REQUEST_MARGIN_S = 120.0  # a request's silence allowed past --dist-timeout, by default
 MAX_FRAMES = 257
 MAX_STEPS = 200
 MAX_RANKS = 64
@@ -199,6 +200,9 @@ class ServerArgs:
     ulysses: int = 1
     device: str = "auto"
     dist_timeout_s: float = 600.0
+    # How long a request may go without a denoising step on some rank before the server gives
+    # it up; None: --dist-timeout plus REQUEST_MARGIN_S (a decode reports no step).
+    request_silence_s: float | None = None
     heartbeat_interval_s: float = 1.0
     state_deadline_s: float = 300.0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -216,6 +220,12 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def request_silence_limit_s(self) -> float:
+        if self.request_silence_s is not None:
+            return self.request_silence_s
+        return self.dist_timeout_s + REQUEST_MARGIN_S
 
     @property
     def collective_stall_s(self) -> float:
@@ -262,6 +272,11 @@ def validate(args: ServerArgs) -> None:
     if args.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(
             f"--device must be auto, cpu or cuda, not {args.device!r}", field="device"
+        )
+    if args.request_silence_s is not None and not 0 < args.request_silence_s <= 86400:
+        raise ConfigError(
+            f"--request-silence must be in (0, 86400] seconds, not {args.request_silence_s}",
+            field="request_silence_s",
         )
     if not 0 < args.dist_timeout_s <= 86400:
         raise ConfigError(

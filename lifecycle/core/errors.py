@@ -22,6 +22,7 @@ class ErrorKind(StrEnum):
     RANK_DISAGREEMENT = "rank-disagreement"
     RENDEZVOUS = "rendezvous"
     REQUEST_ABORTED = "request-aborted"
+    REQUEST_STALLED = "request-stalled"  # the server gave a request up: no step for too long
     EXCEPTION = "exception"  # anything else, lifecycle's own or not
 
 
@@ -209,6 +210,21 @@ class RequestAborted(LifecycleError):
         self.request_id = request_id
         self.step = step
         self.reason = reason
+
+
+class RequestStalled(LifecycleError):
+    """The server gave a request up because this rank reported no denoising step for
+    `silent_s`: the rank is stuck in it and can serve nothing more."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.REQUEST_STALLED
+
+    def __init__(self, *, request_id: str, silent_s: float) -> None:
+        super().__init__(
+            f"request {request_id} made no progress on this rank for {silent_s:.0f} s; the"
+            " server gave it up"
+        )
+        self.request_id = request_id
+        self.silent_s = silent_s
 
 
 class RendezvousFailed(LifecycleError):

@@ -190,6 +190,7 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         ulysses=ulysses,
         device=ns.device,
         dist_timeout_s=ns.dist_timeout,
+        request_silence_s=getattr(ns, "request_silence", None),
         heartbeat_interval_s=ns.heartbeat_interval,
         state_deadline_s=ns.state_deadline,
         startup_timeout_s=ns.startup_timeout,

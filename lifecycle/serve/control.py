@@ -80,6 +80,15 @@ class Stop:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GivenUp:
+    """The server gave up the rank's request: it reported no step for `silent_s` (answered by
+    the rank's reader thread, since its main thread is stuck in the request)."""
+
+    request_id: str
+    silent_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Dump:
     """Write the collective ring to the journal now (answered by the rank's reader thread, so
     a rank stuck in a collective still does)."""
@@ -87,7 +96,7 @@ class Dump:
     reason: str
 
 
-ToRank = Generate | Stop | Dump
+ToRank = Generate | Stop | Dump | GivenUp
 FromRank = Hello | Ready | Progress | Result
 
 # -- the launcher's end ------------------------------------------------------------------------
@@ -106,10 +115,17 @@ class ServiceUnavailable(LifecycleError):
 class RequestFailed(LifecycleError):
     """A rank answered a request with an error, went away, or stopped making progress."""
 
-    def __init__(self, *, request_id: str, failures: dict[int, str]) -> None:
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        failures: dict[int, str],
+        silent: dict[int, float] | None = None,
+    ) -> None:
         super().__init__("; ".join(f"rank {r}: {e}" for r, e in sorted(failures.items())))
         self.request_id = request_id
         self.failures = failures
+        self.silent = silent or {}  # the ranks that made no progress, and for how long
 
 
 class RequestInFlight:
@@ -158,9 +174,11 @@ class RequestInFlight:
                 now = time.monotonic()
                 silent = {r: t for r, t in waiting.items() if now - t > silence_s}
                 if silent:
+                    quiet = {r: now - t for r, t in silent.items()}
                     raise RequestFailed(
                         request_id=self.request_id,
-                        failures={r: f"no progress for {now - t:.0f} s" for r, t in silent.items()},
+                        failures={r: f"no progress for {s:.0f} s" for r, s in quiet.items()},
+                        silent=quiet,
                     )
                 self._changed.wait(timeout=max(0.05, min(waiting.values()) + silence_s - now))
 
@@ -316,9 +334,16 @@ class ControlInbox:
     """The launcher's messages, read by a thread of their own, so that a stop reaches a rank
     that is busy in a request. A closed connection reads as a stop."""
 
-    def __init__(self, control: Connection, *, on_dump: Callable[[str], object]) -> None:
+    def __init__(
+        self,
+        control: Connection,
+        *,
+        on_dump: Callable[[str], object],
+        on_given_up: Callable[[GivenUp], object],
+    ) -> None:
         self._control = control
         self._on_dump = on_dump
+        self._on_given_up = on_given_up
         self._messages: queue.Queue[Generate | Stop] = queue.Queue()
         self._stop_requested = threading.Event()
         self.stop_message = Stop(reason="stop requested")
@@ -339,6 +364,8 @@ class ControlInbox:
                 self._messages.put(message)
             elif isinstance(message, Dump):
                 self._on_dump(message.reason)
+            elif isinstance(message, GivenUp):
+                self._on_given_up(message)
 
     @property
     def stopping(self) -> bool:

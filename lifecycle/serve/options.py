@@ -168,7 +168,7 @@ def _shape(text: str) -> Shape:
 
 
 # The settings only `serve` has: a config file of boot that names one is told so.
-SERVE_ONLY = ("host", "port", "linger")
+SERVE_ONLY = ("host", "port", "linger", "request-silence")
 
 # The help of each option, by its first flag; every one says its default.
 HELP = {
@@ -213,6 +213,8 @@ HELP = {
     " (default: none)",
     "--host": "address to bind (default: %(default)s)",
     "--port": "port to bind (default: %(default)s)",
+    "--request-silence": "a request that makes no denoising step on some rank for this long is"
+    " given up, and the server fails (default: --dist-timeout + 120)",
     "--linger": "after a fatal startup failure, keep serving /liveness (503), /metrics and"
     " /lifecycle this long, then exit 1 (default: %(default)g)",
     "--json-logs": "structlog JSON lines on stderr (default: off: text)",
@@ -278,6 +280,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
         add(server, "--host", default="127.0.0.1")
         add(server, "--port", type=int, default=8000)
         add(server, "--linger", type=_linger_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS")
+        add(server, "--request-silence", type=float, metavar="SECONDS")
 
     logging = p.add_argument_group("logging")
     add(logging, "--json-logs", action="store_true")

@@ -18,6 +18,7 @@ from lifecycle.core.view import RankView
 from lifecycle.serve.control import (
     ControlChannel,
     Generate,
+    GivenUp,
     RankLink,
     RequestFailed,
     RequestInFlight,
@@ -36,7 +37,6 @@ RETRY_AFTER_S = 5
 # progress (a denoising step, its reply) for that long plus this margin is stuck in its own
 # compute. The bound is on silence, not on the request's length: a large request that keeps
 # stepping is never cut short.
-REQUEST_MARGIN_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,10 +266,14 @@ class Service:
                 if not link.send(message):
                     request.fail_rank(rank, "control connection closed")
             try:
-                return request.wait(silence_s=self.args.dist_timeout_s + REQUEST_MARGIN_S)
+                return request.wait(silence_s=self.args.request_silence_limit_s)
             except RequestFailed as exc:
                 # A rank that fails a request has failed (it journals so and leaves), and one
-                # that went silent is stuck in it: neither can serve the next request.
+                # that went silent is stuck in it: neither can serve the next request. A
+                # silent rank is told, so that it journals why the server gave it up (its
+                # reader thread answers; its main thread is stuck).
+                for rank, silent_s in exc.silent.items():
+                    links[rank].send(GivenUp(request_id=request.request_id, silent_s=silent_s))
                 self.fail(f"request {request.request_id} failed: {exc}")
                 raise
         finally:

@@ -19,6 +19,7 @@ from lifecycle.core.errors import (
     JournalWriteFailed,
     LifecycleError,
     RequestAborted,
+    RequestStalled,
 )
 from lifecycle.core.records import shared_fields
 from lifecycle.core.runid import checked_run_id
@@ -213,7 +214,14 @@ def _serve(session: RankSession, control: Connection) -> None:
     runtime = session.runtime
     assert runtime is not None
     rank = session.launch.rank
-    inbox = ControlInbox(control, on_dump=session.dump_ring)
+    inbox = ControlInbox(
+        control,
+        on_dump=session.dump_ring,
+        on_given_up=lambda given: session.fail(
+            RequestStalled(request_id=given.request_id, silent_s=given.silent_s),
+            where=f"the server gave request {given.request_id} up",
+        ),
+    )
     session.serve_collectives_from_ring()
     inbox.send(Ready(rank=rank))
     served = 0

@@ -122,3 +122,39 @@ def test_the_fields_failure_on_a_wan_pipeline_is_diagnosed_with_the_all_to_all_n
     )  # fmt: skip
     blocked = {r["rank"]: r["pending_collective"] for r in doc["ranks"] if r["rank"] != 1}
     assert blocked[0]["group"] == "ulysses0" and blocked[0]["op"] == "all_to_all"
+
+
+def test_an_mp4_reply_holds_the_video_and_bad_fields_are_422_naming_them(
+    tmp_path: Path, wan_dir: Path
+) -> None:
+    """response_format mp4 is an H.264 MP4 of the request's frames (decoded back with PyAV);
+    a response format, guidance scale, seed, negative prompt or request id that cannot be is a
+    422 naming the field."""
+    import av
+
+    with serve(tmp_path, "--model-path", str(wan_dir), *QUICK) as server:
+        server.wait_for_health(200, within=240)
+        reply = server.client.post(
+            "/generate", json={**REQUEST, "response_format": "mp4"}, timeout=240
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"] == "video/mp4"
+        with av.open(io.BytesIO(reply.content)) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == 9 and frames[0].shape == (32, 48, 3)
+        bad = {
+            "response_format": "gif",
+            "guidance_scale": -1.0,
+            "seed": -5,
+            "negative_prompt": "x" * 5000,
+        }
+        for field, value in bad.items():
+            refused = server.client.post("/generate", json={**REQUEST, field: value})
+            assert refused.status_code == 422, (field, refused.text)
+            assert refused.json()["detail"][0]["loc"] == ["body", field]
+        refused = server.client.post(
+            "/generate", json=REQUEST, headers={"X-Request-ID": "../etc/passwd"}
+        )
+        assert refused.status_code == 422
+        assert refused.json()["detail"][0]["loc"] == ["header", "x-request-id"]
+        assert server.stop() == 0

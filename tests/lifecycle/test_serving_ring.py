@@ -195,3 +195,23 @@ def test_dumps_on_request_write_every_rank_ring(tmp_path: Path) -> None:
                 (rank, seq, seq + records),
             ).fetchone()[0]
             assert following == records
+
+
+def test_a_request_given_up_for_silence_fails_the_server_and_the_verdict(tmp_path: Path) -> None:
+    """One rank hangs in a request outside any collective: the server gives the request up
+    once the rank has made no step for --request-silence, the rank journals why (its reader
+    thread, since its main thread is stuck), serve exits 1 after --linger, and `replay
+    diagnose` says failed, naming the request given up, where it said ready."""
+    extra = ("--request-silence", "4", "--linger", "1", *FAST)
+    with serve(tmp_path, *extra, "--fault", "0:request:hang") as served:
+        served.wait_for_health(200, within=180)
+        response = served.client.post("/generate", json={**BODY, "steps": 4}, timeout=120)
+        assert response.status_code == 500
+        assert "no progress for" in response.text
+        assert served.proc.wait(timeout=120) == 1
+    doc = diagnose(tmp_path)
+    assert (doc["outcome"], doc["culprit_ranks"], doc["culprit_state"]) == (
+        "failed", [0], "ready",
+    ), doc["text"]  # fmt: skip
+    assert doc["exit"] == 1
+    assert "RequestStalled" in doc["text"] and "made no progress" in doc["text"]
