@@ -160,6 +160,29 @@ def _verdict(doc: dict[str, Any]) -> str:
     return text
 
 
+def _diffusers_check(fr: FirstRun, devices: int) -> Check:
+    """tiny-wan, diffusers' Wan pipeline driven by the adapter: calibrating on every device
+    there is, sequence-parallel (Ulysses) over two when there are two."""
+    name = "tiny-wan (diffusers)"
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        return Check(name, NOT_RUN, "needs the diffusers extra: pip install 'lifecycle[diffusers]'")
+    count = 2 if devices >= 2 else 1
+    ranks = ("--num-ranks", "2", "--ulysses", "2") if count == 2 else ()
+    # The dry run probes a smaller default request: two CPU cores, not a GPU.
+    smaller = ("--default-shape", "64x64x33") if fr.device == "cpu" else ()
+    status = fr.boot(
+        "tiny-wan", "--model", "tiny-wan", "--calibrate", *ranks, *smaller, timeout=600.0
+    )
+    doc = fr.diagnose("tiny-wan")
+    verified = fr.events(ResidencyVerified)
+    detail = f"{_ready(doc)}; {count} rank{'s' if count > 1 else ''}"
+    if verified:
+        detail += f"; plan {verified[0][1].plan.plan_id} verified"
+    return Check(name, HELD if status == 0 and doc.get("outcome") == "ready" else NOT_HELD, detail)
+
+
 def run_checks(fr: FirstRun) -> list[Check]:
     fr.out.mkdir(parents=True, exist_ok=True)
     device, devices = _devices(fr.device)
@@ -188,6 +211,7 @@ def run_checks(fr: FirstRun) -> list[Check]:
             _ready(doc),
         )
     )
+    checks.append(_diffusers_check(fr, devices))
     if devices < 2:
         checks.append(Check("boot 2 ranks", NOT_RUN, "needs 2 GPUs"))
         checks.append(Check("the field's hang", NOT_RUN, "needs 2 GPUs"))

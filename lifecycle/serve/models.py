@@ -8,6 +8,7 @@ import dataclasses
 
 from lifecycle.core.config import DIFFUSERS_BACKEND, LIBRARY_BACKENDS, MODEL_PRESETS, ModelSpec
 from lifecycle.core.errors import ConfigError
+from lifecycle.serve.options import DEFAULT_MODEL
 
 TINY_WAN = "tiny-wan"
 
@@ -15,11 +16,13 @@ TINY_WAN = "tiny-wan"
 def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
     """The model of this command line, registered in this process, with --default-shape and
     --default-steps applied; ConfigError when it cannot be."""
+    plugin = None
     if ns.pipeline:
         from lifecycle.runtime.pipeline import load_plugin
 
-        load_plugin(ns.pipeline)
-    if ns.model_path is not None or ns.model == TINY_WAN:
+        plugin = load_plugin(ns.pipeline)
+    name = ns.model or (plugin.name if plugin is not None else DEFAULT_MODEL)
+    if ns.model_path is not None or name == TINY_WAN:
         from lifecycle.adapters import diffusers
 
         spec = (
@@ -34,10 +37,10 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
                 field="num_ranks",
             )
     else:
-        found = MODEL_PRESETS.get(ns.model)
+        found = MODEL_PRESETS.get(name)
         if found is None:
             raise ConfigError(
-                f"--model {ns.model!r} is not one of {', '.join(sorted(MODEL_PRESETS))},"
+                f"--model {name!r} is not one of {', '.join(sorted(MODEL_PRESETS))},"
                 f" {TINY_WAN}, or a --pipeline plug-in's model",
                 field="model",
             )

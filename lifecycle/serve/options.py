@@ -167,6 +167,8 @@ def _shape(text: str) -> Shape:
     return Shape(width=width, height=height, frames=frames)
 
 
+DEFAULT_MODEL = "tiny-video"
+
 # The settings only `serve` has: a config file of boot that names one is told so.
 SERVE_ONLY = ("host", "port", "linger", "request-silence")
 
@@ -174,13 +176,13 @@ SERVE_ONLY = ("host", "port", "linger", "request-silence")
 HELP = {
     "--model": f"a preset ({', '.join(MODEL_PRESETS)}), tiny-wan (diffusers' Wan pipeline at a"
     " small size, built at start; the diffusers extra), or a --pipeline plug-in's model"
-    " (default: %(default)s)",
+    f" (default: the --pipeline plug-in's model, else {DEFAULT_MODEL})",
     "--model-path": "a diffusers pipeline directory (model_index.json, as save_pretrained or a"
     " hub snapshot writes it), loaded offline; the diffusers extra (default: none)",
     "--default-shape": "the model's default request WIDTHxHEIGHTxFRAMES, which calibration"
     " probes (default: the model's own)",
     "--default-steps": "the model's default denoising steps (default: the model's own)",
-    "--pipeline": "import a (ModelSpec, factory) plug-in, then --model names it (default: none)",
+    "--pipeline": "import a (ModelSpec, factory) plug-in and run its model (default: none)",
     "--performance-mode": "auto lets the gates decide on calibration; the others skip it"
     " (default: %(default)s)",
     "--device": "auto: cuda where a device is visible, else cpu (default: %(default)s)",
@@ -231,7 +233,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
 
     seconds: dict[str, Any] = {"type": float, "metavar": "SECONDS"}
     model = p.add_argument_group("model")
-    add(model, "--model", default="tiny-video", metavar="NAME")
+    add(model, "--model", metavar="NAME")
     add(model, "--model-path", metavar="DIR")
     add(model, "--pipeline", metavar="MODULE:ATTR")
     add(model, "--default-shape", type=_shape, metavar="WxHxF")

@@ -73,7 +73,8 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> Hung:
     db = cwd / "lifecycle.db"
     boot = run_cli(
         "lifecycle",
-        ["boot", "--pipeline", "tests.replay.test_flight_recorder:TP", "--model", "tp-video",
+        # --pipeline alone selects the plug-in's model (tp-video).
+        ["boot", "--pipeline", "tests.replay.test_flight_recorder:TP",
          "--num-ranks", "2", "--cfg-parallel", "2", "--dist-timeout", str(DIST_TIMEOUT_S),
          "--state-deadline", "1.5", "--startup-timeout", "60", "--heartbeat-interval", "0.2",
          "--flight-recorder", "500", "--db", str(db), "--log-level", "error"],

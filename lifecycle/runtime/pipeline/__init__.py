@@ -89,8 +89,8 @@ def register_pipeline(spec: ModelSpec, factory: PipelineFactory) -> None:
     _FACTORIES[spec.name] = factory
 
 
-def load_plugin(target: str) -> None:
-    """Import `module:attr` and register what it names: a (ModelSpec, factory) pair.
+def load_plugin(target: str) -> ModelSpec:
+    """Import `module:attr` and register what it names: a (ModelSpec, factory) pair; the spec.
 
     Rank processes import the same target, so a plug-in works across spawned ranks too.
     """
@@ -106,6 +106,7 @@ def load_plugin(target: str) -> None:
             f"--pipeline {target} must name a (ModelSpec, factory) pair", field="pipeline"
         )
     register_pipeline(value[0], value[1])
+    return value[0]
 
 
 def build_pipeline(spec: ModelSpec, comm: Comm) -> Pipeline:
