@@ -43,6 +43,7 @@ MODULES = (
     "bench.replay",
     "bench.serving",
     "bench.scale",
+    "bench.diffusers",
 )
 
 _REGISTERED: list[Benchmark] = []

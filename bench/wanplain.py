@@ -1,0 +1,103 @@
+"""diffusers alone, the side bench.diffusers sets the lifecycle beside: a `WanPipeline` loaded
+from a directory and called with a request, and nothing else.
+
+`python -m bench.wanplain startup SPEC_JSON` is a fresh process (its imports count): it loads
+the directory, runs the requests one after another, and prints when it had loaded and when the
+last request finished (wall clock, as the journal's times are). With no arguments it is a warm
+worker on bench.procs' protocol: it loads a directory once and runs one request per round.
+
+A request is /generate's body: prompt, negative_prompt, width, height, frames, steps,
+guidance_scale, seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def load(directory: str) -> Any:
+    """`WanPipeline.from_pretrained` of the directory, offline, its progress bar off (as the
+    lifecycle's adapter turns it off), on as many threads as the lifecycle's one rank uses."""
+    import torch
+    from diffusers import WanPipeline
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    pipe = WanPipeline.from_pretrained(directory, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def call(pipe: Any, request: dict[str, Any]) -> Any:
+    """`WanPipeline.__call__` with the request's fields: frames in [0, 1], (frames, h, w, 3)."""
+    import torch
+
+    return pipe(
+        prompt=request["prompt"],
+        negative_prompt=request["negative_prompt"],
+        height=request["height"],
+        width=request["width"],
+        num_frames=request["frames"],
+        num_inference_steps=request["steps"],
+        guidance_scale=request["guidance_scale"],
+        generator=torch.Generator("cpu").manual_seed(request["seed"]),
+        output_type="np",
+    ).frames[0]
+
+
+def checksum(frames: Any) -> str:
+    """The checksum the lifecycle journals for a video: frames as uint8, digested."""
+    import torch
+
+    from lifecycle.adapters.diffusers.wan import to_uint8
+    from lifecycle.runtime.request import video_checksum
+
+    return video_checksum(torch.from_numpy(to_uint8(frames)))
+
+
+def startup(spec: dict[str, Any]) -> dict[str, Any]:
+    pipe = load(spec["directory"])
+    loaded_at = time.time()
+    videos = [call(pipe, request) for request in spec["requests"]]
+    finished_at = time.time()
+    # Digested after the last request: a plain script would not do this.
+    return {
+        "loaded_at": loaded_at,
+        "finished_at": finished_at,
+        "checksums": [checksum(video) for video in videos],
+    }
+
+
+_PIPES: dict[str, Any] = {}
+
+
+def warm_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """A round of the warm worker: load the directory the first time (before `go`, untimed),
+    then run the request, timed around the call alone."""
+    directory = payload["directory"]
+    if directory not in _PIPES:
+        _PIPES[directory] = load(directory)
+    pipe = _PIPES[directory]
+
+    def work() -> dict[str, Any]:
+        started = time.perf_counter()
+        video = call(pipe, payload["request"])
+        seconds = time.perf_counter() - started
+        return {"seconds": seconds, "checksum": checksum(video)}
+
+    return work
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "startup":
+        print(json.dumps(startup(json.loads(sys.argv[2]))), flush=True)
+    elif len(sys.argv) == 1:
+        from bench.procs import serve
+
+        serve(warm_task)
+    else:
+        sys.exit("usage: python -m bench.wanplain [startup SPEC_JSON]")

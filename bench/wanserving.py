@@ -1,0 +1,274 @@
+"""/generate on tiny-wan through a real `lifecycle serve --model-path DIR` against the same call
+of `WanPipeline` in a warm process, and the step time of CFG-parallel 2 and Ulysses 2 against
+one rank's, the requests of every side interleaved."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.procs import Pool
+from bench.stats import median
+from bench.suite import BenchError, Settings, progress
+from bench.table import Row, format_ratio, format_seconds, verdict
+
+GENERATE_TARGET = 1.05
+READY_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 60.0
+
+
+class WanServer:
+    """`lifecycle serve --model-path DIRECTORY ARGS...` on a free loopback port."""
+
+    def __init__(
+        self,
+        *,
+        workdir: Path,
+        label: str,
+        directory: Path,
+        args: Sequence[str],
+        env: Mapping[str, str],
+    ) -> None:
+        from lifecycle.serve.supervisor import free_port
+
+        self.label = label
+        self.log_path = workdir / f"diffusers-serve-{label}.log"
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "lifecycle", "serve", "--model-path", str(directory),
+                   *args, "--db", str(workdir / f"diffusers-serve-{label}.db"),
+                   "--port", str(port), "--log-level", "warning"]  # fmt: skip
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **env}, start_new_session=True,
+            )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(
+                    f"{self.label}: serve exited {self.proc.returncode}: {self.tail()}"
+                )
+            # A 503 (still booting) is an HTTPError, an OSError, as a refused connection is.
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.url}/health", timeout=5.0) as response,
+            ):
+                if response.status == 200:
+                    return
+            time.sleep(0.1)
+        raise BenchError(f"{self.label}: /health not 200 within {READY_TIMEOUT_S:.0f} s")
+
+    def generate(self, body: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+        """POST /generate with a JSON reply: the seconds the client waited, and the reply."""
+        request = urllib.request.Request(
+            f"{self.url}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                content = response.read()
+        except OSError as exc:  # HTTPError included: a status other than 2xx
+            raise BenchError(f"{self.label}: POST /generate failed: {exc}") from None
+        seconds = time.perf_counter() - started
+        reply: dict[str, Any] = json.loads(content)
+        return seconds, reply
+
+    def stop(self) -> None:
+        """SIGTERM and wait; the whole session is killed if it has not stopped in time."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                progress(f"diffusers: {self.label} did not stop on SIGTERM; killing it")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # rank processes left behind, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10.0)
+
+    def tail(self) -> str:
+        text = self.log_path.read_text(errors="replace").strip()
+        return text.splitlines()[-1][:300] if text else "(no output)"
+
+
+# A client's request, as /generate takes it and WanPipeline.__call__ takes the same fields.
+PROMPT = "a cat walks on the street at night, slow motion"
+NEGATIVE_PROMPT = "blurry, static"
+GUIDANCE_SCALE = 5.0
+SEED = 7
+ONE, PLAIN = "1 rank", "WanPipeline"
+# The layouts served beside one rank, for their step time.
+PARALLEL = {
+    "cfg-parallel 2": ("--num-ranks", "2", "--cfg-parallel", "2"),
+    "ulysses 2": ("--num-ranks", "2", "--ulysses", "2"),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    seconds: float
+    step_s: tuple[float, ...]
+    checksum: str
+
+
+def _body(request: tuple[int, int, int, int]) -> dict[str, Any]:
+    width, height, frames, steps = request
+    return {
+        "prompt": PROMPT,
+        "negative_prompt": NEGATIVE_PROMPT,
+        "width": width,
+        "height": height,
+        "frames": frames,
+        "steps": steps,
+        "guidance_scale": GUIDANCE_SCALE,
+        "seed": SEED,
+    }
+
+
+def _served(server: WanServer, body: Mapping[str, Any]) -> Callable[[], Reply]:
+    def run() -> Reply:
+        seconds, reply = server.generate(body)
+        return Reply(seconds=seconds, step_s=tuple(reply["step_s"]), checksum=reply["checksum"])
+
+    return run
+
+
+def _plain(pool: Pool, directory: Path, body: Mapping[str, Any]) -> Callable[[], Reply]:
+    payload = {"directory": str(directory), "request": dict(body)}
+
+    def run() -> Reply:
+        (doc,) = pool.round([payload])
+        return Reply(seconds=doc["seconds"], step_s=(), checksum=doc["checksum"])
+
+    return run
+
+
+def _interleaved(sides: Mapping[str, Callable[[], Reply]], rounds: int) -> dict[str, list[Reply]]:
+    """Every side once per round, the order rotated each round; one untimed warm-up first."""
+    for run in sides.values():
+        run()
+    names = list(sides)
+    results: dict[str, list[Reply]] = {name: [] for name in names}
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(sides[name]())
+    return results
+
+
+def serving_rows(
+    settings: Settings,
+    directory: Path,
+    *,
+    model_args: Sequence[str],
+    env: Mapping[str, str],
+    request: tuple[int, int, int, int],
+    rounds: int,
+) -> list[Row]:
+    body = _body(request)
+    layouts = {ONE: (), **PARALLEL}
+    progress(f"diffusers: serving tiny-wan on {', '.join(layouts)}; {rounds} rounds")
+    servers: list[WanServer] = []
+    pool: Pool | None = None
+    try:
+        for label, layout in layouts.items():
+            servers.append(
+                WanServer(
+                    workdir=settings.workdir, label=label.replace(" ", "-"), directory=directory,
+                    args=(*model_args, *layout), env=env,
+                )
+            )  # fmt: skip
+        pool = Pool("bench.wanplain", size=1, workdir=settings.workdir, timeout_s=READY_TIMEOUT_S)
+        for server in servers:
+            server.wait_ready()
+        sides = {label: _served(s, body) for label, s in zip(layouts, servers, strict=True)}
+        sides[PLAIN] = _plain(pool, directory, body)
+        results = _interleaved(sides, rounds)
+    finally:
+        for server in servers:
+            server.stop()
+        if pool is not None:
+            pool.close()
+    return [_generate_row(results, body, model_args, rounds), *_step_rows(results, body, rounds)]
+
+
+def _shape(body: Mapping[str, Any]) -> str:
+    return f"{body['width']}x{body['height']}x{body['frames']} at {body['steps']} steps"
+
+
+def _generate_row(
+    results: Mapping[str, list[Reply]], body: Mapping[str, Any], model_args: Sequence[str],
+    rounds: int,
+) -> Row:  # fmt: skip
+    served = [r.seconds for r in results[ONE]]
+    plain = [r.seconds for r in results[PLAIN]]
+    ratios = [a / b for a, b in zip(served, plain, strict=True)]
+    ratio = median(ratios)
+    same = {r.checksum for r in results[ONE]} == {r.checksum for r in results[PLAIN]}
+    return Row(
+        figure="diffusers: tiny-wan /generate, lifecycle serve 1 rank",
+        value=format_seconds(median(served)),
+        baseline=format_seconds(median(plain)) + " WanPipeline",
+        ratio=format_ratio(ratio),
+        target=verdict(f"<= {GENERATE_TARGET:.2f}", met=ratio <= GENERATE_TARGET),
+        how=(
+            f"POST /generate {_shape(body)} (prompt, negative prompt, guidance"
+            f" {body['guidance_scale']:g}, seed {body['seed']}), JSON reply, the seconds the"
+            f" client waited, to `lifecycle serve --model-path DIR {' '.join(model_args)}`"
+            " with LIFECYCLE_DISABLE_AUTO_RESIDENCY=1 (the reference residency: the VAE"
+            " whole, the text encoder resident, as WanPipeline runs them); against"
+            " WanPipeline.__call__ with the same fields in a warm process"
+            " (from_pretrained of the same directory), timed around the call; one warm-up"
+            f" request each, then {rounds} rounds, the order rotated each round with the"
+            " parallel layouts' requests; medians, the ratio is the median of the paired"
+            f" ratios (ratio of the medians: {format_ratio(median(served) / median(plain))});"
+            f" outputs {'identical' if same else 'DIFFER'} (checksums)"
+        ),
+    )
+
+
+def _step_rows(
+    results: Mapping[str, list[Reply]], body: Mapping[str, Any], rounds: int
+) -> list[Row]:
+    one = median([s for r in results[ONE] for s in r.step_s])
+    rows = []
+    for label, layout in PARALLEL.items():
+        step = median([s for r in results[label] for s in r.step_s])
+        same = {r.checksum for r in results[label]} == {r.checksum for r in results[ONE]}
+        output = "the same as" if same else "not bit for bit"
+        rows.append(
+            Row(
+                figure=f"diffusers: tiny-wan step time, {label} / 1 rank",
+                value=format_seconds(step),
+                baseline=format_seconds(one) + " 1 rank",
+                ratio=format_ratio(step / one),
+                target="no target",
+                how=(
+                    f"rank 0's step_s in /generate's JSON, every step of {rounds} requests"
+                    f" {_shape(body)} (after one warm-up request), interleaved with the 1-rank"
+                    f" server's; `lifecycle serve {' '.join(layout)}`: 2 rank processes on"
+                    " gloo, each with half the cores' threads (the lifecycle's setting), the"
+                    f" 1 rank with all of them; output {output}"
+                    " 1 rank's (checksums)"
+                ),
+            )
+        )
+    return rows
