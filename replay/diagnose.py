@@ -14,12 +14,14 @@ from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
 from replay.culprits import hang_culprits, late_arrivals
 from replay.endings import (
     Findings,
+    aborted_while_waiting,
     broken_by_stop,
     ended_at_timeout,
     killed_together,
     stuck_when_killed,
 )
 from replay.evidence import (
+    AbortedBy,
     Blocked,
     ConnectionBroke,
     CrashedSilent,
@@ -135,6 +137,17 @@ def _verdict(
             found.append(ShutDown(rank=view.rank, reason=reason, state=where(view)))
     if status is Status.HUNG:
         found.append(NoProgress(rank=view.rank, state=view.state))
+    for _, _, aborted in view.aborts[:1]:
+        found.append(
+            AbortedBy(
+                rank=view.rank,
+                failed_rank=aborted.failed_rank,
+                error_type=aborted.error_type,
+                state=where(view),
+                learned_after_s=aborted.learned_after_s,
+                announced_by=aborted.announced_by,
+            )
+        )
     return RankVerdict(
         rank=view.rank,
         state=view.state,
@@ -149,6 +162,7 @@ def _verdict(
         stalls=len(view.stalls),
         stop_signal=signal,
         stop_reason=view.shutdown.reason if view.shutdown is not None else None,
+        aborted=bool(view.aborts) and error is None,
     )
 
 
@@ -157,7 +171,7 @@ def _peer_evidence(verdicts: dict[int, RankVerdict], findings: Findings) -> dict
 
     A peer whose connection broke under a waiting rank, and that journaled no end of its own,
     died (crashed). A peer that others waited for while it was alive and not in that
-    collective, and that was then stopped from outside, was hung.
+    collective, and that was then stopped from outside, or by the agreed abort, was hung.
     """
     updated = dict(verdicts)
     for verdict in verdicts.values():
@@ -171,7 +185,7 @@ def _peer_evidence(verdicts: dict[int, RankVerdict], findings: Findings) -> dict
             if broken and other.status in (Status.RUNNING, Status.BLOCKED):
                 updated[peer] = replace(other, status=Status.CRASHED)
                 findings[peer].append(ConnectionBroke(rank=peer, peer=verdict.rank))
-            elif other.status in (Status.STOPPED, Status.RUNNING):
+            elif other.status in (Status.STOPPED, Status.RUNNING, Status.ABORTED):
                 updated[peer] = replace(other, status=Status.HUNG)
                 findings[peer].append(
                     NeverEntered(
@@ -193,7 +207,9 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
     # wait only the Flight Recorder saw), or with the process (NCCL's watchdog).
     outlasted = p.timeout_s is not None and p.waited_s >= 0.9 * p.timeout_s
     timed_out = error is not None and error.kind is ErrorKind.COLLECTIVE_TIMEOUT
-    if error is None and not outlasted:
+    if error is None and verdict.aborted:
+        ended = WaitEnd.ABORTED
+    elif error is None and not outlasted:
         ended = WaitEnd.WAITING
     elif timed_out or (outlasted and (error is None or p.from_flight_recorder)):
         ended = WaitEnd.TIMED_OUT
@@ -252,6 +268,7 @@ def diagnose(
         for r, v in analysis.views.items()
     }
     verdicts = ended_at_timeout(verdicts, analysis, findings)
+    verdicts = aborted_while_waiting(verdicts)
     killed = killed_together(verdicts, analysis)
     if killed:
         verdicts = stuck_when_killed(verdicts, analysis)

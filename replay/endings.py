@@ -67,6 +67,19 @@ def ended_at_timeout(
     return updated
 
 
+def aborted_while_waiting(verdicts: dict[int, RankVerdict]) -> dict[int, RankVerdict]:
+    """A rank the agreed abort stopped while it waited in a collective a peer never entered
+    was blocked there, waiting on that peer, as a rank its collective's timeout ended was (a
+    new ending beside ended-at-timeout): the verdict follows the wait to the culprit. One in a
+    collective every member had entered was merely in it, and is only aborted."""
+    updated = dict(verdicts)
+    for rank, verdict in verdicts.items():
+        p = verdict.pending
+        if verdict.status is Status.ABORTED and p is not None and p.waiting_for:
+            updated[rank] = replace(verdict, status=Status.BLOCKED)
+    return updated
+
+
 def killed_together(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> bool:
     """Every rank went silent at once without journaling an end: the whole job was killed
     from outside (a pod, an allocation), which says nothing of which rank went wrong."""

@@ -31,6 +31,7 @@ class Code(StrEnum):
     NEVER_ENTERED = "never-entered"
     BROKEN_BY_STOP = "broken-by-stop"
     ENDED_AT_TIMEOUT = "ended-at-timeout"
+    ABORTED = "aborted"
 
 
 class WaitEnd(StrEnum):
@@ -39,6 +40,7 @@ class WaitEnd(StrEnum):
     WAITING = "waiting"  # still waiting when the journal ends
     TIMED_OUT = "timed-out"
     BROKE = "broke"  # the collective failed otherwise (a peer gone, another error)
+    ABORTED = "aborted"  # the rank stopped waiting: a peer had failed (the agreed abort)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +196,19 @@ class EndedAtTimeout(RankEvidence):
     code: ClassVar[Code] = Code.ENDED_AT_TIMEOUT
     waited_s: float
     timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AbortedBy(RankEvidence):
+    """It stopped because a peer announced a failure for good (the agreed abort): it did not
+    go wrong itself. `failed_rank` is None when the rendezvous store itself went away."""
+
+    code: ClassVar[Code] = Code.ABORTED
+    failed_rank: int | None
+    error_type: str
+    state: str  # where this rank was when it learned it
+    learned_after_s: float
+    announced_by: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,7 @@ class Status(StrEnum):
     CRASHED = "crashed"  # the journal ends: no heartbeat after its last event
     STOPPED = "stopped"  # shut down before ready
     RUNNING = "running"  # alive and progressing when the journal ends
+    ABORTED = "aborted"  # stopped because a peer failed for good (the agreed abort)
     ABSENT = "absent"  # no event at all in the journals given
 
 
@@ -63,6 +64,7 @@ class RankVerdict:
     stalls: int
     stop_signal: str | None  # the signal it journaled its shutdown for, if one
     stop_reason: str | None  # the reason it journaled its shutdown with; None for no shutdown
+    aborted: bool = False  # it stopped because a peer failed (the agreed abort), not on its own
 
 
 def rank_status(
@@ -79,6 +81,9 @@ def rank_status(
     progress = analysis.last_progress.get(view.rank, last)
     idle = last - progress > max(analysis.state_deadline_s, 10 * interval)
     if view.state == State.FAILED:
+        if view.aborts and not any(error.fatal for _, _, error in view.errors):
+            # A victim of the agreed abort (see endings.aborted_while_waiting).
+            return Status.ABORTED
         return Status.FAILED
     ended = view.shutdown is not None or view.state == State.STOPPED
     if ended and view.ready_action_done:
@@ -193,8 +198,11 @@ def blocked(verdict: RankVerdict) -> bool:
 
 
 def where(view: RankView) -> str:
-    """The state a rank was last working in (before a stop from outside moved it on)."""
-    if view.state == State.STOPPED and len(view.path) > 1:
+    """The state a rank was last working in (before a stop from outside, or a peer's failure,
+    moved it on)."""
+    if len(view.path) > 1 and (
+        view.state == State.STOPPED or (view.state == State.FAILED and view.aborts)
+    ):
         return view.path[-2]
     return view.state
 

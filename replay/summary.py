@@ -90,6 +90,13 @@ def _item_note(item: ev.RankEvidence) -> str | None:
             )
         case ev.BrokenByStop():
             return "its collective broke once the run was being stopped"
+        case ev.AbortedBy():
+            who = (
+                "the rendezvous store went away"
+                if item.failed_rank is None
+                else f"rank {item.failed_rank} had failed ({item.error_type})"
+            )
+            return f"aborted in {item.state}: {who}, learned after {item.learned_after_s:.1f} s"
         case ev.EndedAtTimeout():
             return (
                 f"its process ended as its collective's {item.timeout_s:g} s timeout ran out"
@@ -184,6 +191,8 @@ def _blocked_text(item: ev.Blocked, blocked: set[int], error: ev.FirstError | No
         ended = f"still waiting after {item.waited_s:.1f} s"
     elif item.ended is ev.WaitEnd.TIMED_OUT:
         ended = f"timed out after {item.waited_s:.1f} s"
+    elif item.ended is ev.WaitEnd.ABORTED:
+        ended = f"aborted after {item.waited_s:.1f} s"
     else:
         cause = f" ({error.error_type})" if error is not None else ""
         ended = f"broke after {item.waited_s:.1f} s{cause}"
@@ -222,6 +231,17 @@ def summary(d: Diagnosis) -> str:
     ]
     if lines:
         parts.append("then blocked: " + "; ".join(lines))
+    aborted = [
+        e
+        for e in d.evidence
+        if isinstance(e, ev.AbortedBy) and e.rank not in blocked and e.rank not in d.culprit_ranks
+    ]
+    if aborted:
+        parts.append(
+            "then aborted: "
+            + ", ".join(f"rank {e.rank} in {e.state}" for e in aborted)
+            + f", learned within {max(e.learned_after_s for e in aborted):.1f} s"
+        )
     mismatched = [e for e in d.evidence if isinstance(e, ev.Mismatched)]
     if mismatched:
         m = mismatched[0]

@@ -28,7 +28,8 @@ from lifecycle.core.fold import (
 from lifecycle.core.records import GroupMark
 from lifecycle.core.view import OpenCollective, RecentStart
 
-FOLD_VERSION = 3  # 2: the residency planner's events are noted; 3: Flight Recorder dumps
+# 2: the residency planner's events are noted; 3: Flight Recorder dumps; 4: agreed aborts
+FOLD_VERSION = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

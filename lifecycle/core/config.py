@@ -30,6 +30,13 @@ class DisaggRole(StrEnum):
     DECODER = "decoder"
 
 
+class PeerFailure(StrEnum):
+    """What the other ranks do when one fails for good."""
+
+    ABORT = "abort"  # learn it within seconds, journal why, and stop (the agreed abort)
+    WAIT = "wait"  # wait in their next collective until the process-group timeout ends it
+
+
 class SmokeRequest(StrEnum):
     AUTO = "auto"  # run it when drop-buffers freed the staging buffers
     ON = "on"
@@ -200,6 +207,7 @@ class ServerArgs:
     ulysses: int = 1
     device: str = "auto"
     dist_timeout_s: float = 600.0
+    on_peer_failure: PeerFailure = PeerFailure.ABORT
     # How long a request may go without a denoising step on some rank before the server gives
     # it up; None: --dist-timeout plus REQUEST_MARGIN_S (a decode reports no step).
     request_silence_s: float | None = None
@@ -373,6 +381,7 @@ def args_from_json(doc: dict[str, Any]) -> ServerArgs:
             "warmup_mode": WarmupMode,
             "disagg_role": DisaggRole,
             "smoke_request": SmokeRequest,
+            "on_peer_failure": PeerFailure,
         }
         for key, enum in enums.items():
             if key in values:

@@ -331,6 +331,24 @@ class Shutdown(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Aborted(Event):
+    """This rank stops because a peer failed for good: the run's agreed abort, instead of
+    waiting in its next collective until the process-group timeout. It names the peer, its
+    error as the peer announced it (or its process's end, as its launcher saw it), the state
+    the peer failed in, and how long after the peer's failure this rank learned it."""
+
+    kind: ClassVar[str] = "aborted"
+    version: ClassVar[int] = 1
+    failed_rank: int | None  # None: the rendezvous store went away, and with it its host
+    error_type: str
+    error_kind: str
+    message: str
+    failed_state: str | None
+    announced_by: str  # "rank" (the failed rank itself) or "launcher" (its process ended)
+    learned_after_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UnknownEvent(Event):
     """A row whose kind this lifecycle does not know, or whose payload does not decode."""
 
@@ -369,6 +387,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ResidencyVerified,
         ResidencyRolledBack,
         Shutdown,
+        Aborted,
     )
 }
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lifecycle.core.events import (
+    Aborted,
     ActionFinished,
     ActionStarted,
     BuffersAllocated,
@@ -65,6 +66,7 @@ NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
     (CollectivesDumped, "dumps"),
     (ResidencyEvent, "residency"),
     (FlightRecorderDumped, "flight_dumps"),
+    (Aborted, "aborts"),
 )
 
 
@@ -142,6 +144,7 @@ class RankFold:
     dumps: list[tuple[float, str, CollectivesDumped]] = field(default_factory=list)
     residency: list[tuple[float, str, ResidencyEvent]] = field(default_factory=list)
     flight_dumps: list[tuple[float, str, FlightRecorderDumped]] = field(default_factory=list)
+    aborts: list[tuple[float, str, Aborted]] = field(default_factory=list)
     recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
     last_progress: float | None = None

@@ -97,6 +97,7 @@ class RankView:
     clock: ev.ClockAligned | None  # its clock against rank 0's, measured at the rendezvous
     residency: tuple[tuple[float, str, ev.ResidencyEvent], ...] = ()  # the planner's steps
     flight_dumps: tuple[tuple[float, str, ev.FlightRecorderDumped], ...] = ()  # where they went
+    aborts: tuple[tuple[float, str, ev.Aborted], ...] = ()  # a peer's failure that stopped it
 
     @property
     def terminal(self) -> bool:

@@ -20,6 +20,7 @@ import structlog
 
 from lifecycle.core.errors import ConfigError, JournalError
 from lifecycle.core.events import (
+    Aborted,
     CollectivesDumped,
     CollectiveStarted,
     Error,
@@ -116,6 +117,8 @@ def dump_reason(event: Event, ring: deque[tuple[Event, str, float, int]]) -> str
     match event:
         case Error():
             return "error"
+        case Aborted():
+            return "aborted"
         case Stalled():
             return "stall"
         case RequestFinished(ok=False):
@@ -131,6 +134,8 @@ def trouble(event: Event) -> str | None:
     match event:
         case Error(fatal=True):
             return event.error_kind
+        case Aborted():
+            return "aborted"
         case Stalled():
             return "stall"
         case RequestFinished(ok=False):

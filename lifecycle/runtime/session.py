@@ -18,16 +18,25 @@ from dataclasses import dataclass
 import torch
 
 from lifecycle import __version__
-from lifecycle.core.config import RankLayout, ServerArgs, fault_for, request_fault_for
+from lifecycle.core.config import (
+    PeerFailure,
+    RankLayout,
+    ServerArgs,
+    fault_for,
+    request_fault_for,
+)
 from lifecycle.core.errors import (
+    COLLECTIVE_KINDS,
     EXIT_UNJOURNALED,
     InjectedFault,
     JournalError,
     JournalWriteFailed,
     RankDisagreement,
     StartupTimeout,
+    classify,
 )
 from lifecycle.core.events import (
+    Aborted,
     ActionFinished,
     ActionStarted,
     ClockAligned,
@@ -40,6 +49,7 @@ from lifecycle.core.events import (
 from lifecycle.core.faults import FaultKind, FaultSpec
 from lifecycle.core.machine import LifecycleMachine
 from lifecycle.core.states import TERMINAL_STATES, TRANSITIONS, Edge, State, Trigger, happy_trigger
+from lifecycle.runtime.abort import AbortWatcher, Failure, failure_of, watch_peers
 from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
@@ -99,6 +109,8 @@ class RankSession:
         self.runtime: RankRuntime | None = None
         # The ranks were started with different settings: bad input, not a rank's failure.
         self.disagreement: RankDisagreement | None = None
+        # The agreed abort (--on-peer-failure abort): the peers' failures, once joined.
+        self.peers: AbortWatcher | None = None
         self.machine = LifecycleMachine(
             before=self._journal_transition,
             on_illegal=self._journal_illegal,
@@ -175,6 +187,14 @@ class RankSession:
             )
             self._align_clock(device)
             self._run_action("agree-settings", self._agree_settings)
+            if self.args.on_peer_failure is PeerFailure.ABORT:
+                self.peers = watch_peers(
+                    os.environ,
+                    run_id=self.launch.run_id,
+                    rank=self.launch.rank,
+                    world_size=self.args.num_ranks,
+                    on_abort=self.abort,
+                )
         comm = Comm(
             layout=self.layout,
             sink=self.recorder,
@@ -258,14 +278,26 @@ class RankSession:
         )
 
     def fail(self, exc: BaseException, *, where: str | None = None) -> None:
-        """Journal `exc` as the rank's fatal error and move to `failed`; `where` stands in for
-        the traceback of an error that was not raised."""
+        """Journal `exc` as the rank's fatal error, move to `failed`, and announce it to the
+        peers (the agreed abort); `where` stands in for the traceback of an error that was not
+        raised. An error that follows a peer's announced failure (a collective the failed peer
+        left) is that failure's consequence: the rank aborts instead."""
+        peers = self.peers
+        earlier = peers.first_failure() if peers is not None else None
+        if (
+            earlier is not None
+            and earlier.rank != self.launch.rank
+            # A store gone is news of a peer only for an error a peer's going explains.
+            and (earlier.rank is not None or classify(exc) in COLLECTIVE_KINDS)
+        ):
+            self.abort(earlier)
+            return
+        state = self.machine.state.value
         try:
-            self.recorder.record(
-                fatal_error(
-                    exc, traceback=(where or "".join(traceback.format_exception(exc)))[-8000:]
-                )
+            error = fatal_error(
+                exc, traceback=(where or "".join(traceback.format_exception(exc)))[-8000:]
             )
+            self.recorder.record(error)
             with self._fire_lock:
                 if self.machine.state not in TERMINAL_STATES:
                     self.fire(Trigger.FAIL)
@@ -273,6 +305,41 @@ class RankSession:
             self.stop_unjournaled(lost)
         except JournalError:
             pass  # another writer holds this rank's sequence: nothing more can be recorded
+        if peers is not None:
+            peers.announce(
+                failure_of(exc, rank=self.launch.rank, state=state, kind=classify(exc).value)
+            )
+
+    def abort(self, failure: Failure) -> None:
+        """A peer failed for good: journal why this rank stops (`aborted`, naming the peer and
+        its error), write what it keeps for trouble (its collective ring, the Flight Recorder),
+        and leave (exit 1), never waiting in a collective after the decision. A rank already
+        failed or stopped keeps its own end."""
+        with self._fire_lock:
+            if self.machine.state in TERMINAL_STATES:
+                return
+            try:
+                self.recorder.record(
+                    Aborted(
+                        failed_rank=failure.rank,
+                        error_type=failure.error_type,
+                        error_kind=failure.error_kind,
+                        message=failure.message,
+                        failed_state=failure.state,
+                        announced_by=failure.announced_by,
+                        learned_after_s=max(0.0, time.time() - failure.wall),
+                    )
+                )
+                self.fire(Trigger.FAIL)
+            except JournalWriteFailed as lost:
+                self.stop_unjournaled(lost)
+            except JournalError:
+                pass
+        self.close()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        self._leave(EXIT_FAILED)
 
     def stop_unjournaled(self, exc: JournalWriteFailed) -> None:
         """The journal cannot be written: say so in one line and leave with exit status 3,
@@ -398,6 +465,8 @@ class RankSession:
         until.wait(timeout=seconds)
 
     def close(self) -> None:
+        if self.peers is not None:
+            self.peers.stop()
         self.heartbeat.stop()
         try:
             self.recorder.close()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from lifecycle.core.config import (
+    PeerFailure,
     PerformanceMode,
     ServerArgs,
     SmokeRequest,
@@ -190,6 +191,7 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         ulysses=ulysses,
         device=ns.device,
         dist_timeout_s=ns.dist_timeout,
+        on_peer_failure=PeerFailure(ns.on_peer_failure),
         request_silence_s=getattr(ns, "request_silence", None),
         heartbeat_interval_s=ns.heartbeat_interval,
         state_deadline_s=ns.state_deadline,

@@ -16,6 +16,7 @@ from lifecycle.core.config import (
     DEFAULT_STARTUP_TIMEOUT_S,
     MAX_SEED,
     MODEL_PRESETS,
+    PeerFailure,
     PerformanceMode,
     Shape,
     SmokeRequest,
@@ -193,6 +194,9 @@ HELP = {
     "--enable-cfg-parallel": "the same as --cfg-parallel 2 (default: off)",
     "--ulysses": "sequence-parallel (Ulysses) ranks (default: num-ranks / cfg-parallel)",
     "--dist-timeout": "process-group timeout, as NCCL's watchdog (default: %(default)g)",
+    "--on-peer-failure": "when a rank fails for good, the others abort within seconds (journaling"
+    " the failed rank and its error), or wait in their next collective until --dist-timeout"
+    " (default: %(default)s)",
     "--warmup-mode": "how ranks warm up before ready (default: %(default)s)",
     "--calibrate": "calibrate even when a verified residency plan could be reused (and on a"
     " pipeline without residency options: measure only) (default: off)",
@@ -256,6 +260,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     )
     add(ranks, "--ulysses", "--ulysses-degree", action=_Spelled, type=int, metavar="N")
     add(ranks, "--dist-timeout", default=600.0, **seconds)
+    add(ranks, "--on-peer-failure", choices=[p.value for p in PeerFailure], default="abort")
 
     warmup = p.add_argument_group("warmup and calibration")
     add(warmup, "--warmup-mode", choices=[m.value for m in WarmupMode], default="server")

@@ -82,6 +82,7 @@ class Service:
             # never shown as one that ended without it.
             codes = self.group.exit_codes()
             events = self.group.poll()
+            self.group.announce_ended()
             self._print(events)
             self.metrics.feed(events)
             views = self.group.views()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from lifecycle.core.config import ServerArgs, args_to_json
+from lifecycle.core.config import PeerFailure, ServerArgs, args_to_json
 from lifecycle.core.errors import EXIT_UNJOURNALED
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
@@ -31,6 +31,9 @@ POLL_S = 0.2
 # plus this margin to settle too before the launcher ends them.
 SETTLE_MARGIN_S = 5.0
 TERM_GRACE_S = 10.0
+# With the agreed abort, the others learn a rank's failure within a fraction of a second and
+# leave; this is how long they get before the launcher ends them.
+ABORT_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,12 +85,15 @@ class RankGroup:
             r: RankFold(run_id=self.run_id, rank=r) for r in range(args.num_ranks)
         }
         self.first_settled_at: float | None = None
+        self.port: int | None = None  # the rendezvous store's
+        self._store: Any = None  # the rendezvous store, hosted here while several ranks run
+        self._announced: set[int] = set()
         self.last_progress: dict[int, float] = {}  # monotonic time of each rank's last event
         open_run(args, run_id=self.run_id, created_at=created_at, command=spec.command).close()
         self._reader = Journal.open_for_read(args.db)
 
     def start(self) -> None:
-        port = free_port()
+        port = self.port = free_port()
         base = {
             **os.environ,
             **self.env,
@@ -98,6 +104,13 @@ class RankGroup:
             "WORLD_SIZE": str(self.args.num_ranks),
             "LOCAL_WORLD_SIZE": str(self.args.num_ranks),
         }
+        if self.args.num_ranks > 1:
+            # Hosted here, as torchrun's agent hosts its store: it outlives any rank, so a
+            # rank's failure still reaches its peers after rank 0 is gone (the agreed abort).
+            from lifecycle.runtime.abort import AGENT_STORE_ENV, host_store
+
+            base[AGENT_STORE_ENV] = "True"
+            self._store = host_store(port, world_size=self.args.num_ranks)
         for rank in range(self.args.num_ranks):
             env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             self.procs.append(
@@ -141,6 +154,33 @@ class RankGroup:
             for r in range(len(self.procs))
         )
 
+    def announce_ended(self) -> None:
+        """For the agreed abort: announce each rank whose process ended without journaling its
+        failure (killed, out of memory, its journal lost), so that its peers learn it from the
+        rendezvous store as from a rank's own announcement. When the store went with the rank
+        (rank 0 hosts it), the peers' watchers see the store gone themselves."""
+        if self.args.on_peer_failure is not PeerFailure.ABORT or self._store is None:
+            return
+        for rank, code in enumerate(self.exit_codes()):
+            if code in (None, 0) or rank in self._announced:
+                continue
+            self._announced.add(rank)
+            if self._folds[rank].state == State.FAILED:
+                continue  # it journaled its failure, and announced it itself
+            from lifecycle.runtime.abort import Failure, announce
+
+            failure = Failure(
+                rank=rank,
+                error_type="ProcessEnded",
+                error_kind="peer-gone",
+                message=f"rank {rank}'s process ended: {exit_text(code)}",
+                state=self._folds[rank].state,
+                wall=time.time(),
+                announced_by="launcher",
+            )
+            with contextlib.suppress(RuntimeError):
+                announce(self._store, self.run_id, failure)
+
     # -- ending --------------------------------------------------------------------------------
 
     def signal_all(self, sig: signal.Signals) -> None:
@@ -167,6 +207,7 @@ class RankGroup:
 
     def close(self) -> None:
         self._reader.close()
+        self._store = None
 
 
 def supervise(
@@ -175,13 +216,18 @@ def supervise(
     on_events: Callable[[list[StoredEvent]], None],
     keep_going: Callable[[], bool],
 ) -> None:
-    """Follow the ranks until every one settles; once one has, give the others the
-    process-group timeout (plus a margin) to settle too, and stop waiting early for a rank
-    that has journaled nothing but heartbeats for that long (hung: any collective it waited
-    in would have timed out). Then end what is left."""
-    margin = group.args.dist_timeout_s + SETTLE_MARGIN_S
+    """Follow the ranks until every one settles; once one has, give the others time to
+    settle too (with the agreed abort, ABORT_GRACE_S to journal why they stop and leave; with
+    --on-peer-failure wait, the process-group timeout plus a margin), and stop waiting early
+    for a rank that has journaled nothing but heartbeats for that long (hung: any collective
+    it waited in would have timed out). Then end what is left."""
+    if group.args.on_peer_failure is PeerFailure.ABORT:
+        margin = ABORT_GRACE_S
+    else:
+        margin = group.args.dist_timeout_s + SETTLE_MARGIN_S
     while keep_going():
         on_events(group.poll())
+        group.announce_ended()
         settled = group.settled()
         if all(settled):
             break
@@ -288,9 +334,12 @@ def failure_reason(views: dict[int, RankView], codes: list[int | None]) -> str |
     (exit status 0), in rank order; None when nothing did. Which went wrong first is
     replay's question: a peer's failure is often the consequence of another's."""
     problems = []
+    aborted = []
     for rank, view in sorted(views.items()):
         code = codes[rank]
-        if view.state == State.FAILED:
+        if view.state == State.FAILED and view.aborts and not view.errors:
+            aborted.append(rank)
+        elif view.state == State.FAILED:
             problems.append(f"rank {rank} failed in {view.path[-2]}")  # the state before
         elif ended_unjournaled(view, code):
             problems.append(f"rank {rank} ended in {view.state}: {exit_text(code)}")
@@ -298,6 +347,8 @@ def failure_reason(views: dict[int, RankView], codes: list[int | None]) -> str |
             problems.append(f"rank {rank} never got to ready ({exit_text(code)})")
         elif view.state != State.STOPPED or code != 0:
             problems.append(f"rank {rank} did not stop cleanly ({exit_text(code)})")
+    if aborted:
+        problems.append(f"rank {', '.join(map(str, aborted))} aborted (the agreed abort)")
     return "; ".join(problems) or None
 
 
@@ -309,6 +360,9 @@ def summary_lines(
     for rank, view in views.items():
         code = codes[rank]
         state = f"{view.state} (end not journaled)" if ended_unjournaled(view, code) else view.state
+        if view.aborts and not view.errors:
+            failed = view.aborts[0][2].failed_rank
+            state = "aborted" if failed is None else f"aborted (rank {failed} failed)"
         ready_at = view.entered_at(State.READY.value)
         ready = f"entered ready after {ready_at - created_at:.2f} s" if ready_at else "never ready"
         error = (

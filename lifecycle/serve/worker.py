@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
 
-from lifecycle.core.config import ServerArgs, args_from_json, validate_shape
+from lifecycle.core.config import PeerFailure, ServerArgs, args_from_json, validate_shape
 from lifecycle.core.errors import (
     EXIT_UNJOURNALED,
     JournalWriteFailed,
@@ -194,7 +194,8 @@ def run_rank_process(
         session.close()
         leave_process_group()
         return 0 if session.machine.state is State.STOPPED else 1
-    if ranks.world_size > 1:
+    if ranks.world_size > 1 and args.on_peer_failure is PeerFailure.WAIT:
+        # As under NCCL without an abort: the peers blocked on this rank time out themselves.
         session.linger(args.dist_timeout_s + LINGER_MARGIN_S, until=stop)
     session.close()
     return 1
