@@ -12,6 +12,7 @@ from lifecycle.core.events import (
     GateDecided,
     PlanBuilt,
     ResidencyPlanned,
+    ResidencyVerified,
     StoredEvent,
     Transition,
 )
@@ -22,7 +23,7 @@ from lifecycle.core.gates import (
     evaluate_gates,
 )
 from lifecycle.core.plan import WarmupPlan, WarmupRequest, build_plan, fit_probe
-from lifecycle.core.residency import replan, same_plan
+from lifecycle.core.residency import replan, same_plan, verify_time
 from lifecycle.core.states import State, Trigger, next_state
 from replay.load import RunInfo
 
@@ -43,6 +44,7 @@ class _RankRecord:
     gate: GateDecided | None = None
     plan: PlanBuilt | None = None
     residency: ResidencyPlanned | None = None
+    verified: ResidencyVerified | None = None
     transitions: list[Transition] = field(default_factory=list)
 
 
@@ -57,6 +59,8 @@ def _collect(events: Iterable[StoredEvent]) -> dict[int, _RankRecord]:
             record.plan = event
         elif isinstance(event, ResidencyPlanned):
             record.residency = event
+        elif isinstance(event, ResidencyVerified):
+            record.verified = event
         elif isinstance(event, Transition):
             record.transitions.append(event)
     return ranks
@@ -148,7 +152,7 @@ def _verify_residency(ranks: dict[int, _RankRecord], checked: list[str]) -> list
     decided = replan([p.given for p in planned.values()])
     if decided is None:
         return ["ranks recorded residency options of different lengths: no common plan"]
-    out = []
+    out = _verified_on_time(ranks, checked)
     for (rank, recorded), today in zip(planned.items(), decided, strict=True):
         checked.append(f"rank {rank} residency plan")
         if not same_plan(recorded.plan, today):
@@ -157,6 +161,21 @@ def _verify_residency(ranks: dict[int, _RankRecord], checked: list[str]) -> list
                 f" ({'fits' if recorded.plan.fits else 'none fits'}); today's planner:"
                 f" {today.plan_id} ({'fits' if today.fits else 'none fits'})"
             )
+    return out
+
+
+def _verified_on_time(ranks: dict[int, _RankRecord], checked: list[str]) -> list[str]:
+    """Hold each verified plan's re-warm time to the planner's prediction, as today's
+    verification does (a plan verified before times were journaled is not checked)."""
+    out = []
+    for rank, record in sorted(ranks.items()):
+        verified = record.verified
+        if verified is None or verified.measured_s is None or verified.predicted_s is None:
+            continue
+        checked.append(f"rank {rank} residency time")
+        late = verify_time(measured_s=verified.measured_s, predicted_s=verified.predicted_s)
+        if late is not None:
+            out.append(f"rank {rank}: plan {verified.plan.plan_id} was verified, but {late}")
     return out
 
 

@@ -28,8 +28,9 @@ from lifecycle.core.fold import (
 from lifecycle.core.records import GroupMark
 from lifecycle.core.view import OpenCollective, RecentStart
 
-# 2: the residency planner's events are noted; 3: Flight Recorder dumps; 4: agreed aborts
-FOLD_VERSION = 4
+# 2: the residency planner's events are noted; 3: Flight Recorder dumps; 4: agreed aborts;
+# 5: residency_verified version 2 (times)
+FOLD_VERSION = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,6 +20,7 @@ from lifecycle.core.upcasters import (
     upcast_request_finished_v1_to_v2,
     upcast_request_started_v1_to_v2,
     upcast_request_started_v2_to_v3,
+    upcast_residency_verified_v1_to_v2,
     upcast_warmup_record_v1_to_v2,
 )
 
@@ -36,6 +37,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("request_started", 2): upcast_request_started_v2_to_v3,
     ("heartbeat", 1): upcast_heartbeat_v1_to_v2,
     ("request_finished", 1): upcast_request_finished_v1_to_v2,
+    ("residency_verified", 1): upcast_residency_verified_v1_to_v2,
 }
 
 

@@ -304,11 +304,15 @@ class ResidencyApplied(ResidencyEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResidencyVerified(ResidencyEvent):
-    """Every rank's re-warm measured within the budget and near its prediction."""
+    """Every rank's re-warm measured within the budget and near its prediction, in memory and
+    (version 2) in time; a version 1 event has no times (None)."""
 
     kind: ClassVar[str] = "residency_verified"
+    version: ClassVar[int] = 2
     measured_bytes: int
     predicted_bytes: int  # at the re-warm's shape
+    measured_s: float | None = None  # the re-warm request's time
+    predicted_s: float | None = None  # the planner's for it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

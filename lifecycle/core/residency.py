@@ -276,6 +276,22 @@ def default_budget(*, free_bytes: int, total_bytes: int) -> int:
 # RSS moves by allocator caching and page granularity, not only by what the plan changed.
 PREDICTION_SLACK = 1.25
 PREDICTION_SLACK_BYTES = 64 * MIB
+# A plan is verified on time too: its re-warm may take at most this much longer than predicted
+# (a request's time on a shared machine varies by more than its memory does: two boots at
+# once on two cores double it, which must not roll a sound plan back).
+TIME_SLACK = 2.0
+TIME_SLACK_S = 1.0
+
+
+def verify_time(*, measured_s: float, predicted_s: float) -> str | None:
+    """Why a measured request time fails a plan's verification, or None when it holds: no
+    more than TIME_SLACK times the prediction, plus TIME_SLACK_S."""
+    if measured_s > predicted_s * TIME_SLACK + TIME_SLACK_S:
+        return (
+            f"measured request time {measured_s:.2f} s is far above the predicted"
+            f" {predicted_s:.2f} s: the plan is slower than planned"
+        )
+    return None
 
 
 def verify_peak(*, measured_bytes: int, predicted_bytes: int, budget_bytes: int) -> str | None:

@@ -123,3 +123,9 @@ def upcast_request_started_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
     the seed; a version 2 request had no negative prompt, and its guidance and seed were not
     journaled."""
     return {**payload, "negative_prompt_chars": 0, "guidance_scale": None, "seed": None}
+
+
+def upcast_residency_verified_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 of `residency_verified` adds the re-warm's measured and predicted times;
+    version 1 verified memory only."""
+    return {**payload, "measured_s": None, "predicted_s": None}

@@ -42,6 +42,7 @@ from lifecycle.core.residency import (
     replan,
     same_plan,
     verify_peak,
+    verify_time,
 )
 from lifecycle.runtime.pipeline import resident
 
@@ -248,22 +249,29 @@ def verify_after_rewarm(rt: RankRuntime) -> None:
         return
     failure = rt.residency_failure
     measured = predicted = None
+    times: tuple[float, float] | None = None
     rewarm, bounded = rt.measured.get(Role.REWARM), rt.measured.get(Role.BOUNDED)
     if failure is None and rewarm is not None and bounded is not None:
         by_name = {(o.component, o.name): o for o in _options(rt, Role.REWARM)}
         choices = [by_name.get((o.component, o.name), o) for o in plan.choices]
-        predicted, _ = predict(bounded.baseline_bytes or 0, _costs(bounded), choices)
+        predicted, predicted_s = predict(bounded.baseline_bytes or 0, _costs(bounded), choices)
         measured = rewarm.peak_bytes or 0
         if rt.over_budget_fault:
             measured = max(measured, plan.budget_bytes + 64 * MIB)
+        times = (rewarm.total_s, predicted_s)
         failure = verify_peak(
             measured_bytes=measured, predicted_bytes=predicted, budget_bytes=plan.budget_bytes
-        )
-    _agree_outcome(rt, failure, measured=measured, predicted=predicted)
+        ) or verify_time(measured_s=rewarm.total_s, predicted_s=predicted_s)
+    _agree_outcome(rt, failure, measured=measured, predicted=predicted, times=times)
 
 
 def _agree_outcome(
-    rt: RankRuntime, failure: str | None, *, measured: int | None, predicted: int | None
+    rt: RankRuntime,
+    failure: str | None,
+    *,
+    measured: int | None,
+    predicted: int | None,
+    times: tuple[float, float] | None = None,
 ) -> None:
     """Exchange every rank's outcome; journal verified, or roll back with the failed ranks."""
     plan, fp = rt.residency, rt.fingerprint
@@ -278,7 +286,12 @@ def _agree_outcome(
         if measured is not None and predicted is not None:
             rt.recorder.record(
                 ev.ResidencyVerified(
-                    fingerprint=fp, plan=plan, measured_bytes=measured, predicted_bytes=predicted
+                    fingerprint=fp,
+                    plan=plan,
+                    measured_bytes=measured,
+                    predicted_bytes=predicted,
+                    measured_s=None if times is None else times[0],
+                    predicted_s=None if times is None else times[1],
                 )
             )
         return

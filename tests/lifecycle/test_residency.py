@@ -26,6 +26,7 @@ from lifecycle.core.residency import (
     predict,
     reference_choices,
     verify_peak,
+    verify_time,
 )
 
 MIB = 2**20
@@ -210,6 +211,14 @@ def stored(run_id: str, status: PlanStatus, **changes: str | int) -> StoredPlan:
     return StoredPlan(
         run_id=run_id, fingerprint=fp(**changes), plan=PLAN, status=status, note="too big"
     )
+
+
+def test_verification_holds_a_request_time_to_its_prediction_with_a_stated_margin() -> None:
+    """A re-warm up to twice its predicted time plus a second verifies (a loaded machine's
+    noise); one slower than that fails, saying both times."""
+    assert verify_time(measured_s=2.9, predicted_s=1.0) is None
+    slow = verify_time(measured_s=3.2, predicted_s=1.0)
+    assert slow is not None and "3.20 s" in slow and "1.00 s" in slow
 
 
 def test_a_verified_plan_with_the_same_fingerprint_is_reused_and_named() -> None:

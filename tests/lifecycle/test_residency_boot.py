@@ -215,7 +215,8 @@ def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
 ) -> None:
     """A verified plan whose choices were edited in the journal (its VAE option swapped for
     another declared one) is not the plan its journaled inputs decide: the next startup
-    calibrates and says so, as `replay verify` flags the same run."""
+    calibrates and says so, as `replay verify` flags the same run (and a verification whose
+    journaled re-warm time is far above the prediction)."""
     import json
     import sqlite3
 
@@ -243,11 +244,14 @@ def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
                 if c["component"] == "vae" else c
                 for c in doc["plan"]["choices"]
             ]  # fmt: skip
+            if "measured_s" in doc:  # the verification's times too: a re-warm far too slow
+                doc["measured_s"] = 10 * doc["predicted_s"] + 5
             conn.execute("UPDATE events SET data = ? WHERE rowid = ?", (json.dumps(doc), rowid))
 
     check = run_cli("replay", ["verify", first[0].run_id, "j.db"], cwd=tmp_path, timeout=120)
     assert check.returncode == 1
     assert f"recorded residency plan vae={forged.name} (fits)" in check.stdout
+    assert "was verified, but measured request time" in check.stdout
 
     again = lifecycle_cli(*args)
     assert again.returncode == 0, again.stderr
