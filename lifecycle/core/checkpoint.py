@@ -29,8 +29,9 @@ from lifecycle.core.records import GroupMark
 from lifecycle.core.view import OpenCollective, RecentStart
 
 # 2: the residency planner's events are noted; 3: Flight Recorder dumps; 4: agreed aborts;
-# 5: residency_verified version 2 (times)
-FOLD_VERSION = 5
+# 5: residency_verified version 2 (times); 6: run_started version 2 (the launch phase), and
+# the expectations a rank journals from history
+FOLD_VERSION = 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,7 @@ from lifecycle.core.records import (
     PendingCollective,
     RequestResult,
     Signature,
+    StateExpectation,
     ThreadStack,
     TorchGroup,
 )
@@ -39,7 +40,13 @@ class Event:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunStarted(Event):
+    """A rank's start. Version 2 adds its launch phase, the time before `created` that the
+    field counts in "startup to healthy": when the launcher (or torchrun's agent) and this
+    rank's process began, on this rank's clock, and how long its imports took (None for a
+    version 1 event)."""
+
     kind: ClassVar[str] = "run_started"
+    version: ClassVar[int] = 2
     world_size: int
     host: str
     pid: int
@@ -48,6 +55,23 @@ class RunStarted(Event):
     python_version: str
     device: str
     dist_backend: str | None
+    launcher_started_wall: float | None = None
+    process_started_wall: float | None = None
+    imports_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expectations(Event):
+    """What this rank expects of each startup state, from the journal's earlier healthy runs
+    of the same fingerprint and path (`key`): each state's median, p95 and count, and the
+    deadline past which it is stalled; journaled at gate-check once the path is known. No
+    states (with `runs` below the minimum) means no history: the fixed --state-deadline."""
+
+    kind: ClassVar[str] = "expectations"
+    version: ClassVar[int] = 1
+    key: str
+    runs: int
+    states: tuple[StateExpectation, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -392,6 +416,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ResidencyRolledBack,
         Shutdown,
         Aborted,
+        Expectations,
     )
 }
 

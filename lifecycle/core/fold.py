@@ -19,6 +19,7 @@ from lifecycle.core.events import (
     CollectiveStarted,
     Error,
     Event,
+    Expectations,
     FaultInjected,
     FlightRecorderDumped,
     GateDecided,
@@ -117,6 +118,7 @@ class RankFold:
     last_wall: float | None = None
     last_kind: str | None = None
     run_started: RunStarted | None = None
+    expectations: Expectations | None = None
     path: list[str] = field(default_factory=lambda: [State.CREATED.value])
     spans: list[Span] = field(default_factory=list)
     gate: GateDecided | None = None
@@ -199,6 +201,8 @@ class RankFold:
                 self._enter(event.dest, at)
             case RunStarted():
                 self.run_started = event
+            case Expectations():
+                self.expectations = event
             case GateDecided():
                 self.gate = event
             case PlanBuilt():

@@ -38,6 +38,17 @@ class Generation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StateExpectation:
+    """How long a startup state took in earlier healthy runs, and when it counts as stalled."""
+
+    state: str
+    median_s: float
+    p95_s: float
+    count: int
+    deadline_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageRecord:
     name: str  # text_encoder, dit, vae
     ran: bool

@@ -129,3 +129,13 @@ def upcast_residency_verified_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any
     """Version 2 of `residency_verified` adds the re-warm's measured and predicted times;
     version 1 verified memory only."""
     return {**payload, "measured_s": None, "predicted_s": None}
+
+
+def upcast_run_started_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 of `run_started` adds the launch phase; version 1 did not measure it."""
+    return {
+        **payload,
+        "launcher_started_wall": None,
+        "process_started_wall": None,
+        "imports_s": None,
+    }

@@ -98,6 +98,7 @@ class RankView:
     residency: tuple[tuple[float, str, ev.ResidencyEvent], ...] = ()  # the planner's steps
     flight_dumps: tuple[tuple[float, str, ev.FlightRecorderDumped], ...] = ()  # where they went
     aborts: tuple[tuple[float, str, ev.Aborted], ...] = ()  # a peer's failure that stopped it
+    expectations: ev.Expectations | None = None  # each state's expected time, from history
 
     @property
     def terminal(self) -> bool:

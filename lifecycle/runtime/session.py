@@ -22,13 +22,10 @@ from lifecycle.core.config import (
     PeerFailure,
     RankLayout,
     ServerArgs,
-    fault_for,
-    request_fault_for,
 )
 from lifecycle.core.errors import (
     COLLECTIVE_KINDS,
     EXIT_UNJOURNALED,
-    InjectedFault,
     JournalError,
     JournalWriteFailed,
     RankDisagreement,
@@ -40,13 +37,11 @@ from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
     ClockAligned,
-    FaultInjected,
     RunStarted,
     Shutdown,
     Transition,
     error_event,
 )
-from lifecycle.core.faults import FaultKind, FaultSpec
 from lifecycle.core.machine import LifecycleMachine
 from lifecycle.core.states import TERMINAL_STATES, TRANSITIONS, Edge, State, Trigger, happy_trigger
 from lifecycle.runtime.abort import AbortWatcher, Failure, failure_of, watch_peers
@@ -55,6 +50,7 @@ from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
 from lifecycle.runtime.flight import FlightDumper, folder_for, turn_on
 from lifecycle.runtime.heartbeat import HeartbeatThread
+from lifecycle.runtime.injection import RankFaults
 from lifecycle.runtime.process_group import (
     backend_for,
     fatal_error,
@@ -65,7 +61,6 @@ from lifecycle.runtime.process_group import (
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import leave_process
 
-FAULT_EXIT_CODE = 17
 EXIT_FAILED = 1
 
 
@@ -105,8 +100,14 @@ class RankSession:
             rank=launch.rank, cfg_parallel=args.cfg_parallel, ulysses=args.ulysses
         )
         self._fire_lock = threading.RLock()
-        self._skip_armed: FaultSpec | None = None
         self.runtime: RankRuntime | None = None
+        self.faults = RankFaults(
+            args,
+            rank=launch.rank,
+            recorder=recorder,
+            state_of=lambda: self.machine.state,
+            runtime_of=lambda: self.runtime,
+        )
         # The ranks were started with different settings: bad input, not a rank's failure.
         self.disagreement: RankDisagreement | None = None
         # The agreed abort (--on-peer-failure abort): the peers' failures, once joined.
@@ -200,7 +201,7 @@ class RankSession:
             sink=self.recorder,
             device=device,
             timeout_s=self.args.dist_timeout_s,
-            skip=self._skip_collective,
+            skip=self.faults.skip_collective,
             distributed=self.launch.distributed,
         )
         if fr_on:  # each trouble the recorder journals dumps the Flight Recorder too
@@ -254,7 +255,7 @@ class RankSession:
                 )
             ) is not None:
                 state = self.fire(trigger)
-                self._inject_fault(state)
+                self.faults.inject_on_entering(state)
                 for name, action in self.actions.get(state, ()):
                     self._run_action(name, functools.partial(action, runtime))
         except JournalWriteFailed as exc:
@@ -369,47 +370,6 @@ class RankSession:
             )
         self.close()
         self._leave(EXIT_FAILED)
-
-    # -- faults --------------------------------------------------------------------------------
-
-    def _inject_fault(self, state: State) -> None:
-        kind = fault_for(self.args, rank=self.launch.rank, state=state)
-        if kind is not None:
-            self._fire_fault(FaultSpec(rank=self.launch.rank, state=state, kind=kind))
-
-    def inject_request_fault(self, request: int) -> None:
-        """Fire the fault named for the `request`th request after ready, if any: called
-        half-way through that request's denoising."""
-        spec = request_fault_for(self.args, rank=self.launch.rank, request=request)
-        if spec is not None:
-            self._fire_fault(spec)
-
-    def _fire_fault(self, spec: FaultSpec) -> None:
-        kind = spec.kind
-        if kind is FaultKind.SKIP_COLLECTIVE:
-            self._skip_armed = spec  # journaled when it fires, with the collective it skipped
-            return
-        self.recorder.record(FaultInjected(fault=str(spec), fault_kind=kind.value))
-        if kind is FaultKind.OVER_BUDGET and self.runtime is not None:
-            self.runtime.over_budget_fault = True  # the residency verification reads it
-        if kind is FaultKind.RAISE:
-            raise InjectedFault(rank=self.launch.rank, state=spec.where)
-        if kind is FaultKind.EXIT:
-            os._exit(FAULT_EXIT_CODE)  # no cleanup, as a crash
-        if kind is FaultKind.HANG:
-            threading.Event().wait()  # forever; the heartbeat thread goes on
-
-    def _skip_collective(self, group: str, group_seq: int, op: str) -> bool:
-        spec = self._skip_armed
-        if spec is None or self.machine.state != spec.state:
-            return False
-        self._skip_armed = None
-        self.recorder.record(
-            FaultInjected(
-                fault=f"{spec} ({op} #{group_seq} in {group})", fault_kind=spec.kind.value
-            )
-        )
-        return True
 
     # -- after ready ---------------------------------------------------------------------------
 

@@ -247,7 +247,7 @@ def _serve(session: RankSession, control: Connection) -> None:
                     request_id=request_id, step=step, reason=inbox.stop_message.reason
                 )
             if step + 1 == half_way:
-                session.inject_request_fault(nth)
+                session.faults.inject_in_request(nth)
             inbox.send(Progress(request_id=request_id, rank=rank, step=step))
 
         try:

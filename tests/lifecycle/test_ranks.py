@@ -207,7 +207,7 @@ def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
     stalls = [e for e in after if isinstance(e.event, Stalled)]
     assert len(stalls) == 1
     assert stalls[0].state == "bounded-warm"
-    assert any("_inject_fault" in t.stack for t in stalls[0].event.threads)
+    assert any("inject_on_entering" in t.stack for t in stalls[0].event.threads)
     assert fold_run(hung)[1].state == "bounded-warm"
     peer = fold_run(ranks[0])[0]
     assert peer.state == "failed"

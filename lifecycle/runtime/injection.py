@@ -1,0 +1,83 @@
+"""Fault injection on one rank: the faults `--fault` and LIFECYCLE_FAULTS name for it, fired
+where they name (entering a state, half-way through the Nth request, a collective skipped)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from lifecycle.core.config import ServerArgs, fault_for, request_fault_for
+from lifecycle.core.errors import InjectedFault
+from lifecycle.core.events import FaultInjected
+from lifecycle.core.faults import FaultKind, FaultSpec
+from lifecycle.core.states import State
+from lifecycle.runtime.recorder import Recorder
+
+if TYPE_CHECKING:
+    from lifecycle.runtime.actions import RankRuntime
+
+FAULT_EXIT_CODE = 17
+
+
+class RankFaults:
+    """The faults one rank injects, each journaled (`fault_injected`) as it fires."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        *,
+        rank: int,
+        recorder: Recorder,
+        state_of: Callable[[], State],
+        runtime_of: Callable[[], RankRuntime | None],
+    ) -> None:
+        self._args = args
+        self._rank = rank
+        self._recorder = recorder
+        self._state_of = state_of
+        self._runtime_of = runtime_of
+        self._skip_armed: FaultSpec | None = None
+
+    def inject_on_entering(self, state: State) -> None:
+        """Fire the fault named for entering `state`, if any."""
+        kind = fault_for(self._args, rank=self._rank, state=state)
+        if kind is not None:
+            self._fire(FaultSpec(rank=self._rank, state=state, kind=kind))
+
+    def inject_in_request(self, request: int) -> None:
+        """Fire the fault named for the `request`th request after ready, if any: called
+        half-way through that request's denoising."""
+        spec = request_fault_for(self._args, rank=self._rank, request=request)
+        if spec is not None:
+            self._fire(spec)
+
+    def _fire(self, spec: FaultSpec) -> None:
+        kind = spec.kind
+        if kind is FaultKind.SKIP_COLLECTIVE:
+            self._skip_armed = spec  # journaled when it fires, with the collective it skipped
+            return
+        self._recorder.record(FaultInjected(fault=str(spec), fault_kind=kind.value))
+        runtime = self._runtime_of()
+        if kind is FaultKind.OVER_BUDGET and runtime is not None:
+            runtime.over_budget_fault = True  # the residency verification reads it
+        if kind is FaultKind.RAISE:
+            raise InjectedFault(rank=self._rank, state=spec.where)
+        if kind is FaultKind.EXIT:
+            os._exit(FAULT_EXIT_CODE)  # no cleanup, as a crash
+        if kind is FaultKind.HANG:
+            threading.Event().wait()  # forever; the heartbeat thread goes on
+
+    def skip_collective(self, group: str, group_seq: int, op: str) -> bool:
+        """Whether to skip this collective (an armed skip-collective fault in this state)."""
+        spec = self._skip_armed
+        if spec is None or self._state_of() != spec.state:
+            return False
+        self._skip_armed = None
+        self._recorder.record(
+            FaultInjected(
+                fault=f"{spec} ({op} #{group_seq} in {group})", fault_kind=spec.kind.value
+            )
+        )
+        return True
