@@ -70,6 +70,10 @@ class RankLaunch:
     rank: int
     local_ranks: int  # ranks on this host, which share its CPU cores and memory
     distributed: bool  # join a torch.distributed group (MASTER_ADDR/PORT from the environment)
+    # When the launcher's process and this rank's began (time.time() on this host): the launch
+    # phase run_started records; None where not measured.
+    launcher_started_wall: float | None = None
+    process_started_wall: float | None = None
 
 
 class RankSession:
@@ -156,6 +160,10 @@ class RankSession:
         )
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        # On this rank's clock, as its events are (LIFECYCLE_CLOCK_SKEW shifts it).
+        now, launch = time.time(), self.launch
+        skew = self.recorder.clock.wall() - now
+        launched, began = launch.launcher_started_wall, launch.process_started_wall
         self.recorder.record(
             RunStarted(
                 world_size=self.args.num_ranks,
@@ -166,6 +174,9 @@ class RankSession:
                 python_version=pyplatform.python_version(),
                 device=str(device),
                 dist_backend=backend_for(device) if self.launch.distributed else None,
+                launcher_started_wall=None if launched is None else launched + skew,
+                process_started_wall=None if began is None else began + skew,
+                imports_s=None if began is None else max(0.0, now - began),
             )
         )
         self.heartbeat.start()

@@ -227,7 +227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         return fail_usage(str(exc))
     configure_logging(json=ns.json_logs, level=ns.log_level)
+    from lifecycle.serve.launchtime import launch_walls
     from lifecycle.serve.worker import under_torchrun
+
+    # The run begins at its launch, as the field counts startup to healthy: this process's
+    # start (torchrun's agent's, under torchrun), not this line, which follows Python's own
+    # start and the imports.
+    created_at = launch_walls(os.environ, entered_at=created_at)[0]
 
     if ns.command == "boot" and (args.num_ranks == 1 or under_torchrun(os.environ)):
         # This process is a rank: block the shutdown signals before torch starts threads.

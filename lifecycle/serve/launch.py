@@ -12,6 +12,8 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import watch_shutdown_signals
+from lifecycle.serve.launchtime import launch_walls
+from lifecycle.serve.logs import configure_logging
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.supervisor import LaunchOptions
 from lifecycle.serve.worker import under_torchrun
@@ -82,34 +84,48 @@ def _torchrun_env(env: Mapping[str, str]) -> str:
 
 def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.serve.console import boot_console
+    from lifecycle.serve.steps import StepMark, counting_actions
 
     run_id = new_run_id(created_at)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=options.command)
     recorder = Recorder(journal.writer(run_id=run_id, rank=0))
-    printer = ProgressPrinter(run_created_at=created_at)
-    print(
-        f"run {run_id}  model {args.model.name}  ranks 1  journal {shown_location(args.db)}",
-        flush=True,
+    console = boot_console(ProgressPrinter(run_created_at=created_at), ranks=1)
+    logs = console.log_stream()
+    if logs is not None:  # this process's own logs go above the bar, not through it
+        configure_logging(json=options.json_logs, level=options.log_level, stream=logs)
+    console.show(
+        [f"run {run_id}  model {args.model.name}  ranks 1  journal {shown_location(args.db)}"]
+    )
+    recorder.subscribe(console.feed)
+    launched_at, process_started_at = launch_walls(os.environ, entered_at=created_at)
+    launch = RankLaunch(
+        run_id=run_id,
+        rank=0,
+        local_ranks=1,
+        distributed=False,
+        launcher_started_wall=launched_at,
+        process_started_wall=process_started_at,
     )
 
-    def show(stored: object) -> None:
-        for line in printer.feed(stored):  # type: ignore[arg-type]
-            print(line, flush=True)
+    def on_step(done: int, steps: int) -> None:
+        console.steps({0: StepMark(state=session.machine.state, done=done, steps=steps)})
 
-    recorder.subscribe(show)
-    session = RankSession(
-        args, RankLaunch(run_id=run_id, rank=0, local_ranks=1, distributed=False), recorder
-    )
+    session = RankSession(args, launch, recorder, actions=counting_actions(on_step))
 
     def on_signal(sig: signal.Signals) -> None:
         status = session.shutdown_by_signal(sig)
+        console.close()
         sys.stdout.flush()
         os._exit(status)
 
     watch_shutdown_signals(on_signal)
-    state = session.boot()
-    if state is State.READY:
-        session.stop(reason="boot complete")
-    session.close()
-    journal.close()
+    try:
+        state = session.boot()
+        if state is State.READY:
+            session.stop(reason="boot complete")
+        session.close()
+        journal.close()
+    finally:
+        console.close()
     return EXIT_READY if state is State.READY else EXIT_FAILED

@@ -1,4 +1,5 @@
-"""What `lifecycle boot` and `serve` print while a startup runs: one line per state left (pure)."""
+"""What `lifecycle boot` and `serve` show of a startup as it runs: the launch, a line per state
+left, and how far the current state has got against what history expects of it (pure)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,31 @@ from dataclasses import dataclass, field
 from lifecycle.core.events import (
     ActionFinished,
     BuffersDropped,
+    ClockAligned,
     Error,
+    Expectations,
     FaultInjected,
     PlanBuilt,
     ResidencyApplied,
     ResidencyPlanned,
     ResidencyRolledBack,
     ResidencyVerified,
+    RunStarted,
     StoredEvent,
     Transition,
     WarmupRecord,
 )
+from lifecycle.core.fold import MAX_CLOCK_OFFSET_S
 from lifecycle.core.plan import Role
-from lifecycle.core.states import State
+from lifecycle.core.records import StateExpectation
+from lifecycle.core.states import State, happy_trigger, next_state
+from lifecycle.core.view import RankView
+from lifecycle.serve.steps import StepMark
 
 MIB = 2**20
+STATE_NAMES = frozenset(s.value for s in State)
+# Two process starts closer than this (/proc counts in 10 ms ticks) are one process's.
+SAME_INSTANT_S = 0.001
 
 
 def format_bytes(value: int | None) -> str:
@@ -32,12 +43,131 @@ def format_bytes(value: int | None) -> str:
     return f"{value / MIB:.1f} MiB"
 
 
+# -- the launch and the time left, from a rank's folded view --------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """A rank's launch phase, on rank 0's clock (each rank's own clock, aligned to rank 0's at
+    the rendezvous as its events are): from its launcher's process start to its first event,
+    which is `created`."""
+
+    launched_at: float  # the launcher's process start (torchrun's agent's, under torchrun)
+    process_started_at: float | None  # this rank's process start
+    created_at: float  # its first event
+    imports_s: float | None  # from its process start to its first event
+
+    @property
+    def launch_s(self) -> float:
+        return max(0.0, self.created_at - self.launched_at)
+
+    @property
+    def spawn_s(self) -> float | None:
+        """From the launcher's start to this rank's process start."""
+        if self.process_started_at is None:
+            return None
+        return max(0.0, self.process_started_at - self.launched_at)
+
+
+def _offset(clock: ClockAligned | None) -> float:
+    """What to take from a time on a rank's own clock to put it on rank 0's: as the fold moves
+    the events before the alignment (an offset beyond its bound is no offset)."""
+    if clock is None or abs(clock.offset_s) > MAX_CLOCK_OFFSET_S:
+        return 0.0
+    return clock.offset_s
+
+
+def launch_of(view: RankView) -> Launch | None:
+    """The rank's launch phase; None for a rank that did not measure it (run_started version
+    1) or has journaled nothing."""
+    started = view.run_started
+    if started is None or started.launcher_started_wall is None or view.first_wall is None:
+        return None
+    offset = _offset(view.clock)
+    process = started.process_started_wall
+    return Launch(
+        launched_at=started.launcher_started_wall - offset,
+        process_started_at=None if process is None else process - offset,
+        created_at=view.first_wall,
+        imports_s=started.imports_s,
+    )
+
+
+def states_ahead(state: str, *, calibrating: bool) -> tuple[str, ...]:
+    """The states after `state` on the way to ready (ready included), as the table walks them
+    on the calibrating or the bounded path."""
+    ahead: list[str] = []
+    current: State | None = State(state)
+    while (
+        current is not None
+        and (trigger := happy_trigger(current, calibration_open=calibrating)) is not None
+    ):
+        current = next_state(current, trigger, calibration_open=calibrating)
+        if current is None or current.value in ahead:
+            break
+        ahead.append(current.value)
+    return tuple(ahead)
+
+
+def eta_s(view: RankView, *, now: float) -> float | None:
+    """The time a rank is expected to need still before it is ready: what is left of its
+    current state's median and the medians of the states after it on its path, from the
+    expectations it journaled. None without them, and for a rank that failed or stopped."""
+    expected = view.expectations
+    if expected is None or not expected.states or view.terminal:
+        return None
+    if view.healthy:
+        return 0.0
+    medians = {s.state: s.median_s for s in expected.states}
+    calibrating = view.plan.skip_reason is None if view.plan is not None else True
+    in_state = view.time_in_state_s(now=now) or 0.0
+    left = max(0.0, medians.get(view.state, 0.0) - in_state)
+    known = view.state in STATE_NAMES
+    ahead = states_ahead(view.state, calibrating=calibrating) if known else ()
+    return left + sum(medians.get(state, 0.0) for state in ahead)
+
+
+# -- the lines, from the events as they come ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankStatus:
+    """Where a rank is now, as a console shows it."""
+
+    rank: int
+    state: str
+    entered_at: float
+    mark: StepMark | None  # its current request's steps, when they are of this state
+    expected: StateExpectation | None  # what history expects of this state
+
+    def in_state_s(self, now: float) -> float:
+        return max(0.0, now - self.entered_at)
+
+
+def expected_text(expected: StateExpectation | None) -> str:
+    if expected is None:
+        return ""
+    return f"expected {expected.median_s:.1f} s, p95 {expected.p95_s:.1f} s"
+
+
+def step_line(status: RankStatus, *, now: float) -> str:
+    """A state that goes on, in a line: its steps so far and what it is expected to take."""
+    line = f"  {status.state:<13} {status.in_state_s(now):8.1f} s so far"
+    if status.mark is not None:
+        line += f", step {status.mark.done}/{status.mark.steps} of its request"
+    if status.expected is not None:
+        line += f" ({expected_text(status.expected)})"
+    return line
+
+
 @dataclass
 class ProgressPrinter:
-    """Turns the ranks' events into the lines to show: rank 0's states with their durations
-    and what each did, every rank's faults, errors and failures, and the startup's ready line
-    once every one of the `ranks` is ready (its ready action done), not before: a rank ready
-    while another fails is no startup ready."""
+    """Turns the ranks' events into the lines to show: the launch (rank 0's, once every rank
+    has journaled its start), rank 0's states with their durations and what each did, every
+    rank's faults, errors and failures, and the startup's ready line once every one of the
+    `ranks` is ready (its ready action done), not before: a rank ready while another fails is
+    no startup ready. Startup to ready counts from the launch (`run_created_at` where no rank
+    says when it was launched)."""
 
     run_created_at: float
     ranks: int = 1
@@ -47,6 +177,10 @@ class ProgressPrinter:
     _ready_at: dict[int, float] = field(default_factory=dict)  # when each rank entered ready
     _ready_done: set[int] = field(default_factory=set)  # ranks whose ready action finished
     _announced: bool = False
+    _started: dict[int, tuple[float, RunStarted]] = field(default_factory=dict)  # its first event
+    _offsets: dict[int, float] = field(default_factory=dict)  # each rank's clock less rank 0's
+    _launch_shown: bool = False
+    _expected: dict[int, dict[str, StateExpectation]] = field(default_factory=dict)
 
     def feed(self, stored: StoredEvent) -> list[str]:
         rank = stored.rank
@@ -58,8 +192,18 @@ class ProgressPrinter:
         if rank not in self._entered:
             self._entered[rank] = (State.CREATED.value, stored.wall_time)
         match event:
+            case RunStarted():
+                self._started[rank] = (stored.wall_time, event)
+                if len(self._started) >= self.ranks:
+                    out.extend(self._launch_line())
+            case ClockAligned():
+                self._offsets[rank] = _offset(event)
+            case Expectations():
+                self._expected[rank] = {s.state: s for s in event.states}
             case Transition():
                 state, since = self._entered[rank]
+                if rank == 0 and state == State.CREATED:
+                    progress.extend(self._launch_line())  # before created, if not yet shown
                 # Ready is announced once for the startup; a rank that fails there says so.
                 if state != State.READY or event.dest == State.FAILED:
                     line = f"{prefix}  {state:<13} {stored.wall_time - since:8.3f} s"
@@ -121,8 +265,67 @@ class ProgressPrinter:
                 pass
         return [*progress, *out] if rank == 0 else out
 
+    def _launch_line(self) -> list[str]:
+        """Rank 0's launch: from its launcher's start to its first event (the table's rows
+        then add up to the startup); with several ranks, which journaled its start last."""
+        created, started = self._started.get(0, (0.0, None))
+        launched = started.launcher_started_wall if started is not None else None
+        if self._launch_shown or started is None or launched is None:
+            return []
+        self._launch_shown = True
+        words = "process started" if self.ranks == 1 else "processes started"
+        parts = []
+        spawn_s = (started.process_started_wall or launched) - launched
+        if spawn_s > SAME_INSTANT_S:  # a rank the launcher started, not the launcher itself
+            parts.append(f"start +{spawn_s:.2f} s")
+        if started.imports_s is not None:
+            parts.append(f"imports {started.imports_s:.2f} s")
+        # Each rank's launch on its own clock: before the alignment, rank clocks may differ.
+        launches = {
+            rank: wall - (event.launcher_started_wall or wall)
+            for rank, (wall, event) in self._started.items()
+        }
+        last = max(launches, key=lambda r: (launches[r], -r))
+        if last != 0 and len(launches) == self.ranks:
+            parts.append(f"rank {last} last, at {launches[last]:.2f} s")
+        detail = f" ({'; '.join(parts)})" if parts else ""
+        return [f"  {'launch':<13} {created - launched:8.3f} s   {words}, torch imported{detail}"]
+
+    def launched_at(self) -> float:
+        """The launch on rank 0's clock: the earliest launcher start a rank journaled, else
+        `run_created_at`."""
+        launches = [
+            launched - self._offsets.get(rank, 0.0)
+            for rank, (_, event) in self._started.items()
+            if (launched := event.launcher_started_wall) is not None
+        ]
+        return min(launches, default=self.run_created_at)
+
     def _ready_line(self) -> str:
-        """The startup's time to ready (its last rank's) and the longest warmup of a rank."""
-        ready_s = max(self._ready_at.values(), default=self.run_created_at) - self.run_created_at
+        """The startup's time to ready (its last rank's) from the launch, and the longest
+        warmup of a rank."""
+        launched = self.launched_at()
+        ready_s = max(self._ready_at.values(), default=launched) - launched
         warm = max(self._warmup_s.values(), default=0.0)
-        return f"  {'ready':<13} startup to ready {ready_s:.2f} s (warmup {warm:.2f} s)"
+        launch = self._started.get(0)
+        lead = (
+            f"launch {launch[0] - launch[1].launcher_started_wall:.2f} s, "
+            if launch is not None and launch[1].launcher_started_wall is not None
+            else ""
+        )
+        return f"  {'ready':<13} startup to ready {ready_s:.2f} s ({lead}warmup {warm:.2f} s)"
+
+    def status(self, rank: int, mark: StepMark | None) -> RankStatus | None:
+        """Where `rank` is, with `mark` (its latest step mark) when it is of its current state;
+        None before its first event."""
+        entered = self._entered.get(rank)
+        if entered is None:
+            return None
+        state, since = entered
+        return RankStatus(
+            rank=rank,
+            state=state,
+            entered_at=since,
+            mark=mark if mark is not None and mark.state == state else None,
+            expected=self._expected.get(rank, {}).get(state),
+        )

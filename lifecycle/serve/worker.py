@@ -38,6 +38,7 @@ from lifecycle.serve.control import (
     Result,
     Stop,
 )
+from lifecycle.serve.launchtime import launch_walls
 from lifecycle.serve.logs import configure_logging
 from lifecycle.serve.models import register_model
 
@@ -141,10 +142,13 @@ def run_rank_process(
     created_at: float,
     control: Connection | None = None,
 ) -> int:
-    """One rank from start to exit; returns the process exit status."""
+    """One rank from start to exit; returns the process exit status. `created_at` is
+    time.time() at the process's entry."""
+    from lifecycle.runtime.actions import STARTUP_ACTIONS
     from lifecycle.runtime.process_group import leave_process_group
     from lifecycle.runtime.recorder import Recorder, clock_for
     from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.serve.steps import counting_actions, pipe_report
     from lifecycle.store.runs import launch_command, open_run
 
     ranks = RankEnv.from_env(env)
@@ -169,13 +173,19 @@ def run_rank_process(
     run_id = _agreed_run_id(env, created_at, ranks, args)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
     recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank), clock=clock)
+    launched_at, process_started_at = launch_walls(env, entered_at=created_at)
     launch = RankLaunch(
         run_id=run_id,
         rank=ranks.rank,
         local_ranks=ranks.local_world_size,
         distributed=ranks.world_size > 1,
+        launcher_started_wall=launched_at,
+        process_started_wall=process_started_at,
     )
-    session = RankSession(args, launch, recorder)
+    # Steps go to the launcher's console through a pipe of its own, never the journal.
+    report = pipe_report(env, lambda: session.machine.state)
+    actions = STARTUP_ACTIONS if report is None else counting_actions(report)
+    session = RankSession(args, launch, recorder, actions=actions)
     started.append(session)
     watch_dump_signal(lambda: session.dump_ring("signal"))
     state = session.boot()
