@@ -42,6 +42,7 @@ MODULES = (
     "bench.collectives",
     "bench.replay",
     "bench.serving",
+    "bench.history",
     "bench.scale",
     "bench.diffusers",
 )

@@ -277,6 +277,39 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
+def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from lifecycle.core.errors import JournalError
+    from lifecycle.core.history import RankDurations
+    from lifecycle.store.history import HISTORY_REVISION, has_history, history_of
+    from replay.history import format_history, histories, history_json
+    from replay.load import Journals
+
+    with Journals.open(_locations(ns.journals)) as journals:
+        runs = journals.runs()
+        rows: dict[tuple[str, int], RankDurations] = {}
+        for journal in journals.sources:
+            if not has_history(journal.revision):
+                journals.problems.append(
+                    f"{journal.location}: at revision {journal.revision}, before the startup"
+                    f" history ({HISTORY_REVISION}): `lifecycle db upgrade` keeps it from then on"
+                )
+                continue
+            try:
+                found = history_of(journal.engine, journal.location, journal.revision)
+            except JournalError as exc:
+                journals.problems.append(str(exc))
+                continue
+            for row in found:  # a rank in several journals is read from the first
+                rows.setdefault((row.run_id, row.rank), row)
+        found_histories = histories(runs, rows.values())
+        _warn(journals.problems, err)
+    if ns.json:
+        _dump(history_json(found_histories), out)
+    else:
+        print(format_history(found_histories, _style(out)), file=out)
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
     "runs": cmd_runs,
     "show": cmd_show,
@@ -284,6 +317,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
     "verify": cmd_verify,
     "trace": cmd_trace,
     "diff": cmd_diff,
+    "history": cmd_history,
 }
 
 

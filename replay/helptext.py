@@ -40,12 +40,23 @@ EXITS = {
         "  1  a run disagrees with today's gates, plan or transition table",
     ),
     "diff": ("  0  the two runs compared, whatever the verdict line says",),
+    "history": ("  0  done, whatever the history holds (no run regressed or some did)",),
 }
 BAD_INPUT_EXIT = (
     "  2  bad input: a usage error, no usable journal, a RUN that names no run or\n"
     "     several, a trace output refused"
 )
 DIAGNOSE_HELP = "the verdict: outcome, culprit rank and state, first error, evidence"
+HISTORY_HELP = (
+    "per fingerprint and path, each startup state's median, p95 and count over the journal's"
+    " healthy startups, their startup to ready, and the runs that regressed (a state or a"
+    " startup over 1.5x the median of the runs before it)"
+)
+HISTORY_NOTE = """\
+The history is what each rank keeps when its startup reaches ready (revision 0004 on):
+a startup learns its states' deadlines from the newest runs of its own fingerprint
+(model, configuration, layout, device, versions, budget) and path (calibrated, reused,
+bounded). Runs journaled before a journal's `lifecycle db upgrade` to 0004 have none."""
 
 
 def epilog(name: str, *, run: bool = True) -> str:

@@ -23,7 +23,7 @@ from lifecycle.core.states import State
 from lifecycle.core.view import RankView
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
-from lifecycle.store.summaries import Summary
+from lifecycle.store.summaries import Summary, with_latest_heartbeat
 
 # What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
 # past the recursion limit, a number out of range): the journal is bad input, not a bug here.
@@ -274,7 +274,9 @@ class Journals:
         """Each rank's view from its summary row and the events after that row's checkpoint:
         what a verdict needs, without reading every event. A rank without a usable summary
         (a journal older than revision 0003, a damaged row) is folded from all its events;
-        either way the view is the one `analyze` folds from every event.
+        either way the view is the one `analyze` folds from every event, but for a serving
+        rank that has not journaled its end: its latest heartbeat, which the summary row
+        keeps in place, is folded in too.
 
         `check` holds each summary to the rank's last event first (one indexed lookup a
         rank): a journal whose rows were removed by hand is read for what it holds.
@@ -293,6 +295,9 @@ class Journals:
             if summary is None or summary.last_seq > fold.last_seq:
                 for stored in self._guarded(journal, run.run_id, r, from_seq=fold.last_seq + 1):
                     fold.apply(stored)
+            if summary is not None:
+                # A serving rank's heartbeats are kept in its summary row, not journaled.
+                with_latest_heartbeat(fold, summary.last_heartbeat_wall)
             views[r] = fold.view()
         self._malformed()
         return views

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from lifecycle import __version__
-from replay.helptext import DIAGNOSE_HELP, JOURNAL_HELP, RUN_HELP, epilog
+from replay.helptext import (
+    DIAGNOSE_HELP,
+    HISTORY_HELP,
+    HISTORY_NOTE,
+    JOURNAL_HELP,
+    RUN_HELP,
+    epilog,
+)
 
 EXIT_BAD_INPUT = 2
 DEFAULT_LAST_COLLECTIVES = 10
@@ -125,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
     diff.add_argument("--json", action="store_true", help="print JSON")
     judged_now(diff)
+    history = command("history", HISTORY_HELP, run=False)
+    history.epilog = f"{HISTORY_NOTE}\n\n{history.epilog}"
     return parser
 
 

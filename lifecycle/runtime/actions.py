@@ -17,6 +17,7 @@ from lifecycle.core.agreement import (
     reuse_token,
 )
 from lifecycle.core.config import RankLayout, ServerArgs, Shape, SmokeRequest
+from lifecycle.core.errors import JournalError
 from lifecycle.core.events import (
     GateDecided,
     PlanBuilt,
@@ -26,6 +27,7 @@ from lifecycle.core.events import (
 )
 from lifecycle.core.fingerprint import Fingerprint, Reuse, StoredPlan
 from lifecycle.core.gates import RESIDENCY_GATE_INDEX, Platform, evaluate_gates
+from lifecycle.core.history import StartupPath, expect, history_key, runs_of
 from lifecycle.core.plan import (
     PROBE_DOES_NOT_FIT,
     Role,
@@ -147,6 +149,25 @@ def decide_path(rt: RankRuntime) -> None:
             probe_fit=rt.plan.probe_fit,
         )
     )
+    expect_durations(rt)
+
+
+def expect_durations(rt: RankRuntime) -> None:
+    """Journal what this startup expects of each state ahead, now that its path is known:
+    each state's time in the journal's earlier healthy runs of its fingerprint and path, and
+    the deadline the heartbeat thread holds the state to. A history that cannot be read is
+    none: the fixed --state-deadline applies."""
+    assert rt.fingerprint is not None and rt.plan is not None
+    if rt.plan.calibration_open:
+        path = StartupPath.CALIBRATED
+    else:
+        path = StartupPath.REUSED if rt.reused is not None else StartupPath.BOUNDED
+    key = history_key(rt.fingerprint.key, path)
+    try:
+        history = runs_of(rt.recorder.startup_history(key, ranks=rt.args.num_ranks))
+    except JournalError:
+        history = []
+    rt.recorder.record(expect(key, history))
 
 
 def _agree_probe_shape(rt: RankRuntime, mine: Shape | None) -> Shape | None:

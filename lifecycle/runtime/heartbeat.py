@@ -9,13 +9,21 @@ import traceback
 from collections.abc import Callable
 
 from lifecycle.core.errors import JournalError, JournalWriteFailed
-from lifecycle.core.events import Heartbeat, Stalled
+from lifecycle.core.events import ActionFinished, Expectations, Heartbeat, Stalled, StoredEvent
 from lifecycle.core.machine import LifecycleMachine
 from lifecycle.core.records import GroupMark, PendingCollective, ThreadStack
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
 
 MAX_STACK_CHARS = 8000
+# A ready rank may serve idle for months. Once it serves, a heartbeat event is journaled only
+# when something a reader places the rank by differs from the last one journaled (its state,
+# its groups' progress, a stall since) or while it waits in a collective (each beat times the
+# wait), and otherwise every SLOW_BEAT_S; the beats between only keep the rank's summary row
+# current, in place, and liveness is judged from that row. Five minutes keeps an idle rank to
+# a dozen rows an hour, and within the ten minutes in which `db prune` holds a run to be still
+# written.
+SLOW_BEAT_S = 300.0
 
 
 def thread_stacks() -> tuple[ThreadStack, ...]:
@@ -45,10 +53,12 @@ def _no_groups() -> tuple[GroupMark, ...]:
 
 
 class HeartbeatThread:
-    """Writes a heartbeat every `interval_s`, with the pending collective and every group's
-    progress; one `stalled` event per state that outlives `deadline_s` on the way to ready,
-    and after ready (where the state lasts as long as the server) one per collective pending
-    past `collective_stall_s`.
+    """Beats every `interval_s`: a heartbeat event with the pending collective and every
+    group's progress (once the rank serves, only when SLOW_BEAT_S says so; else in place);
+    one `stalled` event per state that outlives its deadline on the way to ready (the one the
+    rank's `expectations` learned from history for that state, else `deadline_s`), and after
+    ready (where the state lasts as long as the server) one per collective pending past
+    `collective_stall_s`.
 
     It is the rank's watchdog too, since the main thread may be blocked for good: it calls
     `on_startup_timeout` once when the rank is not ready `startup_timeout_s` after it started,
@@ -84,6 +94,13 @@ class HeartbeatThread:
         self._started = time.monotonic()
         self._stalled_entry: int | None = None
         self._timed_out = False
+        # What the rank's own events say, as they are recorded (see `_observe`).
+        self._deadlines: dict[str, float] = {}  # per state, from its expectations
+        self._serving = False  # its ready action finished: beats may stay in place
+        self._stalled_since_beat = False
+        self._journaled: tuple[object, ...] | None = None  # the last heartbeat event's marks
+        self._journaled_at = 0.0  # and when (monotonic)
+        recorder.subscribe(self._observe)
         self._thread = threading.Thread(target=self._run, name="lifecycle-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -115,28 +132,62 @@ class HeartbeatThread:
             self._timed_out = True
             self._on_startup_timeout(waited_s)
 
+    def _observe(self, stored: StoredEvent) -> None:
+        """Called with each event the rank records, in the recording thread."""
+        event = stored.event
+        if isinstance(event, Expectations):
+            self._deadlines = {s.state: s.deadline_s for s in event.states}
+        elif isinstance(event, ActionFinished) and event.ok and stored.state == State.READY:
+            self._serving = True
+        elif isinstance(event, Stalled):
+            self._stalled_since_beat = True
+
+    def deadline_s(self, state: State) -> float:
+        """How long the rank may stay in `state` before it counts as stalled."""
+        return self._deadlines.get(state.value, self._deadline)
+
     def beat(self) -> None:
         recorder, machine = self._recorder, self._machine
+        state = machine.state
         entered = machine.entered_mono_ns
         in_state_s = machine.in_state_s()
         pending = self._pending()
-        recorder.record(
-            Heartbeat(
-                uptime_s=time.monotonic() - self._started,
-                in_state_s=in_state_s,
-                pending=pending,
-                groups=self._groups(),
+        groups = self._groups()
+        if self._journals(state, pending, groups):
+            recorder.record(
+                Heartbeat(
+                    uptime_s=time.monotonic() - self._started,
+                    in_state_s=in_state_s,
+                    pending=pending,
+                    groups=groups,
+                )
             )
-        )
-        if machine.state is State.READY:
+        else:
+            recorder.beat_in_place()
+        deadline = self.deadline_s(state)
+        if state is State.READY:
             self._check_collective_stall(pending, in_state_s)
-        elif (
-            machine.state not in STARTUP_OVER
-            and in_state_s > self._deadline
-            and self._stalled_entry != entered
-        ):
+        elif state not in STARTUP_OVER and in_state_s > deadline and self._stalled_entry != entered:
             self._stalled_entry = entered
-            self._stall(in_state_s, self._deadline, pending)
+            self._stall(in_state_s, deadline, pending)
+
+    def _journals(
+        self, state: State, pending: PendingCollective | None, groups: tuple[GroupMark, ...]
+    ) -> bool:
+        """Whether this beat is journaled as an event (see SLOW_BEAT_S)."""
+        marks = (state, groups)
+        now = time.monotonic()
+        due = (
+            not self._serving
+            or pending is not None
+            or self._stalled_since_beat
+            or marks != self._journaled
+            or now - self._journaled_at >= SLOW_BEAT_S
+        )
+        if due:
+            self._journaled, self._journaled_at = marks, now
+            self._stalled_since_beat = False
+        return due
 
     def _check_collective_stall(self, pending: PendingCollective | None, in_state_s: float) -> None:
         limit = self._collective_stall

@@ -34,6 +34,7 @@ from lifecycle.core.events import (
     StoredEvent,
     WarmupRecord,
 )
+from lifecycle.core.history import RankDurations
 from lifecycle.core.states import State
 from lifecycle.runtime.metrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
 from lifecycle.store.writer import RankWriter
@@ -205,6 +206,17 @@ class Recorder:
     def planned_inputs(self, run_id: str) -> list[StoredEvent]:
         """Every rank's `residency_planned` events of `run_id`: the inputs its plan came from."""
         return self._writer.planned_inputs(run_id)
+
+    def startup_history(self, key: str, *, ranks: int) -> list[RankDurations]:
+        """The journal's healthy startups of `key` (fingerprint and path), newest first: what
+        a startup learns its states' deadlines from."""
+        return self._writer.startup_history(key, ranks=ranks)
+
+    def beat_in_place(self) -> None:
+        """A heartbeat that journals no event: its time, stamped as an event would be, kept in
+        place in the rank's summary row (see RankWriter.beat)."""
+        with self._lock:
+            self._writer.beat(self._stamp()[1])
 
     def align_clock(self, offset_s: float) -> None:
         """From now on stamp events on rank 0's clock: this clock's time less `offset_s`."""

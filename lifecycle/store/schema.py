@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -20,11 +18,12 @@ from sqlalchemy import (
     Text,
     text,
 )
+from sqlalchemy.schema import SchemaItem
 
 # Every Alembic revision of the journal, oldest first; the last is head. Readers check a
 # journal's revision against this without importing Alembic; a test keeps it equal to the
 # scripts in migrations/versions.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -80,8 +79,9 @@ events = Table(
 )
 
 
-def _per_rank(name: str, *columns: Column[Any]) -> Table:
-    """A table of one row per run and rank: keyed by (run_id, rank), then `columns`."""
+def _per_rank(name: str, *columns: SchemaItem) -> Table:
+    """A table of one row per run and rank: keyed by (run_id, rank), then `columns` (and any
+    index on them)."""
     return Table(
         name,
         metadata,
@@ -121,4 +121,17 @@ rank_checkpoints = _per_rank(
     Column("fold_version", Integer, nullable=False),
     Column("fold_seq", Integer, nullable=False),
     Column("fold", Text, nullable=False),
+)
+
+# Each healthy startup's time in each state before ready, one row per run and rank, written by
+# the rank's writer with the append that finished its ready action (revision 0004). `key` is
+# the history key the rank journaled at gate-check (its residency fingerprint and the path it
+# took); a later startup reads the newest rows of its key through the index, never the events.
+startup_history = _per_rank(
+    "startup_history",
+    Column("key", String(64), nullable=False),
+    Column("ready_wall", Float, nullable=False),  # when the rank entered ready
+    Column("process_ready_s", Float, nullable=True),  # its process's start to ready, if known
+    Column("durations", Text, nullable=False),  # JSON: {state: seconds} for each state left
+    Index(None, "key", "ready_wall"),
 )

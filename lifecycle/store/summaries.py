@@ -15,8 +15,8 @@ from sqlalchemy import Connection, literal, select, tuple_
 from lifecycle.core.checkpoint import FOLD_VERSION, checkpoint
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
-from lifecycle.core.states import State
-from lifecycle.store.rows import is_int
+from lifecycle.core.states import TERMINAL_STATES, State
+from lifecycle.store.rows import is_int, is_number
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
 
 SUMMARY_REVISION = "0003"  # the first revision with rank_summaries
@@ -77,6 +77,9 @@ class Summary:
     fold_version: int | None  # None without a checkpoint row
     fold_seq: int
     fold: str
+    # Its latest heartbeat, which after ready is kept here in place rather than journaled
+    # (see RankWriter.beat): at least the last heartbeat event's time.
+    last_heartbeat_wall: float | None = None
 
 
 def read_summaries(
@@ -97,6 +100,7 @@ def read_summaries(
         c.calibrated,
         c.skip_reason,
         c.host,
+        c.last_heartbeat_wall,
         k.fold_version,
         k.fold_seq,
         k.fold,
@@ -110,7 +114,7 @@ def read_summaries(
     out = []
     for row in conn.execute(stmt.order_by(c.run_id, c.rank)):
         (run_id, rank, last_seq, state, ready_at, healthy, ended, planned, calibrated, skip,
-         host, version, fold_seq, fold) = row  # fmt: skip
+         host, beat, version, fold_seq, fold) = row  # fmt: skip
         if not (isinstance(run_id, str) and is_int(rank) and is_int(last_seq)):
             continue  # a damaged row: that rank is folded from its events instead
         flags = (healthy, ended, planned, calibrated)
@@ -135,9 +139,24 @@ def read_summaries(
                 fold_version=version,
                 fold_seq=fold_seq,
                 fold=fold,
+                last_heartbeat_wall=float(beat) if is_number(beat) else None,
             )
         )
     return out
+
+
+def with_latest_heartbeat(fold: RankFold, wall: float | None) -> None:
+    """Move `fold` on to the heartbeat its summary row holds (`wall`), as a journaled heartbeat
+    at that time would have moved it: after ready a rank's beats live in that row, and its
+    events alone would read an idle server as silent. A rank that journaled its end is left
+    as its events say: it beat no more after that, and its view stays the full fold's."""
+    if wall is None or fold.shutdown is not None or fold.state in TERMINAL_STATES:
+        return
+    if fold.last_heartbeat_wall is not None and wall <= fold.last_heartbeat_wall:
+        return
+    fold.last_heartbeat_wall = wall
+    fold.recent_heartbeats.append(wall)
+    fold.last_wall = wall if fold.last_wall is None else max(fold.last_wall, wall)
 
 
 def missing_summaries(conn: Connection) -> list[tuple[str, int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -15,10 +16,12 @@ from lifecycle.core.codec import encode
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
 from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
 from lifecycle.core.fold import RankFold
+from lifecycle.core.history import RankDurations
 from lifecycle.store.backend import Backend
 from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
+from lifecycle.store.history import history_values, recent_history
 from lifecycle.store.plans import planned_inputs, residency_history
-from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
+from lifecycle.store.schema import events, rank_checkpoints, rank_summaries, startup_history
 from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
 
 # A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):
@@ -127,6 +130,11 @@ class RankWriter:
             raise JournalConflict(run_id=run_id, rank=rank, seq=0 if after is None else -1)
         self._next_seq = 0 if after is None else after.last_seq + 1
         self._summarized = after is not None  # the rank's summary row exists
+        # Its history row is written with the append that finishes its ready action, once.
+        self._historized = after is not None and after.ready_action_done
+        # Its latest heartbeat kept in place in its summary row (see `beat`), if newer than
+        # the last one journaled.
+        self._beat_wall: float | None = None
         self._closed = False
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
         dialect = engine.dialect
@@ -134,6 +142,8 @@ class RankWriter:
         self._summary_update = _summary_update(rank_summaries, SUMMARY_COLUMNS, dialect)
         self._checkpoint_insert = _Statement(rank_checkpoints.insert(), dialect)
         self._checkpoint_update = _summary_update(rank_checkpoints, _CHECKPOINT, dialect)
+        self._history_insert = _Statement(startup_history.insert(), dialect)
+        self._beat_update = _summary_update(rank_summaries, ("last_heartbeat_wall",), dialect)
         self._fold = after or RankFold(run_id=run_id, rank=rank)
         # Going on from earlier events: the first append takes a checkpoint.
         self._fold_seq = -1 if after is None else -CHECKPOINT_EVERY
@@ -246,12 +256,59 @@ class RankWriter:
         key = {"key_run_id": self.run_id, "key_rank": self.rank}
         row = {"run_id": self.run_id, "rank": self.rank} if new else key
         then = [self._summary_insert if new else self._summary_update]
-        values = [{**row, **summary_values(fold)}]
+        summary = summary_values(fold)
+        if self._beat_wall is not None and self._beat_wall > (summary["last_heartbeat_wall"] or 0):
+            summary["last_heartbeat_wall"] = self._beat_wall
+        values = [{**row, **summary}]
         if fresh:
             self._fold_seq = fold.last_seq
             then.append(self._checkpoint_insert if new else self._checkpoint_update)
             values.append({**row, **checkpoint_values(fold)})
+        if not self._historized and fold.ready_action_done:
+            self._historized = True
+            history = history_values(fold)
+            if history is not None:
+                then.append(self._history_insert)
+                values.append({"run_id": self.run_id, "rank": self.rank, **history})
         return [(st.sql, st.params(v)) for st, v in zip(then, values, strict=True)]
+
+    def beat(self, wall: float) -> None:
+        """Keep `wall` as the rank's latest heartbeat in its summary row, updated in place and
+        committed before this returns: a heartbeat that journals no event (after ready, when
+        nothing a reader places the rank by has changed). Readers judge liveness from it."""
+        with self._lock:
+            self._check_writable()
+            if not self._summarized:
+                return  # no row yet: its first event makes it, and beats go on after that
+            self._beat_wall = wall
+            journaled = self._fold.last_heartbeat_wall
+            values = {
+                "key_run_id": self.run_id,
+                "key_rank": self.rank,
+                "last_heartbeat_wall": wall if journaled is None else max(wall, journaled),
+            }
+            sql, params = self._beat_update.sql, self._beat_update.params(values)
+            for attempt in range(LOCKED_RETRIES + 1):
+                try:
+                    self._conn.exec_driver_sql(sql, params)
+                    self._conn.commit()
+                    return
+                except DATABASE_ERRORS as exc:
+                    with contextlib.suppress(*DATABASE_ERRORS):
+                        self._conn.rollback()
+                    if is_retryable(exc) and attempt < LOCKED_RETRIES:
+                        time.sleep(0.05 * (attempt + 1))
+                        continue
+                    error = append_error(
+                        exc,
+                        location=self._location,
+                        run_id=self.run_id,
+                        rank=self.rank,
+                        seq=self._next_seq,
+                    )
+                    if isinstance(error, JournalWriteFailed):
+                        self._failure = error
+                    raise error from None
 
     def _insert(self, rows: list[Any], seq: int, then: list[tuple[str, Any]]) -> None:
         for attempt in range(LOCKED_RETRIES + 1):
@@ -276,6 +333,16 @@ class RankWriter:
         try:
             with self._engine.connect() as conn:
                 found: list[StoredEvent] = residency_history(conn, model)
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self._location, opened=True) from None
+        return found
+
+    def startup_history(self, key: str, *, ranks: int) -> list[RankDurations]:
+        """The history rows of the newest runs of `key` (store.history), read on a connection
+        of its own."""
+        try:
+            with self._engine.connect() as conn:
+                found: list[RankDurations] = recent_history(conn, key, ranks=ranks)
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self._location, opened=True) from None
         return found

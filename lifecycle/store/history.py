@@ -1,0 +1,117 @@
+"""The startup history: each healthy rank's time in each state, written with the append that
+finished its ready action, and read back by key (a startup at gate-check) or whole (`replay
+history`), never from the events."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select
+
+from lifecycle.core.fold import MAX_CLOCK_OFFSET_S, RankFold
+from lifecycle.core.history import SAMPLE_RUNS, RankDurations, durations_before_ready
+from lifecycle.core.states import State
+from lifecycle.store.errors import DATABASE_ERRORS, journal_error
+from lifecycle.store.rows import is_int, is_number
+from lifecycle.store.schema import KNOWN_REVISIONS, startup_history
+
+HISTORY_REVISION = "0004"  # the first revision with startup_history
+
+
+def history_values(fold: RankFold) -> dict[str, Any] | None:
+    """The history row of a rank whose ready action has just finished, from its fold; None
+    when it journaled no history key at gate-check (a startup that never got that far, or one
+    written by a lifecycle before the history)."""
+    expected = fold.expectations
+    ready_wall = next((s.entered_at for s in fold.spans if s.state == State.READY), None)
+    if not fold.ready_action_done or expected is None or ready_wall is None:
+        return None
+    return {
+        "key": expected.key[:64],
+        "ready_wall": ready_wall,
+        "process_ready_s": _process_ready_s(fold, ready_wall),
+        "durations": json.dumps(dict(durations_before_ready(fold.spans))),
+    }
+
+
+def _process_ready_s(fold: RankFold, ready_wall: float) -> float | None:
+    """Seconds from the rank's process start to its ready, both on rank 0's clock, when its
+    `run_started` says when the process started."""
+    began = fold.run_started.process_started_wall if fold.run_started is not None else None
+    if began is None or not math.isfinite(began):
+        return None
+    offset = fold.clock.offset_s if fold.clock is not None else 0.0
+    if abs(offset) <= MAX_CLOCK_OFFSET_S:
+        began -= offset
+    seconds = ready_wall - began
+    return seconds if 0.0 <= seconds < math.inf else None
+
+
+def recent_history(conn: Connection, key: str, *, ranks: int) -> list[RankDurations]:
+    """The rows of the newest SAMPLE_RUNS runs of `key` with `ranks` ranks each, newest first,
+    through the index on (key, ready_wall)."""
+    c = startup_history.c
+    stmt = (
+        select(c.run_id, c.rank, c.key, c.ready_wall, c.process_ready_s, c.durations)
+        .where(c.key == key)
+        .order_by(c.ready_wall.desc())
+        .limit(SAMPLE_RUNS * max(1, ranks))
+    )
+    return [d for d in (decoded(row) for row in conn.execute(stmt)) if d is not None]
+
+
+def all_history(conn: Connection) -> list[RankDurations]:
+    """Every row of the history, oldest first."""
+    c = startup_history.c
+    stmt = select(c.run_id, c.rank, c.key, c.ready_wall, c.process_ready_s, c.durations).order_by(
+        c.ready_wall, c.run_id, c.rank
+    )
+    return [d for d in (decoded(row) for row in conn.execute(stmt)) if d is not None]
+
+
+def has_history(revision: str) -> bool:
+    """Whether a journal at `revision` keeps the startup history."""
+    return KNOWN_REVISIONS.index(revision) >= KNOWN_REVISIONS.index(HISTORY_REVISION)
+
+
+def history_of(engine: Engine, location: str, revision: str) -> list[RankDurations]:
+    """Every row of the history of the journal behind `engine` at `revision`, oldest first;
+    none in a journal older than HISTORY_REVISION."""
+    if not has_history(revision):
+        return []
+    try:
+        with engine.connect() as conn:
+            return all_history(conn)
+    except DATABASE_ERRORS as exc:
+        raise journal_error(exc, location, opened=True) from None
+
+
+def decoded(row: Any) -> RankDurations | None:
+    """A history row as a record; None for a row that is not one this lifecycle writes (a
+    damaged or hand-written one is left out rather than guessed at)."""
+    run_id, rank, key, ready_wall, process_ready_s, durations = row
+    if not (isinstance(run_id, str) and is_int(rank) and isinstance(key, str)):
+        return None
+    if not (is_number(ready_wall) and math.isfinite(ready_wall)):
+        return None
+    if not (process_ready_s is None or is_number(process_ready_s)):
+        return None
+    try:
+        spent = json.loads(durations) if isinstance(durations, str) else None
+    except ValueError:
+        return None
+    if not isinstance(spent, dict) or not all(
+        isinstance(s, str) and is_number(v) and math.isfinite(v) and v >= 0
+        for s, v in spent.items()
+    ):
+        return None
+    return RankDurations(
+        run_id=run_id,
+        rank=rank,
+        key=key,
+        ready_wall=float(ready_wall),
+        process_ready_s=None if process_ready_s is None else float(process_ready_s),
+        durations=tuple((state, float(seconds)) for state, seconds in spent.items()),
+    )
