@@ -20,7 +20,9 @@ from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
+from lifecycle.serve.launchtime import LAUNCHED_AT_ENV
 from lifecycle.serve.progress import ProgressPrinter
+from lifecycle.serve.steps import StepMark, StepPipes
 from lifecycle.serve.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
 from lifecycle.store import Journal, shown_location
 from lifecycle.store.runs import new_run_id, open_run
@@ -90,16 +92,22 @@ class RankGroup:
         self._store: Any = None  # the rendezvous store, hosted here while several ranks run
         self._announced: set[int] = set()
         self.last_progress: dict[int, float] = {}  # monotonic time of each rank's last event
+        self._steps: StepPipes | None = None  # each rank's denoising steps, beside the journal
         open_run(args, run_id=self.run_id, created_at=created_at, command=spec.command).close()
         self._reader = Journal.open_for_read(args.db)
 
-    def start(self) -> None:
+    def start(self, *, stderr_of: Callable[[int], int | None] | None = None) -> None:
+        """Spawn the ranks; `stderr_of(rank)` may give a rank's stderr (a descriptor this
+        group closes once the rank holds it), else it shares the launcher's."""
         port = self.port = free_port()
+        steps = self._steps = StepPipes(self.args.num_ranks)
         base = {
             **os.environ,
             **self.env,
             WORKER_ENV: self.spec.to_env(),
             RUN_ID_ENV: self.run_id,
+            # The launch the ranks count from: this process's start, as the run's.
+            LAUNCHED_AT_ENV: repr(self.created_at),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(self.args.num_ranks),
@@ -113,10 +121,23 @@ class RankGroup:
             base[AGENT_STORE_ENV] = "True"
             self._store = host_store(port, world_size=self.args.num_ranks)
         for rank in range(self.args.num_ranks):
-            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            env = {**base, **steps.env_for(rank), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            stderr = stderr_of(rank) if stderr_of is not None else None
             self.procs.append(
-                subprocess.Popen([sys.executable, "-m", "lifecycle.serve.worker"], env=env)
+                subprocess.Popen(
+                    [sys.executable, "-m", "lifecycle.serve.worker"],
+                    env=env,
+                    pass_fds=steps.pass_fds(rank),
+                    stderr=stderr,
+                )
             )
+            steps.spawned(rank)
+            if stderr is not None:
+                os.close(stderr)
+
+    def steps(self) -> dict[int, StepMark]:
+        """Each rank's latest denoising step mark (not journaled: see lifecycle.serve.steps)."""
+        return {} if self._steps is None else self._steps.read()
 
     # -- following the journal -----------------------------------------------------------------
 
@@ -216,6 +237,8 @@ class RankGroup:
     def close(self) -> None:
         self._reader.close()
         self._store = None
+        if self._steps is not None:
+            self._steps.close()
 
 
 def supervise(
@@ -256,11 +279,16 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     """`lifecycle boot --num-ranks N`: 0 when every rank got to ready, else 1."""
     spec = options.worker_spec(args, mode="boot")
     group = RankGroup(args, created_at=created_at, spec=spec)
+    from lifecycle.serve.console import boot_console
+
     printer = ProgressPrinter(run_created_at=created_at, ranks=args.num_ranks)
-    print(
-        f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
-        f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})  journal {shown_location(args.db)}",
-        flush=True,
+    console = boot_console(printer, ranks=args.num_ranks)
+    console.show(
+        [
+            f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
+            f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})"
+            f"  journal {shown_location(args.db)}"
+        ]
     )
     interrupted: list[signal.Signals] = []
 
@@ -269,17 +297,18 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        group.start()
+        group.start(stderr_of=console.rank_stderr)
 
         def show(events: list[StoredEvent]) -> None:
             for stored in events:
-                for line in printer.feed(stored):
-                    print(line, flush=True)
+                console.feed(stored)
+            console.steps(group.steps())
 
         supervise(group, on_events=show, keep_going=lambda: not interrupted)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        console.close()
     # supervise() returns once every rank process has ended and the journal was read after
     # that: these views hold everything each rank committed.
     views = group.views()
