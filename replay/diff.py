@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from lifecycle.core.states import State
 from replay.analysis import RunAnalysis
 from replay.diagnose import Diagnosis
+from replay.launch import launch_phase
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,7 +24,9 @@ class WarmupLine:
 class RunProfile:
     run_id: str
     outcome: str
-    startup_to_ready_s: float | None
+    startup_to_ready_s: float | None  # from the launch (from the run's start before v2)
+    launch_s: float | None  # the slowest rank's launch phase: from the launch to `created`
+    imports_s: float | None  # the slowest rank's, from its process start to its first event
     state_s: tuple[tuple[str, float], ...]  # the slowest rank's time in each state, in order
     warmup: tuple[WarmupLine, ...]  # rank 0's requests
     warmup_s: float
@@ -48,6 +51,9 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
             )
             if record.peak_bytes is not None:
                 peaks[phase] = max(peaks.get(phase, 0), record.peak_bytes)
+    launches = [launch_phase(view) for view in analysis.views.values()]
+    known = [launch for launch in launches if launch is not None]
+    imports = [launch.imports_s for launch in known if launch.imports_s is not None]
     lead = analysis.views.get(0) or next(iter(analysis.views.values()), None)
     warmup = tuple(
         WarmupLine(
@@ -67,6 +73,8 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
         run_id=analysis.run.run_id,
         outcome=diagnosis.outcome.value,
         startup_to_ready_s=diagnosis.startup_to_ready_s,
+        launch_s=max((launch.launch_s for launch in known), default=None),
+        imports_s=max(imports, default=None),
         state_s=tuple(sorted(state_s.items(), key=lambda kv: order.index(kv[0]))),
         warmup=warmup,
         warmup_s=sum(w.total_s for w in warmup),
@@ -107,6 +115,8 @@ def verdict(a: RunProfile, b: RunProfile) -> str:
             f"startup to ready {a.startup_to_ready_s:.1f} s -> {b.startup_to_ready_s:.1f} s"
             f" ({change:+.0f}%)"
         )
+    if a.launch_s is not None and b.launch_s is not None:
+        parts.append(f"launch {a.launch_s:.1f} s -> {b.launch_s:.1f} s")
     if a.skip_reason != b.skip_reason:
         parts.append(f"skip reason {a.skip_reason or 'none'!r} -> {b.skip_reason or 'none'!r}")
     if a.outcome != b.outcome:
@@ -125,6 +135,8 @@ def format_diff(a: RunProfile, b: RunProfile) -> str:
         ["path", " > ".join(a.path), " > ".join(b.path)],
         ["skip reason", clean(a.skip_reason or "-"), clean(b.skip_reason or "-")],
         ["startup to ready", seconds(a.startup_to_ready_s), seconds(b.startup_to_ready_s)],
+        ["launch", seconds(a.launch_s), seconds(b.launch_s)],
+        ["imports", seconds(a.imports_s), seconds(b.imports_s)],
         ["warmup total", seconds(a.warmup_s), seconds(b.warmup_s)],
     ]
     states_a, states_b = dict(a.state_s), dict(b.state_s)

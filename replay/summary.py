@@ -7,6 +7,7 @@ from lifecycle.core.records import Signature
 from replay import evidence as ev
 from replay.analysis import Mismatch, MismatchReason, SplitDisagreement
 from replay.diagnose import Diagnosis, Outcome
+from replay.launch import launch_phase
 from replay.status import PendingInfo, RankVerdict, Status
 
 _MISMATCH_REASONS = {
@@ -134,7 +135,11 @@ def _running_text(verdict: RankVerdict) -> str:
 
 def _opening(d: Diagnosis) -> list[str]:
     if d.outcome is Outcome.READY:
-        return [f"every rank reached ready in {d.startup_to_ready_s or 0.0:.2f} s"]
+        # A run whose ranks journaled their launch began at it; an older one, when its launcher
+        # had started Python and imported the lifecycle.
+        launched = any(launch_phase(v) is not None for v in d.analysis.views.values())
+        since = " from the launch" if launched else ""
+        return [f"every rank reached ready in {d.startup_to_ready_s or 0.0:.2f} s{since}"]
     if d.outcome is Outcome.STOPPED:
         return ["stopped from outside before ready: " + ", ".join(map(_stopped_text, d.ranks))]
     if d.outcome is Outcome.RUNNING:

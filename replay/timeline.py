@@ -21,6 +21,7 @@ from lifecycle.core.plan import Role
 from lifecycle.core.residency import format_bytes
 from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis
+from replay.launch import LaunchPhase, launch_phase, launch_text
 from replay.load import RunInfo
 from replay.render import Style, clean, mib, pad, table, when
 
@@ -121,6 +122,12 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
             else "calibration on"
         )
     rows = []
+    launch = launch_phase(view)
+    if launch is not None:
+        at = analysis.at(launch.launched_at)
+        rows.append(
+            [f"{at:+.2f}", "launch", f"{launch.launch_s:.3f} s", clean(launch_text(launch))]
+        )
     for span in view.spans:
         duration = span.duration_s()
         rows.append(
@@ -241,6 +248,17 @@ def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
     )
 
 
+def _launch_json(launch: LaunchPhase | None, analysis: RunAnalysis) -> dict[str, Any] | None:
+    if launch is None:
+        return None
+    return {
+        "at_s": analysis.at(launch.launched_at),
+        "launch_s": launch.launch_s,
+        "process_started_s": launch.spawn_s,
+        "imports_s": launch.imports_s,
+    }
+
+
 def _started_text(started: CollectiveStarted) -> str:
     return f"{started.op} #{started.group_seq} of {started.group}"
 
@@ -271,6 +289,7 @@ def show_json(
                     }
                     for s in view.spans
                 ],
+                "launch": _launch_json(launch_phase(view), analysis),
                 "skip_reason": view.skip_reason,
                 "warmup_records": [
                     {

@@ -129,6 +129,7 @@ class LiveConsole:
         )
         self._marks: dict[int, StepMark] = {}
         self._tasks: dict[int, tuple[TaskID, str]] = {}  # rank: (its bar, the state shown)
+        self._drawn: dict[int, StepMark | None] = {}  # the step mark each bar shows
         self._shown = range(ranks if ranks <= MAX_BARS else 1)
         self._forwarders: list[threading.Thread] = []
         self._progress.start()
@@ -178,8 +179,12 @@ class LiveConsole:
             steps="" if mark is None else f"step {mark.done}/{mark.steps}",
             expected=expected_text(expected),
             known=mark is not None or expected is not None,
+            # Each step drawn as it is made: a step is seconds on a large model, never many
+            # in one refresh.
+            refresh=mark is not None and mark != self._drawn.get(status.rank),
         )
         self._tasks[status.rank] = (task, status.state)
+        self._drawn[status.rank] = mark
 
     def rank_stderr(self, rank: int) -> int | None:
         """A terminal for a rank process's stderr, whose lines are printed above the bar; None

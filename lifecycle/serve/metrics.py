@@ -2,8 +2,9 @@
 
 Two sources, one registry (prometheus_client):
 - what the journal says, folded by the server as it follows it (`JournalMetrics`): each rank's
-  state, time in each state, startup to ready, warmup requests by role, the probe's shape,
-  collective timeouts, heartbeat age, requests served and failed, the residency plan;
+  state, time in each state, its launch, startup to ready from the launch, warmup requests by
+  role, the probe's shape, collective timeouts, heartbeat age, requests served and failed, the
+  residency plan;
 - what the rank processes measure themselves (their journal appends and write errors), which
   they write to PROMETHEUS_MULTIPROC_DIR and MultiProcessCollector adds up.
 """
@@ -32,6 +33,7 @@ from lifecycle.core.events import (
 from lifecycle.core.plan import Role
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
+from lifecycle.serve.progress import launch_of
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -122,6 +124,12 @@ def _state_metrics(
         "Seconds from the launch to each rank entering ready.",
         labels=["rank"],
     )
+    launched = GaugeMetricFamily(
+        "lifecycle_launch_seconds",
+        "Seconds from the launch (the launcher's process start) to each rank's first event:"
+        " its process started, torch and the lifecycle imported.",
+        labels=["rank"],
+    )
     heartbeat = GaugeMetricFamily(
         "lifecycle_heartbeat_age_seconds",
         "Seconds since each rank's last heartbeat.",
@@ -141,13 +149,17 @@ def _state_metrics(
             spent[span.state] = spent.get(span.state, 0.0) + (span.duration_s(now=now) or 0.0)
         for name, value in spent.items():
             seconds.add_metric([label, name], value)
+        launch = launch_of(view)
+        if launch is not None:
+            launched.add_metric([label], launch.launch_s)
         entered = view.entered_at(State.READY.value)
         if entered is not None:
-            ready.add_metric([label], entered - created_at)
+            since = launch.launched_at if launch is not None else created_at
+            ready.add_metric([label], entered - since)
         if view.last_heartbeat_wall is not None:
             heartbeat.add_metric([label], max(0.0, now - view.last_heartbeat_wall))
         healthy.add_metric([label], 1.0 if view.healthy and rank not in ended else 0.0)
-    yield from (state, seconds, ready, heartbeat, healthy)
+    yield from (state, seconds, launched, ready, heartbeat, healthy)
 
 
 def _warmup_metrics(views: dict[int, RankView]) -> Iterator[Metric]:

@@ -14,7 +14,9 @@ from typing import Any
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.records import Generation
+from lifecycle.core.states import State
 from lifecycle.core.view import RankView
+from lifecycle.serve.console import PlainConsole
 from lifecycle.serve.control import (
     ControlChannel,
     Generate,
@@ -26,7 +28,8 @@ from lifecycle.serve.control import (
     ServiceUnavailable,
 )
 from lifecycle.serve.metrics import JournalMetrics
-from lifecycle.serve.progress import ProgressPrinter
+from lifecycle.serve.progress import ProgressPrinter, eta_s, launch_of
+from lifecycle.serve.steps import StepMark
 from lifecycle.serve.supervisor import POLL_S, RankGroup, ended_unjournaled, exit_text
 
 # /generate requests that may wait behind the running one; more are refused with 503 at once,
@@ -56,6 +59,7 @@ class Service:
         self.control = control
         self.views: dict[int, RankView] = {}
         self.exit_codes: list[int | None] = []
+        self.steps: dict[int, StepMark] = {}  # each rank's latest denoising step
         self.failure: str | None = None  # sticky: once set, /health stays 503
         self.stopping: str | None = None
         self._lock = threading.Lock()  # the fields above; never held across a request
@@ -64,6 +68,7 @@ class Service:
         self._running: RequestInFlight | None = None
         self._stop = threading.Event()
         self.printer = ProgressPrinter(run_created_at=group.created_at, ranks=args.num_ranks)
+        self.console = PlainConsole(self.printer)
         self.metrics = JournalMetrics(
             views=self.views_now, ended=self.ended_ranks, created_at=group.created_at
         )
@@ -86,8 +91,10 @@ class Service:
             self._print(events)
             self.metrics.feed(events)
             views = self.group.views()
+            steps = self.group.steps()
+            self.console.steps(steps)
             with self._lock:
-                self.views, self.exit_codes = views, codes
+                self.views, self.exit_codes, self.steps = views, codes, steps
             failed = [v for v in views.values() if v.state == "failed"]
             if failed:
                 self.fail(f"rank {failed[0].rank} failed")
@@ -100,8 +107,7 @@ class Service:
 
     def _print(self, events: list[StoredEvent]) -> None:
         for stored in events:
-            for line in self.printer.feed(stored):
-                print(line, flush=True)
+            self.console.feed(stored)
 
     def views_now(self) -> dict[int, RankView]:
         with self._lock:
@@ -178,13 +184,15 @@ class Service:
             views = dict(self.views)
             codes = list(self.exit_codes)
             failure = self.failure
+            steps = dict(self.steps)
         return {
             "run_id": self.group.run_id,
             "status": status,
             "healthy": healthy,
             "failure": failure,
             "ranks": [
-                rank_json(view, now=now, exit_code=_at(codes, r)) for r, view in views.items()
+                rank_json(view, now=now, exit_code=_at(codes, r), step=steps.get(r))
+                for r, view in views.items()
             ],
         }
 
@@ -285,19 +293,40 @@ def _at(codes: list[int | None], index: int) -> int | None:
     return codes[index] if index < len(codes) else None
 
 
-def rank_json(view: RankView, *, now: float, exit_code: int | None) -> dict[str, Any]:
+def rank_json(
+    view: RankView, *, now: float, exit_code: int | None, step: StepMark | None = None
+) -> dict[str, Any]:
     """One rank's folded state as /lifecycle shows it: `state` is the journal's unless the
     process ended without journaling its end (`exited`; the journal's stays in
-    `journaled_state`), and `exit` reads `exit_code` as every other line does."""
+    `journaled_state`), and `exit` reads `exit_code` as every other line does. `launch` is
+    its launch phase and `startup_to_ready_s` counts from it; `step` is its request's
+    denoising step now (`step`, the latest mark the rank wrote, when it is of its state), and
+    `eta_s` what history expects it to need still before ready."""
     pending = view.pending
     first_error = view.errors[0] if view.errors else None
     state = "exited" if ended_unjournaled(view, exit_code) else view.state
+    launch = launch_of(view)
+    ready_at = view.entered_at(State.READY.value)
     return {
         "rank": view.rank,
         "state": state,
         "journaled_state": view.state,
         "healthy": view.healthy and exit_code is None,
         "time_in_state_s": view.time_in_state_s(now=now),
+        "launch": None
+        if launch is None
+        else {
+            "launch_s": launch.launch_s,
+            "process_started_s": launch.spawn_s,
+            "imports_s": launch.imports_s,
+        },
+        "startup_to_ready_s": None
+        if launch is None or ready_at is None
+        else ready_at - launch.launched_at,
+        "step": None
+        if step is None or step.state != view.state
+        else {"done": step.done, "steps": step.steps},
+        "eta_s": eta_s(view, now=now),
         "path": list(view.path),
         "skip_reason": view.skip_reason,
         "calibrated": view.calibrated,
