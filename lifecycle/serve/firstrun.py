@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,20 @@ HELD, NOT_HELD, NOT_RUN = "held", "did not hold", "not run"
 LIMIT_S = 600.0  # the whole check, on one GPU
 HANG_STATE = "bounded-warm"
 ENTRIES = 2000  # the Flight Recorder's ring, per rank
+# Every check's name, for the table's first column.
+CHECK_NAMES = (
+    "devices",
+    "boot 1 rank, calibrating",
+    "boot 1 rank, bounded (plan reused)",
+    "tiny-wan (diffusers)",
+    "boot 2 ranks",
+    "the field's hang, 2 ranks",
+    "flight recorder dumps",
+    "time",
+)
+NAME_WIDTH = max(map(len, CHECK_NAMES))
+RESULT_WIDTH = max(map(len, (HELD, NOT_HELD, NOT_RUN)))
+DETAIL_RULE = 50  # the detail column is as wide as its text; its rule is this long
 
 
 def add_first_run(sub: Any) -> None:
@@ -183,12 +198,13 @@ def _diffusers_check(fr: FirstRun, devices: int) -> Check:
     return Check(name, HELD if status == 0 and doc.get("outcome") == "ready" else NOT_HELD, detail)
 
 
-def run_checks(fr: FirstRun) -> list[Check]:
+def run_checks(fr: FirstRun, say: Callable[[Check], None]) -> None:
+    """Run every check in turn, and `say` each as soon as it is done."""
     fr.out.mkdir(parents=True, exist_ok=True)
     device, devices = _devices(fr.device)
-    checks = [device]
+    say(device)
     if device.result != HELD:
-        return checks
+        return
     status = fr.boot("calibrating", "--calibrate")
     doc = fr.diagnose("calibrating")
     verified = fr.events(ResidencyVerified)
@@ -198,24 +214,22 @@ def run_checks(fr: FirstRun) -> list[Check]:
         detail += (f"; plan {v.plan.plan_id} verified,"
                    f" peak {v.measured_bytes / 2**20:.0f} MiB measured (predicted"
                    f" {v.predicted_bytes / 2**20:.0f} MiB)")  # fmt: skip
-    checks.append(
-        Check("boot 1 rank, calibrating", HELD if status == 0 and verified else NOT_HELD, detail)
-    )
+    say(Check("boot 1 rank, calibrating", HELD if status == 0 and verified else NOT_HELD, detail))
     status = fr.boot("bounded")
     doc = fr.diagnose("bounded")
     reused = any(e.reused_from for _, e in fr.events(ResidencyApplied))
-    checks.append(
+    say(
         Check(
             "boot 1 rank, bounded (plan reused)",
             HELD if status == 0 and reused else NOT_HELD,
             _ready(doc),
         )
     )
-    checks.append(_diffusers_check(fr, devices))
+    say(_diffusers_check(fr, devices))
     if devices < 2:
-        checks.append(Check("boot 2 ranks", NOT_RUN, "needs 2 GPUs"))
-        checks.append(Check("the field's hang", NOT_RUN, "needs 2 GPUs"))
-        return checks
+        say(Check("boot 2 ranks", NOT_RUN, "needs 2 GPUs"))
+        say(Check("the field's hang", NOT_RUN, "needs 2 GPUs"))
+        return
     two = ("--num-ranks", "2", "--cfg-parallel", "2")
     status = fr.boot("two-ranks", *two)
     doc = fr.diagnose("two-ranks")
@@ -224,7 +238,7 @@ def run_checks(fr: FirstRun) -> list[Check]:
     backend = {str(e.dist_backend) for _, e in started}
     # Each rank on a device of its own (set_device); on cpu they share the host.
     apart = len(set(placed)) == 2 or fr.device == "cpu"
-    checks.append(Check(
+    say(Check(
         "boot 2 ranks",
         HELD if status == 0 and len(placed) == 2 and apart else NOT_HELD,
         f"{_ready(doc)}; {', '.join(sorted(backend))}; "
@@ -238,7 +252,7 @@ def run_checks(fr: FirstRun) -> list[Check]:
     )  # fmt: skip
     doc = fr.diagnose("hang")
     named = doc.get("culprit_ranks") == [1] and doc.get("culprit_state") == HANG_STATE
-    checks.append(Check(
+    say(Check(
         "the field's hang, 2 ranks",
         HELD if status != 0 and doc.get("outcome") == "hung" and named else NOT_HELD,
         f"boot exited {status}; replay: {_verdict(doc)}",
@@ -247,25 +261,38 @@ def run_checks(fr: FirstRun) -> list[Check]:
     ranks = sorted({rank for rank, e in dumped if e.path})
     read = (doc.get("flight_recorder") or {}).get("ranks", [])
     watchdog = sorted(p.name for p in fr.out.rglob("nccl_trace_rank_*"))
-    checks.append(Check(
+    say(Check(
         "flight recorder dumps",
         HELD if ranks == [0, 1] and read == [0, 1] else NOT_HELD,
         f"written by rank {', '.join(map(str, ranks)) or 'none'}; read by replay:"
         f" {', '.join(map(str, read)) or 'none'}"
         + (f"; NCCL's watchdog wrote {', '.join(watchdog)}" if watchdog else ""),
     ))  # fmt: skip
-    return checks
+
+
+def table_row(name: str, result: str, detail: str) -> str:
+    """A row of the table, its columns as wide as the longest check name and result: fixed
+    before the first check runs, so that each row is printed when its check is done."""
+    from replay.render import clean, pad
+
+    cells = (pad(clean(name), NAME_WIDTH), pad(result, RESULT_WIDTH), clean(detail))
+    return "  ".join(cells).rstrip()
 
 
 def first_run(ns: argparse.Namespace) -> int:
-    from replay.render import table
-
     started = time.monotonic()
     fr = FirstRun(ns)
-    checks = run_checks(fr)
+    checks: list[Check] = []
+
+    def say(check: Check) -> None:
+        checks.append(check)
+        print(table_row(check.name, check.result, check.detail), flush=True)
+
+    print(table_row("check", "result", "detail"))
+    print(table_row("-" * NAME_WIDTH, "-" * RESULT_WIDTH, "-" * DETAIL_RULE), flush=True)
+    run_checks(fr, say)
     took = time.monotonic() - started
-    checks.append(Check("time", HELD if took <= LIMIT_S else NOT_HELD,
-                        f"{took / 60:.1f} min (limit {LIMIT_S / 60:.0f} min)"))  # fmt: skip
-    print(table(["check", "result", "detail"], [(c.name, c.result, c.detail) for c in checks]))
+    say(Check("time", HELD if took <= LIMIT_S else NOT_HELD,
+              f"{took / 60:.1f} min (limit {LIMIT_S / 60:.0f} min)"))  # fmt: skip
     print(f"\njournal, dumps and logs: {fr.out}")
     return 0 if all(c.result != NOT_HELD for c in checks) else 1
