@@ -124,7 +124,9 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
     rows = []
     launch = launch_phase(view)
     if launch is not None:
-        at = analysis.at(launch.launched_at)
+        # Signed: a launch on another host may precede the run's start. Rounded first, so
+        # that a launch a clock offset's fraction of a millisecond early reads +0.00.
+        at = round(analysis.at(launch.launched_at), 2) + 0.0
         rows.append(
             [f"{at:+.2f}", "launch", f"{launch.launch_s:.3f} s", clean(launch_text(launch))]
         )

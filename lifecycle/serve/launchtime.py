@@ -24,12 +24,24 @@ START_SLACK_S = 0.05
 TORCHRUN_NAMES = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
+# Each process's start as first read: a second reading could differ by a tick (the time
+# since boot is read again), and the run's start and its ranks' launch must be one number.
+_STARTED: dict[int, float] = {}
+
+
 def process_started_wall(pid: int | None = None) -> float | None:
     """When process `pid` (this one by default) began, on this host's wall clock: its start
     in /proc (clock ticks after boot) against the time since boot now, both on the boot-time
     clock, so within a tick (10 ms). None where /proc does not say."""
+    key = os.getpid() if pid is None else pid
+    if key not in _STARTED and (started := _read_started(key)) is not None:
+        _STARTED[key] = started
+    return _STARTED.get(key)
+
+
+def _read_started(pid: int) -> float | None:
     try:
-        stat = Path(f"/proc/{pid or 'self'}/stat").read_text(encoding="utf-8", errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
         uptime = float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
         # The command name may hold spaces and parentheses: the fields after its last ")"
         # start at field 3; the start time is field 22.
