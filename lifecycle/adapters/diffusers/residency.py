@@ -5,15 +5,16 @@ freed; on CUDA moved to host memory).
 
 The expected effects are estimated from the decoder's geometry at the request's shape: the VAE
 decodes one latent frame at a time (four video frames), its working memory is the full-size
-feature maps of that chunk, and the decoded video is concatenated as it grows; tiles shrink the
-working memory to a tile's share and redo the overlaps.
+feature maps of that chunk, and the decoded video grows beside it. Tiles shrink the working
+memory to the largest tile's, but every decoded tile is held until they are blended, and each
+tile is a decoder call of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,11 +24,30 @@ from lifecycle.pipelines import Offloader, ResidencyOption, Shape
 VAE, TEXT_ENCODER = "vae", "text_encoder"
 WHOLE, TILED = "whole", "tiled"
 RESIDENT, OFFLOADED = "resident", "offloaded"
-# The feature maps alive while one latent frame decodes, in units of (video frames it makes x
-# pixels x the decoder's base channels x 4 bytes).
-WORKING_UNITS = 3.0
-# The decoded video is kept as it grows (torch.cat copies it): about two copies at the end.
-VIDEO_COPIES = 2.0
+# What decoding one latent frame holds, in floats per pixel of each video frame it makes:
+# WORKING_UNITS per base channel of the decoder and WORKING_FLOOR whatever its width. Fitted to
+# the peak RSS growth of WanAdapter.decode measured on CPU (`python -m bench --only diffusers`,
+# bench/wanresidency.py, glibc's mmap threshold fixed so that RSS follows the tensors alive):
+# tiny-wan's VAE (base_dim 4) held 139 floats a pixel at 128x128x9, 128x128x17, 256x256x17 and
+# 832x480x17 alike (34.7, 38.7, 155 and 946 MiB whole), the Wan 2.1 VAE's architecture (base_dim
+# 96) 1265 at 256x256x5 (1270 MiB). A decoder of tiny-wan's depth at base_dim 32 held 649, a
+# third more than these predict; the video beside such working memory is small enough that the
+# tiled/whole ratio, which is what an option declares, moves by a few percent for it.
+WORKING_UNITS = 12.24
+WORKING_FLOOR = 89.8
+# The decoded video (float) alive beside the working memory while the last latent frame
+# decodes: the frames decoded so far and their concatenation; 1.21 copies measured with
+# tiny-wan's VAE at 128x128 from 9 to 17 frames (36.8 -> 38.7 MiB).
+VIDEO_COPIES = 1.25
+# A tiled decode ends with every tile, the blended rows, the frame they make and its clamp
+# alive: the tiles' share of the video plus about ASSEMBLY_COPIES copies of it.
+ASSEMBLY_COPIES = 3.0
+# A decoder call's fixed cost, as the pixels it could have decoded in that time: a tiled decode
+# makes a call per tile and latent frame where a whole one makes one per latent frame. Fitted
+# to tiled/whole decode times on CPU (same command): tiny-wan's VAE 3.4 at 128x128x17 and 2.2 at
+# 256x256x17, the Wan 2.1 VAE's 2.8-3.2 at 128x128x5 and 1.8-2.0 at 256x256x5 (9 tiles covering
+# 1.56 frames each time); this predicts 3.05 and 2.0.
+CALL_PIXELS = 64 * 64
 HOST_BYTES_PER_S = 1e9  # writing an offloaded encoder out and reading it back
 
 
@@ -47,34 +67,76 @@ def tile_size(shape: Shape) -> Tiling:
     return tile_h, tile_w, stride_h, stride_w
 
 
-def _tiles(pixels: int, tile: int, stride: int) -> int:
-    return max(1, math.ceil(pixels / stride)) if pixels > tile else 1
+@dataclass(frozen=True, slots=True)
+class TileGrid:
+    """The tiles `AutoencoderKLWan.tiled_decode` cuts a frame into: a tile every stride from
+    the top left corner on the latent grid, each a tile long or cut short at the edge."""
+
+    rows: tuple[int, ...]  # their heights, in pixels, top to bottom
+    cols: tuple[int, ...]  # their widths, left to right
+
+    @classmethod
+    def of(cls, shape: Shape, tiling: Tiling, spatial: int) -> TileGrid | None:
+        """The grid at `shape`; None when the frame fits in one tile (decoded whole)."""
+        tile_h, tile_w, stride_h, stride_w = (side // spatial for side in tiling)
+        height, width = shape.height // spatial, shape.width // spatial
+        if height <= tile_h and width <= tile_w:
+            return None
+
+        def sides(length: int, tile: int, stride: int) -> tuple[int, ...]:
+            return tuple(min(tile, length - at) * spatial for at in range(0, length, stride))
+
+        return cls(rows=sides(height, tile_h, stride_h), cols=sides(width, tile_w, stride_w))
+
+    @property
+    def tiles(self) -> int:
+        return len(self.rows) * len(self.cols)
+
+    @property
+    def covered_pixels(self) -> int:
+        """Every tile's pixels, the overlaps counted as often as they are decoded."""
+        return sum(self.rows) * sum(self.cols)
+
+    @property
+    def largest_pixels(self) -> int:
+        return max(self.rows) * max(self.cols)
+
+
+def _vae_tiled(vae: Any, shape: Shape, tiling: Tiling) -> ResidencyOption:
+    """The tiled VAE's peak and time against decoding whole, at `shape`."""
+    config = vae.config
+    base = int(config.decoder_base_dim or config.base_dim)
+    temporal = int(config.scale_factor_temporal or 4)
+    grid = TileGrid.of(shape, tiling, int(config.scale_factor_spatial or 8))
+    if grid is None:
+        return ResidencyOption(component=VAE, name=TILED, peak_scale=1.0, time_scale=1.0)
+    frame = shape.height * shape.width
+    video = shape.frames * frame * 3 * 4
+
+    def working(pixels: int) -> float:
+        return (WORKING_UNITS * base + WORKING_FLOOR) * temporal * pixels * 4
+
+    covered = grid.covered_pixels / frame
+    whole_peak = working(frame) + VIDEO_COPIES * video
+    tiled_peak = max(
+        working(grid.largest_pixels) + covered * video, (covered + ASSEMBLY_COPIES) * video
+    )
+    calls = grid.tiles * CALL_PIXELS + grid.covered_pixels
+    return ResidencyOption(
+        component=VAE,
+        name=TILED,
+        peak_scale=tiled_peak / whole_peak,
+        time_scale=calls / (CALL_PIXELS + frame),
+    )
 
 
 def wan_options(pipe: Any, shape: Shape, tiling: Tiling) -> tuple[ResidencyOption, ...]:
     """Every option of the Wan adapter, with its expected effect at `shape`."""
-    vae = pipe.vae
-    base = vae.config.decoder_base_dim or vae.config.base_dim
-    temporal = vae.config.scale_factor_temporal or 4
-    frame_pixels = shape.height * shape.width
-    video = VIDEO_COPIES * shape.frames * frame_pixels * 3 * 4
-    working = WORKING_UNITS * temporal * frame_pixels * base * 4
-    tile_h, tile_w, stride_h, stride_w = tiling
-    rows = _tiles(shape.height, tile_h, stride_h)
-    cols = _tiles(shape.width, tile_w, stride_w)
-    covered = rows * min(tile_h, shape.height) * cols * min(tile_w, shape.width) / frame_pixels
-    per_tile = min(tile_h, shape.height) * min(tile_w, shape.width) / frame_pixels
-    tiled_peak = video * covered + working * per_tile
     encoder = pipe.text_encoder
     encoder_bytes = sum(p.numel() * p.element_size() for p in encoder.parameters())
     return (
         ResidencyOption(component=VAE, name=WHOLE, peak_scale=1.0, time_scale=1.0, reference=True),
-        ResidencyOption(
-            component=VAE,
-            name=TILED,
-            peak_scale=tiled_peak / (video + working),
-            time_scale=covered,
-        ),
+        _vae_tiled(pipe.vae, shape, tiling),
         ResidencyOption(
             component=TEXT_ENCODER, name=RESIDENT, peak_scale=1.0, time_scale=1.0, reference=True
         ),
