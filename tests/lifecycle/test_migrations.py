@@ -34,7 +34,11 @@ def journal_at(path: Path, revision: str, *, runs: int = 2, events: int = 50) ->
                     row = (run_id, rank, seq, 1.8e9 + r + seq / 10, seq, "transition", 1,
                            "gate-check", json.dumps({"trigger": "start", "source": "created",
                                                      "dest": "gate-check"}))  # fmt: skip
-                    conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                    conn.execute(
+                        "INSERT INTO events (run_id, rank, seq, wall_time, mono_ns, kind,"
+                        " version, state, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        row,
+                    )
                     rows.append(row)
     return rows
 
