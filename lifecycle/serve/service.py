@@ -299,9 +299,10 @@ def rank_json(
     """One rank's folded state as /lifecycle shows it: `state` is the journal's unless the
     process ended without journaling its end (`exited`; the journal's stays in
     `journaled_state`), and `exit` reads `exit_code` as every other line does. `launch` is
-    its launch phase and `startup_to_ready_s` counts from it; `step` is its request's
-    denoising step now (`step`, the latest mark the rank wrote, when it is of its state), and
-    `eta_s` what history expects it to need still before ready."""
+    its launch phase and `startup_to_ready_s` counts from it; `step` is how far the request
+    it is denoising has got (from `step`, the latest mark the rank wrote: none once its last
+    step is made, or from a state it has left), and `eta_s` what history expects it to need
+    still before ready."""
     pending = view.pending
     first_error = view.errors[0] if view.errors else None
     state = "exited" if ended_unjournaled(view, exit_code) else view.state
@@ -324,7 +325,7 @@ def rank_json(
         if launch is None or ready_at is None
         else ready_at - launch.launched_at,
         "step": None
-        if step is None or step.state != view.state
+        if step is None or step.state != view.state or step.done >= step.steps
         else {"done": step.done, "steps": step.steps},
         "eta_s": eta_s(view, now=now),
         "path": list(view.path),
