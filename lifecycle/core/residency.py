@@ -12,6 +12,7 @@ the planner predicts every combination from that and picks the fastest that fits
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,12 +46,12 @@ def parse_size(text: str, *, flag: str = "--memory-budget") -> int:
     except ValueError:
         value = -1.0
     shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
-    if unit not in _SIZE_UNITS or not value > 0:
+    if unit not in _SIZE_UNITS or not (math.isfinite(value) and value > 0):
         raise ConfigError(
             f"{flag} {shown} is not a size such as 600MiB, 2GiB or 1.5G", field="memory_budget"
         )
     size = value * _SIZE_UNITS[unit]
-    if not size <= MAX_SIZE:  # NaN and infinity too
+    if not size <= MAX_SIZE:
         raise ConfigError(f"{flag} {shown} is more than 2**60 bytes (1 EiB)", field="memory_budget")
     return int(size)
 

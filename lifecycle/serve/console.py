@@ -130,6 +130,7 @@ class LiveConsole:
         self._marks: dict[int, StepMark] = {}
         self._tasks: dict[int, tuple[TaskID, str]] = {}  # rank: (its bar, the state shown)
         self._drawn: dict[int, StepMark | None] = {}  # the step mark each bar shows
+        self._lock = threading.Lock()
         self._shown = range(ranks if ranks <= MAX_BARS else 1)
         self._forwarders: list[threading.Thread] = []
         self._progress.start()
@@ -147,11 +148,14 @@ class LiveConsole:
 
     def steps(self, marks: dict[int, StepMark], *, now: float | None = None) -> None:
         """Take the ranks' latest step marks and redraw each rank's bar."""
-        self._marks.update(marks)
-        for rank in self._shown:
-            status = self.printer.status(rank, self._marks.get(rank))
-            if status is not None:
-                self._update(status, time.time() if now is None else now)
+        # One rank booted here reports its steps from its main thread and its heartbeats
+        # from another: one bar each, drawn by one at a time.
+        with self._lock:
+            self._marks.update(marks)
+            for rank in self._shown:
+                status = self.printer.status(rank, self._marks.get(rank))
+                if status is not None:
+                    self._update(status, time.time() if now is None else now)
 
     def _update(self, status: RankStatus, now: float) -> None:
         """A rank's bar: its request's steps when it has one, else its time in the state

@@ -35,6 +35,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("LIFECYCLE_CLOCK_SKEW", "RANK:SECONDS,...: shift a rank's wall clock (tests)"),
     ("LIFECYCLE_RUN_ID", "the run id all ranks record (the launcher sets it)"),
     ("LIFECYCLE_WORKER", "a rank process's orders (the launcher sets it)"),
+    ("LIFECYCLE_STEPS_FD", "the pipe a rank reports its steps to (the launcher sets it)"),
+    ("LIFECYCLE_LAUNCHED_AT", "the launcher's process start, UNIX seconds (the launcher sets it)"),
 )
 
 TORCHRUN_ENVIRONMENT = """\

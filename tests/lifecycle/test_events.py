@@ -38,12 +38,15 @@ DESIGN_KINDS = {
     "action_finished", "warmup_record", "collective_started", "collective_finished",
     "buffers_dropped", "buffers_allocated", "heartbeat", "stalled", "error", "fault_injected",
     "request_started", "request_finished", "shutdown", "residency_planned", "residency_applied",
-    "residency_verified", "residency_rolled_back",
+    "residency_verified", "residency_rolled_back", "aborted",
 }  # fmt: skip
 # Beyond DESIGN.md: the marker before the collective records a rank's ring writes on trouble
 # after ready (reason, records, dropped), so replay can say why and how many; and each rank's
-# clock offset to rank 0, measured at the rendezvous.
-BEYOND_DESIGN_KINDS = {"collectives_dumped", "clock_aligned", "flight_recorder_dumped"}
+# clock offset to rank 0, measured at the rendezvous; and the deadlines each state was held to,
+# learned from the journal's history at gate-check.
+BEYOND_DESIGN_KINDS = {
+    "collectives_dumped", "clock_aligned", "flight_recorder_dumped", "expectations",
+}  # fmt: skip
 
 
 def test_every_designed_kind_has_an_event_class() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.events import (
+    Aborted,
     ActionFinished,
     ActionStarted,
     Error,
@@ -218,6 +219,19 @@ def ended_at_its_timeout(b: JournalBuilder) -> None:
     b.rank(1).add(12.0, signalled(12))
 
 
+def aborted_by_a_peer(b: JournalBuilder) -> None:
+    """Rank 1 raises in bounded-warm; rank 0, waiting in ulysses0 #0, learns it through the
+    agreed abort and stops."""
+    warming(b)
+    b.rank(0).add(1.0, a2a("ulysses0", 0))
+    b.rank(1).add(1.1, error("injected", "raised in bounded-warm", error_type="InjectedFault"))
+    b.rank(1).walk(1.2, "failed")
+    b.rank(0).add(1.4, Aborted(failed_rank=1, error_type="InjectedFault", error_kind="injected",
+                               message="raised in bounded-warm", failed_state="bounded-warm",
+                               announced_by="rank", learned_after_s=0.3))  # fmt: skip
+    b.rank(0).walk(1.5, "failed")
+
+
 SCENARIOS: dict[str, tuple[Callable[[JournalBuilder], None], int, frozenset[int]]] = {
     "late": (lambda b: late_arrival(b, error_type="CollectiveTimeout",
                                     kind="collective-timeout"), 2, frozenset()),
@@ -231,6 +245,7 @@ SCENARIOS: dict[str, tuple[Callable[[JournalBuilder], None], int, frozenset[int]
     "broken-by-stop": (broken_by_the_stop, 2, frozenset()),
     "missing": (one_rank_missing, 2, frozenset()),
     "ended-at-timeout": (ended_at_its_timeout, 2, frozenset()),
+    "aborted": (aborted_by_a_peer, 2, frozenset()),
 }  # fmt: skip
 
 # A string that is a name (a code, a state, a group, an op, a signal), not a sentence.
