@@ -74,7 +74,7 @@ def hang_culprits(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> li
     # else a minority signature at a mismatched sequence number; else the rank that went past
     # the point where the others are stuck (its pending collective started last) skipped or
     # reordered a collective.
-    faulted = [r for r, v in verdicts.items() if v.faults and blocked(v)]
+    faulted = [r for r, v in verdicts.items() if v.faults and _in_the_wait(v)]
     if faulted:
         return sorted(faulted)
     odd = _mismatch_minorities(analysis.mismatches)
@@ -85,6 +85,13 @@ def hang_culprits(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> li
         latest = max(waiting, key=lambda v: v.pending.since_s if v.pending else 0.0)
         return [latest.rank]
     return [r for r, v in verdicts.items() if v.status is Status.HUNG]
+
+
+def _in_the_wait(verdict: RankVerdict) -> bool:
+    """Blocked in a collective, or stopped by the agreed abort while in one (a peer's timeout
+    there, the failure it was aborted by, ended the wait first)."""
+    aborted_in_one = verdict.status is Status.ABORTED and verdict.pending is not None
+    return blocked(verdict) or aborted_in_one
 
 
 def _mismatch_minorities(mismatches: tuple[Mismatch, ...]) -> set[int]:

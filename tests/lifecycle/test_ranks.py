@@ -135,17 +135,19 @@ def test_every_rank_reaches_ready_in_step(
 def test_the_fields_failure_is_reproduced(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
-    """4 ranks, --calibrate, rank 1 raising in drop-buffers: rank 1 ends failed with its error
-    in drop-buffers; its peers block in a later all-to-all (started, never finished) until the
-    process-group timeout, journal the timeout, and the launcher exits 1 within the timeout
-    plus a bounded margin."""
+    """4 ranks, --calibrate, rank 1 raising in drop-buffers, and the field's behaviour of
+    waiting for the collective's own timeout (`--on-peer-failure wait`): rank 1 ends failed
+    with its error in drop-buffers; its peers block in a later all-to-all (started, never
+    finished) until the process-group timeout, journal the timeout, and the launcher exits 1
+    within the timeout plus a bounded margin. (The default, the agreed abort, is
+    tests/lifecycle/test_abort.py.)"""
     timeout = 5
     # Bounded: the launcher must end the run within the timeout plus a margin, or the
     # command's own timeout fails the test.
     _, ranks = failed_boot(
         lifecycle_cli, tmp_path / "j.db", "--num-ranks", "4", "--cfg-parallel", "2",
         "--ulysses", "2", "--calibrate", "--fault", "1:drop-buffers:raise",
-        "--dist-timeout", str(timeout), timeout=60 + timeout,
+        "--dist-timeout", str(timeout), "--on-peer-failure", "wait", timeout=60 + timeout,
     )  # fmt: skip
     culprit = fold_run(ranks[1])[1]
     assert culprit.state == "failed"
@@ -194,7 +196,8 @@ def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """A rank that hangs in bounded-warm goes on heartbeating and journals one stall with
-    every thread's stack; its peer times out; the launcher ends both and exits 1."""
+    every thread's stack; its peer times out, and the hung rank, still in bounded-warm, is
+    aborted by that failure; the launcher ends both and exits 1."""
     _, ranks = failed_boot(
         lifecycle_cli, tmp_path / "j.db", "--num-ranks", "2", "--fault", "1:bounded-warm:hang",
         "--dist-timeout", "4", "--heartbeat-interval", "0.2", "--state-deadline", "2",
@@ -208,7 +211,9 @@ def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
     assert len(stalls) == 1
     assert stalls[0].state == "bounded-warm"
     assert any("inject_on_entering" in t.stack for t in stalls[0].event.threads)
-    assert fold_run(hung)[1].state == "bounded-warm"
+    hung_view = fold_run(hung)[1]
+    assert hung_view.path[-2:] == ["bounded-warm", "failed"]
+    assert [(state, a.failed_rank) for _, state, a in hung_view.aborts] == [("bounded-warm", 0)]
     peer = fold_run(ranks[0])[0]
     assert peer.state == "failed"
     assert peer.errors[0][2].error_type == "CollectiveTimeout"
@@ -218,8 +223,10 @@ def test_a_skipped_collective_leaves_the_ranks_out_of_step(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """A rank that skips the gate agreement is journaled with the collective it skipped; its
-    peer is left waiting at that sequence number; the launcher exits 1. (Calibration closed:
-    the skipping rank's next collectives are in its Ulysses group, not the world's.)"""
+    peer is left waiting at that sequence number until a failure stops it (its own timeout,
+    or the agreed abort when the skipping rank fails first); the launcher exits 1.
+    (Calibration closed: the skipping rank's next collectives are in its Ulysses group, not
+    the world's.)"""
     _, ranks = failed_boot(
         lifecycle_cli, tmp_path / "j.db", "--num-ranks", "2", "--fault",
         "1:gate-check:skip-collective", "--dist-timeout", "4", timeout=120,
@@ -230,7 +237,8 @@ def test_a_skipped_collective_leaves_the_ranks_out_of_step(
     assert "(all_reduce_min #0 in world)" in skip.event.fault
     waiting = fold_run(ranks[0])[0]
     assert waiting.state == "failed"
-    assert waiting.errors[0][1] == "gate-check"
+    stopped_in = [state for _, state, _ in waiting.errors] + [s for _, s, _ in waiting.aborts]
+    assert stopped_in[:1] == ["gate-check"], (waiting.errors, waiting.aborts)
     world = {g.group: g for g in waiting.groups}["world"]
     assert (world.started, world.finished) == (0, -1)
 

@@ -28,8 +28,9 @@ def rank_exit(produced: Produced, rank: int) -> str | None:
     return match.group(1) if match else None
 
 
-def expected_outcome(produced: Produced, peer_status: str) -> str:
+def expected_outcome(produced: Produced, ranks: dict[int, dict]) -> str:  # type: ignore[type-arg]
     kind = produced.case.kind
+    peer_status = ranks[0]["status"]
     if kind is FaultKind.RAISE:
         # With the agreed abort the peer stops as soon as rank 1 announces its failure: blocked
         # if it was waiting for rank 1 in a collective then, else merely aborted.
@@ -38,9 +39,14 @@ def expected_outcome(produced: Produced, peer_status: str) -> str:
         return "crashed"
     if kind is FaultKind.SKIP_COLLECTIVE:
         # Out of step, the two ranks may meet in collectives of different sizes; gloo then
-        # aborts the process on one side (a crash) or both wait until the timeout (a hang).
+        # aborts the process on one side (a crash), or the skipping rank finds that its next
+        # staging buffer is not its peers' and fails (its peer aborted by that failure), or
+        # both wait until the timeout (a hang).
         code = rank_exit(produced, 1)
-        return "crashed" if code is not None and code not in ENDED_BY_LAUNCHER else "hung"
+        if code is not None and code not in ENDED_BY_LAUNCHER:
+            return "crashed"
+        own = ranks[1]["first_error"]
+        return "failed" if own is not None and own["kind"] == "rank-disagreement" else "hung"
     return "hung"
 
 
@@ -59,7 +65,7 @@ def test_diagnosis_names_the_faulty_rank_state_and_outcome(
     assert doc["culprit_ranks"] == [1], doc["summary"]
     assert doc["culprit_state"] == produced.case.state.value, doc["summary"]
     ranks = {r["rank"]: r for r in doc["ranks"]}
-    assert doc["outcome"] == expected_outcome(produced, ranks[0]["status"]), doc["summary"]
+    assert doc["outcome"] == expected_outcome(produced, ranks), doc["summary"]
     assert ranks[0]["status"] in ("failed", "blocked", "aborted")
     if ranks[0]["status"] == "blocked":
         assert ranks[0]["pending_collective"]["waiting_for"] == [1]
