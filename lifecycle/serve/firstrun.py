@@ -25,6 +25,7 @@ from typing import Any
 from lifecycle.core.events import (
     FlightRecorderDumped,
     ResidencyApplied,
+    ResidencyPlanned,
     ResidencyVerified,
     RunStarted,
 )
@@ -192,9 +193,12 @@ def _diffusers_check(fr: FirstRun, devices: int) -> Check:
     )
     doc = fr.diagnose("tiny-wan")
     verified = fr.events(ResidencyVerified)
+    planned = fr.events(ResidencyPlanned)
     detail = f"{_ready(doc)}; {count} rank{'s' if count > 1 else ''}"
     if verified:
         detail += f"; plan {verified[0][1].plan.plan_id} verified"
+    elif planned:  # everything fits as it is: no plan to apply, nothing to verify
+        detail += f"; plan {planned[0][1].plan.plan_id}"
     return Check(name, HELD if status == 0 and doc.get("outcome") == "ready" else NOT_HELD, detail)
 
 

@@ -100,16 +100,18 @@ def test_served_video_equals_wan_pipeline_within_one_step(
 def test_the_fields_failure_on_a_wan_pipeline_is_diagnosed_with_the_all_to_all_named(
     tmp_path: Path,
 ) -> None:
-    """tiny-wan on 4 ranks (CFG 2 x Ulysses 2), calibrating, rank 1 raising in drop-buffers:
-    `replay diagnose` names rank 1 in drop-buffers as the culprit, and the all-to-all of the
-    Ulysses group its peer waits in."""
+    """tiny-wan on 4 ranks (CFG 2 x Ulysses 2), calibrating, rank 1 raising in drop-buffers,
+    its peers waiting as the field's did (`--on-peer-failure wait`): `replay diagnose` names
+    rank 1 in drop-buffers as the culprit, and the all-to-all of the Ulysses group its peer
+    waits in."""
     from tests.conftest import run_cli
 
     booted = run_cli(
         "lifecycle",
         ["boot", "--model", "tiny-wan", "--default-shape", "64x64x33", "--num-ranks", "4",
          "--cfg-parallel", "2", "--ulysses", "2", "--calibrate", "--fault",
-         "1:drop-buffers:raise", "--dist-timeout", "5", "--db", "j.db", "--log-level", "warning"],
+         "1:drop-buffers:raise", "--dist-timeout", "5", "--on-peer-failure", "wait", "--db",
+         "j.db", "--log-level", "warning"],
         cwd=tmp_path, timeout=400,
     )  # fmt: skip
     assert booted.returncode == 1, booted.stderr[-2000:]

@@ -30,7 +30,7 @@ def test_the_dry_run_holds_every_check_and_keeps_what_it_ran(tmp_path: Path) -> 
     assert results == ["held"] * 8, result.stdout
     assert table[-1].startswith("time") and "limit 10 min" in table[-1]
     wan = next(line for line in lines if line.startswith("tiny-wan (diffusers)"))
-    assert "ready in" in wan and "2 ranks" in wan and "verified" in wan
+    assert "ready in" in wan and "2 ranks" in wan and "; plan " in wan
     hang = next(line for line in lines if line.startswith("the field's hang"))
     assert "hung, culprit rank 1 in bounded-warm" in hang
     assert "dry run" in lines[2]

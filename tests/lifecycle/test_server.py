@@ -75,6 +75,7 @@ def serve(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> Ite
         try:
             yield served
         finally:
+            served.client.close()  # also when the test failed before stop()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
@@ -144,8 +145,8 @@ def test_health_turns_green_at_ready_and_generate_works_twice(tmp_path: Path) ->
 
 
 def test_bad_requests_are_refused_and_the_server_keeps_serving(tmp_path: Path) -> None:
-    """A 10 MB prompt, a shape off the grid, negative or huge sizes, unknown fields: each
-    is a 4xx, and a good request afterwards still works."""
+    """A 10 MB prompt, a shape off the grid, negative or huge sizes, a negative seed, unknown
+    fields: each is a 4xx, and a good request afterwards still works."""
     with serve(tmp_path, "--num-ranks", "1") as served:
         served.wait_for_health(200, within=120)
         bad = [
@@ -155,7 +156,8 @@ def test_bad_requests_are_refused_and_the_server_keeps_serving(tmp_path: Path) -
             {**BODY, "height": -16},
             {**BODY, "width": 1 << 20},
             {**BODY, "steps": 0},
-            {**BODY, "seed": 3},
+            {**BODY, "seed": -1},
+            {**BODY, "sampler": "euler"},
             {"width": 256},
         ]
         for body in bad:

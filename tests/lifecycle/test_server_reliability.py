@@ -15,7 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lifecycle.core.events import Error, RequestStarted, RunStarted, Shutdown, Transition
+from lifecycle.core.events import (
+    Aborted,
+    Error,
+    RequestStarted,
+    RunStarted,
+    Shutdown,
+    Transition,
+)
 from tests.conftest import wait_until
 from tests.lifecycle.test_server import BODY, Served, journal_events, serve
 
@@ -170,9 +177,13 @@ def test_a_stuck_rank_fails_the_request_and_no_later_request_gets_its_reply(
         after = served.client.post("/generate", json=SMALL, timeout=30)
         assert after.status_code == 503, after.text
         assert stop_within(served, 60) == 1
-    errors = [e for e in journal_events(served.db) if isinstance(e.event, Error)]
+    events = journal_events(served.db)
+    errors = [e for e in events if isinstance(e.event, Error)]
     assert errors[0].rank == 0 and errors[0].event.error_type == "CollectiveTimeout"
-    assert {e.rank for e in errors} == {0, 1}, "rank 1 ended the abandoned request too"
+    assert {e.rank for e in errors} == {0}
+    # Thawed, rank 1 learns of rank 0's failure and stops through the agreed abort.
+    aborts = [e for e in events if isinstance(e.event, Aborted)]
+    assert [(e.rank, e.event.failed_rank) for e in aborts] == [(1, 0)]
 
 
 def test_a_rank_killed_after_ready_turns_health_503_and_serve_exits_1(tmp_path: Path) -> None:

@@ -46,7 +46,8 @@ def boot_with_file_size_limit(cwd: Path, limit: int, *args: str) -> Completed:
 
 @contextlib.contextmanager
 def nearly_full_disk(directory: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs at `directory` with about 100 KiB left; unmounted afterwards."""
+    """A 2 MiB tmpfs at `directory` with about 256 KiB left (room for the schema and a few
+    events, not a startup); unmounted afterwards."""
     directory.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command: the file-size-limit case covers a failed write")
@@ -60,7 +61,7 @@ def nearly_full_disk(directory: Path) -> Iterator[Path]:
             f" ({mounted.stderr.strip()}); the file-size-limit case covers a failed write"
         )
     try:
-        (directory / "filler").write_bytes(b"\0" * (2 * 1024 * 1024 - 100 * 1024))
+        (directory / "filler").write_bytes(b"\0" * (2 * 1024 * 1024 - 256 * 1024))
         yield directory
     finally:
         subprocess.run(["umount", str(directory)], check=True, timeout=30)
