@@ -18,7 +18,10 @@ from bench.zygote import Zygote
 from lifecycle.store.journal import Journal
 
 BOOT_TIMEOUT_S = 120.0
-KILL_WINDOW_S = 2.5  # kills land this long after the rank's first journal event, at most
+# Each kill first waits for its victim to journal a state drawn at random (so that kills land
+# in every state however slow the machine is), then this long at most, drawn at random too.
+KILL_STATES = ("gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers")
+KILL_WINDOW_S = 0.5
 HEARTBEAT_S = 0.05
 
 
@@ -58,13 +61,16 @@ def _rank_pid(db: Path, rank: int) -> int | None:
     return None
 
 
-def _first_event_seen(db: Path, rank: int, deadline: float) -> bool:
+def _state_seen(db: Path, rank: int, state: str, deadline: float) -> bool:
+    """Whether `rank` journaled an event in `state` (or ended its startup) before `deadline`."""
     while time.monotonic() < deadline:
         if db.exists():
             try:
                 with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
                     row = conn.execute(
-                        "SELECT count(*) FROM events WHERE rank = ?", (rank,)
+                        "SELECT count(*) FROM events WHERE rank = ?"
+                        " AND state IN (?, 'ready', 'failed', 'stopped')",
+                        (rank, state),
                     ).fetchone()
                 if row and row[0] > 0:
                     return True
@@ -87,11 +93,12 @@ def kill_once(zygote: Zygote, root: Path, index: int, *, ranks: int, seed: int) 
         "--dist-timeout", "10", "--log-level", "error",
     ]  # fmt: skip
     proc = zygote.start(argv, cwd=where)
+    target = rng.choice(KILL_STATES)
     delay = rng.uniform(0.0, KILL_WINDOW_S)
     killed = False
     try:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
-        if _first_event_seen(db, victim, deadline):
+        if _state_seen(db, victim, target, deadline):
             time.sleep(delay)  # the random moment is the point of the test
             pid = proc.pid if ranks == 1 else _rank_pid(db, victim)
             if pid is not None and proc.poll() is None:

@@ -163,6 +163,7 @@ def _verdict(
         stop_signal=signal,
         stop_reason=view.shutdown.reason if view.shutdown is not None else None,
         aborted=bool(view.aborts) and error is None,
+        aborted_by=view.aborts[0][2].failed_rank if view.aborts else None,
     )
 
 
@@ -171,7 +172,9 @@ def _peer_evidence(verdicts: dict[int, RankVerdict], findings: Findings) -> dict
 
     A peer whose connection broke under a waiting rank, and that journaled no end of its own,
     died (crashed). A peer that others waited for while it was alive and not in that
-    collective, and that was then stopped from outside, or by the agreed abort, was hung.
+    collective, and that was then stopped from outside, or by the agreed abort of the waiting
+    rank's own failure (its wait ran out), was hung. A peer the abort of another rank's failure
+    stopped before it got to the collective is that failure's victim, as the waiting rank is.
     """
     updated = dict(verdicts)
     for verdict in verdicts.values():
@@ -185,7 +188,9 @@ def _peer_evidence(verdicts: dict[int, RankVerdict], findings: Findings) -> dict
             if broken and other.status in (Status.RUNNING, Status.BLOCKED):
                 updated[peer] = replace(other, status=Status.CRASHED)
                 findings[peer].append(ConnectionBroke(rank=peer, peer=verdict.rank))
-            elif other.status in (Status.STOPPED, Status.RUNNING, Status.ABORTED):
+            elif other.status in (Status.STOPPED, Status.RUNNING) or (
+                other.status is Status.ABORTED and other.aborted_by in (verdict.rank, None)
+            ):
                 updated[peer] = replace(other, status=Status.HUNG)
                 findings[peer].append(
                     NeverEntered(

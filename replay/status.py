@@ -65,6 +65,7 @@ class RankVerdict:
     stop_signal: str | None  # the signal it journaled its shutdown for, if one
     stop_reason: str | None  # the reason it journaled its shutdown with; None for no shutdown
     aborted: bool = False  # it stopped because a peer failed (the agreed abort), not on its own
+    aborted_by: int | None = None  # the failed rank the abort named (None: none, or its store)
 
 
 def rank_status(

@@ -70,7 +70,11 @@ def test_ranks_journal_to_postgres_and_the_password_appears_nowhere(
 @pytest.mark.parametrize(
     ("layout", "fault", "outcome"),
     [
-        (["--num-ranks", "4", "--cfg-parallel", "2"], "1:drop-buffers:raise", "hung"),
+        (
+            ["--num-ranks", "4", "--cfg-parallel", "2", "--on-peer-failure", "wait"],
+            "1:drop-buffers:raise",
+            "hung",
+        ),
         (["--num-ranks", "2"], "1:probe:exit", "crashed"),
     ],
 )
@@ -78,8 +82,8 @@ def test_the_fields_failure_and_a_crash_are_diagnosed_from_postgres(
     postgres: PostgresServer, tmp_path: Path, layout: list[str], fault: str, outcome: str
 ) -> None:
     """The field's failure on 4 ranks (an error in drop-buffers, peers left in the next
-    all-to-all) and a rank that dies in probe, journaled to PostgreSQL: the verdicts SQLite
-    gives."""
+    all-to-all, waiting as the field's did) and a rank that dies in probe, journaled to
+    PostgreSQL: the verdicts SQLite gives."""
     url = database(postgres)
     run_cli(
         "lifecycle",

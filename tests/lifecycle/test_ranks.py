@@ -212,7 +212,7 @@ def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
     assert stalls[0].state == "bounded-warm"
     assert any("inject_on_entering" in t.stack for t in stalls[0].event.threads)
     hung_view = fold_run(hung)[1]
-    assert hung_view.path[-2:] == ["bounded-warm", "failed"]
+    assert list(hung_view.path[-2:]) == ["bounded-warm", "failed"]
     assert [(state, a.failed_rank) for _, state, a in hung_view.aborts] == [("bounded-warm", 0)]
     peer = fold_run(ranks[0])[0]
     assert peer.state == "failed"
