@@ -97,12 +97,18 @@ def _diagnosis(
     `flight`, joined with the Flight Recorder's dumps (in `flight_dir`, else as journaled)."""
     from replay.analysis import combine
     from replay.diagnose import diagnose
-    from replay.liveness import dead_ranks
+    from replay.liveness import dead_ranks, live_ranks
 
     views = journals.views(run, check=check)
     analysis = combine(run, views)
     facts = _flight(journals, run, views, flight_dir) if flight else None
-    return diagnose(analysis, now=now, dead_ranks=dead_ranks(analysis), flight=facts)
+    return diagnose(
+        analysis,
+        now=now,
+        dead_ranks=dead_ranks(analysis),
+        live_ranks=live_ranks(analysis),
+        flight=facts,
+    )
 
 
 def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:

@@ -115,8 +115,9 @@ def _verdict(
     *,
     now: float | None,
     dead: frozenset[int],
+    live: frozenset[int] = frozenset(),
 ) -> RankVerdict:
-    status = rank_status(view, analysis, now=now, dead=dead)
+    status = rank_status(view, analysis, now=now, dead=dead, live=live)
     error = _first_error(view, analysis)
     found = findings.setdefault(view.rank, [])
     if error is not None:
@@ -257,6 +258,7 @@ def diagnose(
     *,
     now: float | None = None,
     dead_ranks: frozenset[int] = frozenset(),
+    live_ranks: frozenset[int] = frozenset(),
     flight: FlightFacts | None = None,
 ) -> Diagnosis:
     """Decide the outcome and the culprits from the evidence alone.
@@ -264,12 +266,13 @@ def diagnose(
     `now` (the reader's clock) only matters for a journal whose ranks all stopped writing
     together: without it, a journal that simply ends reads as crashed only relative to the
     other ranks. `dead_ranks` are ranks whose process the reader saw gone: one of them that
-    journaled no end crashed, however recent its last event. `flight` places ranks in the
+    journaled no end crashed, however recent its last event; `live_ranks` those it saw
+    running: silence alone does not make one of them crashed. `flight` places ranks in the
     collectives only PyTorch's Flight Recorder saw.
     """
     findings: Findings = {}
     verdicts = {
-        r: _verdict(v, analysis, findings, now=now, dead=dead_ranks)
+        r: _verdict(v, analysis, findings, now=now, dead=dead_ranks, live=live_ranks)
         for r, v in analysis.views.items()
     }
     verdicts = ended_at_timeout(verdicts, analysis, findings)

@@ -69,7 +69,12 @@ class RankVerdict:
 
 
 def rank_status(
-    view: RankView, analysis: RunAnalysis, *, now: float | None, dead: frozenset[int]
+    view: RankView,
+    analysis: RunAnalysis,
+    *,
+    now: float | None,
+    dead: frozenset[int],
+    live: frozenset[int] = frozenset(),
 ) -> Status:
     interval = analysis.heartbeat_interval_s
     # Silent for three heartbeat intervals (never less than half a second, for a thread that
@@ -99,11 +104,12 @@ def rank_status(
     # Dead: its process is gone (seen by the reader on this host), silent for several
     # heartbeat intervals, or silent while peers heartbeat on (a live rank writes one every
     # interval from its own thread, blocked or not).
-    if (
-        view.rank in dead
-        or reference - last > quiet
-        or analysis.heartbeats_after(last, besides=view.rank) >= 2
-    ):
+    # A rank the reader sees running (on this host) is not dead, however long its heartbeat
+    # thread has been starved.
+    silent = view.rank not in live and (
+        reference - last > quiet or analysis.heartbeats_after(last, besides=view.rank) >= 2
+    )
+    if view.rank in dead or silent:
         return Status.CRASHED
     if view.ready_action_done and view.state == State.READY:
         # Serving: its collective records reach the journal in batches, so peers running
@@ -112,7 +118,11 @@ def rank_status(
     # Its peers finished collectives with it that it never journaled, and went on writing for
     # longer than a heartbeat interval: its journal was cut off. (Within that, each rank's
     # stream read a moment apart from the others' can show a peer a little ahead.)
-    if analysis.end_wall - last > quiet and cut_off(view, analysis) is not None:
+    if (
+        view.rank not in live
+        and analysis.end_wall - last > quiet
+        and cut_off(view, analysis) is not None
+    ):
         return Status.CRASHED
     if view.pending is not None:
         # Alive: it is still waiting now, as far as the reader can tell.

@@ -83,12 +83,14 @@ def _torchrun_env(env: Mapping[str, str]) -> str:
 
 
 def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
+    run_id = new_run_id(created_at)
+    journal = open_run(args, run_id=run_id, created_at=created_at, command=options.command)
+    # Imported once the journal is open: a journal that cannot be is one line in a second,
+    # not after torch's import.
     from lifecycle.runtime.session import RankLaunch, RankSession
     from lifecycle.serve.console import boot_console
     from lifecycle.serve.steps import StepMark, counting_actions
 
-    run_id = new_run_id(created_at)
-    journal = open_run(args, run_id=run_id, created_at=created_at, command=options.command)
     recorder = Recorder(journal.writer(run_id=run_id, rank=0))
     console = boot_console(ProgressPrinter(run_created_at=created_at), ranks=1)
     logs = console.log_stream()

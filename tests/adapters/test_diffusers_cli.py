@@ -44,6 +44,7 @@ def ddpm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_small_ddpm(tmp_path_factory.mktemp("ddpm") / "tiny-ddpm")
 
 
+@pytest.mark.slow
 def test_another_pipeline_class_on_several_ranks_is_one_line(
     tmp_path: Path, ddpm_dir: Path
 ) -> None:

@@ -60,7 +60,7 @@ def diffusers_video(wan_dir: Path) -> np.ndarray:
     "layout",
     [
         (),
-        ("--num-ranks", "2", "--cfg-parallel", "2"),
+        pytest.param(("--num-ranks", "2", "--cfg-parallel", "2"), marks=pytest.mark.slow),
         ("--num-ranks", "2", "--ulysses", "2"),
     ],
     ids=["1-rank", "cfg-2", "ulysses-2"],
@@ -97,6 +97,7 @@ def test_served_video_equals_wan_pipeline_within_one_step(
     assert {(e.event.seed, e.event.guidance_scale) for e in started} == {(11, 4.5)}  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_the_fields_failure_on_a_wan_pipeline_is_diagnosed_with_the_all_to_all_named(
     tmp_path: Path,
 ) -> None:

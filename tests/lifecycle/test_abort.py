@@ -80,6 +80,7 @@ def test_the_fields_failure_ends_in_seconds_with_the_wait_it_ended(tmp_path: Pat
     assert any(e["code"] == "aborted" and e["rank"] == 0 for e in doc["evidence"])
 
 
+@pytest.mark.slow
 def test_on_peer_failure_wait_keeps_the_wait_until_the_timeout(tmp_path: Path) -> None:
     """With --on-peer-failure wait, nothing is aborted: rank 0 waits in its collective until
     the process-group timeout ends it, as under NCCL's watchdog."""

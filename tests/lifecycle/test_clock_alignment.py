@@ -12,24 +12,26 @@ from pathlib import Path
 
 import pytest
 
+from lifecycle.store.journal import Journal
 from tests.conftest import one_clear_line, run_cli
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
 
-@pytest.mark.parametrize("skew", [30.0, -30.0])
+@pytest.mark.parametrize("skew", [30.0, pytest.param(-30.0, marks=pytest.mark.slow)])
 def test_a_rank_whose_clock_is_off_is_still_ordered_by_what_happened(
     tmp_path: Path, skew: float
 ) -> None:
     """Rank 1's clock is 30 s ahead (or behind); it fails first in drop-buffers and rank 0
-    times out waiting for it. The verdict names rank 1's error as the first, at the time it
-    happened on rank 0's clock, and the measured offset is journaled."""
+    times out waiting for it (as under NCCL's watchdog: --on-peer-failure wait). The verdict
+    names rank 1's error as the first, at the time it happened on rank 0's clock, and the
+    measured offset is journaled."""
     env = {**os.environ, "LIFECYCLE_CLOCK_SKEW": f"1:{skew}"}
     run_cli(
         "lifecycle",
         ["boot", "--model", "micro-video", "--num-ranks", "2", "--calibrate", "--db", "j.db",
          "--fault", "1:drop-buffers:raise", "--dist-timeout", "4", "--heartbeat-interval", "0.2",
-         "--log-level", "error"],
+         "--on-peer-failure", "wait", "--log-level", "error"],
         cwd=tmp_path, timeout=180, env=env,
     )  # fmt: skip
     done = run_cli("replay", ["diagnose", "latest", "j.db", "--json"], cwd=tmp_path)
@@ -37,14 +39,28 @@ def test_a_rank_whose_clock_is_off_is_still_ordered_by_what_happened(
     assert (doc["outcome"], doc["culprit_ranks"]) == ("hung", [1]), done.stdout
     first = doc["first_error"]
     assert (first["rank"], first["state"]) == (1, "drop-buffers")
-    assert 0 < first["at_s"] < 25, first  # on rank 0's clock, not 30 s off
+    # On rank 0's clock, not 30 s off: before rank 0's own end, which its 4 s timeout (and a
+    # loaded machine's seconds) put after it.
+    end_s = rank_0_end_s(tmp_path / "j.db")
+    assert 0 < first["at_s"] <= end_s and end_s - first["at_s"] < 20, (first, end_s)
     shown = run_cli("replay", ["show", "latest", "j.db", "--rank", "1"], cwd=tmp_path).stdout
     (line,) = [x for x in shown.splitlines() if "against rank 0's" in x]
     measured = float(line.split()[1])
     assert abs(measured - skew) < 0.5, line
     spans = [x.split() for x in shown.splitlines() if x.strip().startswith("+")]
     starts = [float(fields[0]) for fields in spans if len(fields) > 2 and fields[1] != "collective"]
-    assert all(0 <= s < 25 for s in starts), shown  # its start and rendezvous moved too
+    assert all(0 <= s <= end_s + 1 for s in starts), shown  # its start and rendezvous moved too
+
+
+def rank_0_end_s(db: Path) -> float:
+    """When rank 0's last event was journaled, in seconds since the run was created."""
+    journal = Journal.open_for_read(str(db))
+    try:
+        (run,) = journal.runs()
+        last = max(e.wall_time for e in journal.read(run_id=run.run_id) if e.rank == 0)
+        return last - run.created_at
+    finally:
+        journal.close()
 
 
 @pytest.mark.parametrize(

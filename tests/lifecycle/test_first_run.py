@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes"
 ENV = {"PYTHONPATH": str(REPO)}
 
 
+@pytest.mark.slow
 def test_the_dry_run_holds_every_check_and_keeps_what_it_ran(tmp_path: Path) -> None:
     out = tmp_path / "first"
     result = run_cli(

@@ -70,12 +70,13 @@ def test_ranks_journal_to_postgres_and_the_password_appears_nowhere(
 @pytest.mark.parametrize(
     ("layout", "fault", "outcome"),
     [
-        (
+        pytest.param(
             ["--num-ranks", "4", "--cfg-parallel", "2", "--on-peer-failure", "wait"],
             "1:drop-buffers:raise",
             "hung",
+            marks=pytest.mark.slow,
         ),
-        (["--num-ranks", "2"], "1:probe:exit", "crashed"),
+        pytest.param(["--num-ranks", "2"], "1:probe:exit", "crashed", marks=pytest.mark.slow),
     ],
 )
 def test_the_fields_failure_and_a_crash_are_diagnosed_from_postgres(
@@ -146,6 +147,7 @@ def test_without_psycopg_a_postgres_url_names_the_extra(
     ]
 
 
+@pytest.mark.slow
 def test_a_node_journal_is_copied_into_postgres_and_reads_the_same(
     postgres: PostgresServer, tmp_path: Path
 ) -> None:

@@ -82,9 +82,13 @@ def collective_signatures(events: list[StoredEvent]) -> dict[str, list[tuple[obj
 @pytest.mark.parametrize(
     ("layout", "calibrate"),
     [
-        (["--num-ranks", "2", "--ulysses", "2"], False),
+        pytest.param(["--num-ranks", "2", "--ulysses", "2"], False, marks=pytest.mark.slow),
         (["--num-ranks", "2", "--ulysses", "2"], True),
-        (["--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2"], False),
+        pytest.param(
+            ["--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2"],
+            False,
+            marks=pytest.mark.slow,
+        ),
         (["--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2"], True),
     ],
     ids=[
@@ -219,6 +223,7 @@ def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
     assert peer.errors[0][2].error_type == "CollectiveTimeout"
 
 
+@pytest.mark.slow
 def test_a_skipped_collective_leaves_the_ranks_out_of_step(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from lifecycle.core import events as ev
@@ -94,6 +95,7 @@ def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reuse
     assert f"calibration skipped: {reason}" in reused.stdout
 
 
+@pytest.mark.slow
 def test_a_budget_nothing_fits_keeps_the_reference_residency_and_is_not_reused(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
@@ -118,6 +120,7 @@ def test_a_budget_nothing_fits_keeps_the_reference_residency_and_is_not_reused(
     assert replanned.event.reuse.endswith("never verified")
 
 
+@pytest.mark.slow
 def test_calibrate_and_a_new_budget_calibrate_again_and_say_why(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
@@ -170,6 +173,7 @@ torch.save(video, out)
 """
 
 
+@pytest.mark.slow
 def test_decoder_options_change_peak_memory_and_not_the_picture(tmp_path: Path) -> None:
     """Decoding every latent frame at once peaks far above tiles (peak RSS of a process of
     its own each); the video differs at most by one uint8 step where convolutions round

@@ -217,6 +217,7 @@ def test_a_chunked_body_over_the_limit_is_refused_before_it_is_all_sent(tmp_path
         stop_within(served, 60)
 
 
+@pytest.mark.slow
 def test_probes_answer_at_once_while_generate_requests_pile_up(tmp_path: Path) -> None:
     """With 60 /generate requests at once, /liveness, /health and /lifecycle each answer
     within a second; the requests beyond the line's capacity get 503 with Retry-After and
@@ -248,6 +249,7 @@ def test_probes_answer_at_once_while_generate_requests_pile_up(tmp_path: Path) -
         assert stop_within(served, 60) == 0
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_long_request_stops_serve_and_every_rank_journals_it(
     tmp_path: Path,
 ) -> None:

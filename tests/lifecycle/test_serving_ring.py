@@ -82,7 +82,7 @@ def test_healthy_requests_journal_their_summaries_not_their_collectives(tmp_path
     assert {g["group"] for g in finished[-1]["groups"]} == {"ulysses0", "world"}
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_a_hang_after_ready_is_diagnosed_from_the_dumped_ring(tmp_path: Path, ranks: int) -> None:
     """Rank 1 hangs half-way through the first request: its peers time out in the next
     all-to-all, write their rings, and the diagnosis names rank 1 in ready, the group and
@@ -112,6 +112,7 @@ def test_a_hang_after_ready_is_diagnosed_from_the_dumped_ring(tmp_path: Path, ra
     assert f"#{top} of ulysses0" in doc["text"]
 
 
+@pytest.mark.slow
 def test_a_hang_killed_before_any_dump_is_placed_by_heartbeats(tmp_path: Path) -> None:
     """The same hang, with every process SIGKILLed before the collective timeout (a pod
     deleted): no ring reaches the journal, and the heartbeats still name rank 1, the group,
@@ -158,6 +159,7 @@ def _post_and_forget(served: Served) -> None:
         client.post(f"{served.url}/generate", json={**BODY, "steps": 4})
 
 
+@pytest.mark.slow
 def test_dumps_on_request_write_every_rank_ring(tmp_path: Path) -> None:
     """POST /debug/dump and SIGUSR1 each write the ring: a `collectives_dumped` marker with
     its reason, followed by the collective records of the requests since the last dump."""

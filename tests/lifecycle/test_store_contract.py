@@ -119,7 +119,7 @@ def _open(location: str, barrier: Any) -> str:
     return "ok"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def test_many_processes_open_one_new_journal_at_once(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -32,6 +32,7 @@ def journal_facts(db: Path, rank: int) -> tuple[str, bool, str | None]:
     return integrity, gaps == 0, last[0] if last else None
 
 
+@pytest.mark.slow
 def test_every_kill_leaves_an_intact_journal_that_names_the_state(tmp_path: Path) -> None:
     """20 SIGKILLs of 1- and 2-rank startups at seeded random moments (in a state drawn at
     random, then up to half a second in): every journal passes
