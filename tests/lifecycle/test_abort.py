@@ -36,6 +36,7 @@ def diagnosis(tmp_path: Path) -> dict:  # type: ignore[type-arg]
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_a_rank_that_fails_stops_its_peer_within_seconds(tmp_path: Path) -> None:
     """Rank 1 raises in probe with the default 600 s process-group timeout: rank 0 journals
     `aborted` naming rank 1 and its error, its journal ends within seconds of rank 1's error,

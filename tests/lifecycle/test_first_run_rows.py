@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.serve.firstrun import NAME_WIDTH, RESULT_WIDTH
+from tests.conftest import processes_in, wait_until
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -49,6 +50,10 @@ def test_each_row_is_printed_when_its_check_is_done(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
         proc.stdout.close()
+        # The ranks of the boot first-run had started run in sessions of their own, which the
+        # SIGKILL does not reach: they leave on their own once the rendezvous store their
+        # launcher hosted is gone (a loaded machine may take a few seconds).
+        wait_until(lambda: not processes_in(tmp_path), within=30, what="the ranks leaving")
     assert still_running, lines
     header, rule, devices, boot = lines[:4]
     assert header.split() == ["check", "result", "detail"]

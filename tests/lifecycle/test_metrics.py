@@ -28,6 +28,7 @@ def value(samples: list[Sample], name: str, **labels: str) -> float:
     return found[0]
 
 
+@pytest.mark.slow
 def test_a_calibrated_two_rank_serve_is_scraped_across_its_processes(tmp_path: Path) -> None:
     """Each rank's state, time per state, startup to ready, warmup by role and the probe's
     shape come from the journal; each rank's journal appends from its own process (the

@@ -214,11 +214,11 @@ def stored(run_id: str, status: PlanStatus, **changes: str | int) -> StoredPlan:
 
 
 def test_verification_holds_a_request_time_to_its_prediction_with_a_stated_margin() -> None:
-    """A re-warm up to three times its predicted time plus two seconds verifies (a loaded
-    machine's noise); one slower than that fails, saying both times."""
-    assert verify_time(measured_s=4.9, predicted_s=1.0) is None
-    slow = verify_time(measured_s=5.2, predicted_s=1.0)
-    assert slow is not None and "5.20 s" in slow and "1.00 s" in slow
+    """A re-warm up to three times its predicted time plus five seconds verifies (a loaded
+    machine's noise on a short request); one slower than that fails, saying both times."""
+    assert verify_time(measured_s=7.9, predicted_s=1.0) is None
+    slow = verify_time(measured_s=8.2, predicted_s=1.0)
+    assert slow is not None and "8.20 s" in slow and "1.00 s" in slow
 
 
 def test_a_verified_plan_with_the_same_fingerprint_is_reused_and_named() -> None:

@@ -51,6 +51,7 @@ def diagnose(tmp_path: Path) -> dict:  # type: ignore[type-arg]
     return doc
 
 
+@pytest.mark.slow
 def test_healthy_requests_journal_their_summaries_not_their_collectives(tmp_path: Path) -> None:
     """Two ranks serve four requests at two step counts: each journals its start and its
     finish per rank, whatever its steps; the finish counts the collectives that ran."""

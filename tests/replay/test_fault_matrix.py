@@ -50,7 +50,7 @@ def expected_outcome(produced: Produced, ranks: dict[int, dict]) -> str:  # type
     return "hung" if ranks[0]["status"] == "blocked" else "failed"
 
 
-# The first of these makes the matrix (its 11 startups, 3 at a time) in its setup.
+# The first of these makes the matrix (its 9 startups, 3 at a time) in its setup.
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", [c.name for c in CASES])
 def test_diagnosis_names_the_faulty_rank_state_and_outcome(

@@ -92,6 +92,7 @@ def started(cwd: Path, *argv: str) -> Iterator[subprocess.Popen[bytes]]:
                 proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_startup_in_progress_is_running_and_after_sigterm_stopped(tmp_path: Path) -> None:
     """Diagnosed again and again while both ranks warm up, a healthy startup is `running`
     (exit 3, no culprit, never hung); after SIGTERM it is `stopped`, with the signal and the
@@ -142,6 +143,7 @@ def test_a_rank_that_exited_is_crashed_at_once(tmp_path: Path) -> None:
     assert "is gone" in doc["ranks"][0]["note"]
 
 
+@pytest.mark.slow
 def test_a_rank_killed_after_ready_is_crashed_not_ready(tmp_path: Path) -> None:
     """SIGKILL of rank 1 of a serving 2-rank server: diagnose says `crashed`, rank 1, in
     ready, exit 1, and not `ready`."""
