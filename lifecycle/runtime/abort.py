@@ -22,6 +22,9 @@ ABORT_POLL_S = 0.2
 # A store that does not answer for this long is gone (a round trip on a loaded host takes
 # milliseconds; the rank writing the store's server may be busy for a moment, not for seconds).
 STORE_GONE_S = 3.0
+# How long stopping the watcher waits for a store request in flight (each is bounded by the
+# store's own timeout; a store gone answers with an error at once).
+STOP_WITHIN_S = 5.0
 STORE_CONNECT_S = 10.0
 MAX_MESSAGE_CHARS = 2000
 
@@ -146,8 +149,12 @@ class AbortWatcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, within_s: float = STOP_WITHIN_S) -> None:
+        """Stop watching, and wait (bounded) for a store request in flight to end: a thread
+        left inside one when the interpreter exits ends the process in std::terminate."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(within_s)
 
     def first_failure(self) -> Failure | None:
         """The failure announced first, if any (a read of the store now); a store that does
