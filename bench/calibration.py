@@ -50,7 +50,7 @@ class Figure:
         return self.field_with_s / self.field_without_s
 
 
-# The field's 2xH200 text-to-video server in auto mode (DESIGN.md section 1).
+# The field's 2xH200 text-to-video server in auto mode (the README's opening problem).
 FIGURES = (
     Figure(
         name="startup to ready",

@@ -55,7 +55,7 @@ def _locations(given: Sequence[str]) -> list[str]:
 
 
 def _warn(problems: list[str], err: IO[str]) -> None:
-    from replay.render import clean
+    from lifecycle.core.text import clean
 
     for problem in dict.fromkeys(problems):
         print(f"replay: warning: {clean(problem)}", file=err)
@@ -335,14 +335,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[ns.command](ns, out, err)
     except (LifecycleError, Usage) as exc:
-        from replay.render import clean
+        from lifecycle.core.text import clean
 
         print(f"replay: error: {clean(exc)}", file=err)
         return EXIT_BAD_INPUT
     except (RecursionError, OverflowError) as exc:
         # A value past what replay can hold (a number past 64 bits, nesting past the stack)
         # is bad input, never a verdict: exit 1 would read as "failed".
-        from replay.render import clean
+        from lifecycle.core.text import clean
 
         what = "nests too deeply" if isinstance(exc, RecursionError) else "holds too large a number"
         print(f"replay: error: the input {what} to be read ({clean(exc)[:200]})", file=err)

@@ -125,7 +125,8 @@ def verdict(a: RunProfile, b: RunProfile) -> str:
 
 
 def format_diff(a: RunProfile, b: RunProfile) -> str:
-    from replay.render import clean, mib, table
+    from lifecycle.core.text import clean
+    from replay.render import mib, table
 
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f} s"

@@ -108,7 +108,7 @@ def rank_of(path: Path) -> int | None:
 def parse(data: bytes, *, rank: int, path: str) -> FlightDump:
     """One rank's dump from its bytes; BadDump says what is wrong with it."""
     # replay.render reaches this module through the verdict it renders: imported when used.
-    from replay.render import clean
+    from lifecycle.core.text import clean
 
     def text(value: Any) -> str:
         """Text of a dump as replay holds it: cut short, then cleaned of escape sequences and

@@ -19,8 +19,9 @@ from lifecycle.core.history import (
     p95,
     runs_of,
 )
+from lifecycle.core.text import clean
 from replay.load import RunInfo
-from replay.render import Style, clean, table
+from replay.render import Style, table
 
 # A run regressed when a state, or its startup, took more than this many times the median of
 # the same key's runs before it (once there are MIN_RUNS of them)...

@@ -3,41 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from wcwidth import wcswidth
-
+from lifecycle.core.text import clean, display_width
 from lifecycle.store.summaries import Summary
 from replay.diagnose import Diagnosis, Outcome
 from replay.evidence import Evidence, FirstError
 from replay.load import RunInfo
 from replay.status import PendingInfo, RankVerdict
 from replay.summary import mismatch_reason, purpose_text, rank_note, signature_text, summary
-
-# ANSI escape sequences and other control characters a journal must never smuggle into a
-# terminal (tab and newline are kept where the caller allows them).
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def clean(text: object, *, keep_newlines: bool = False) -> str:
-    """Journal text made safe to print: no escape sequences, no control characters."""
-    value = _ESCAPES.sub("", str(text))
-    if not keep_newlines:
-        value = value.replace("\n", " ").replace("\t", " ")
-    return value
-
-
-def display_width(text: str) -> int:
-    """The terminal cells `text` (clean, unstyled) takes: two for a wide character, none for a
-    combining one."""
-    width = wcswidth(text)
-    # -1: a character wcwidth cannot measure; clean text has none, but never pad by a negative.
-    return width if width >= 0 else len(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +63,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths).rstrip())
     return "\n".join(lines)
-
-
-def pad(text: str, width: int) -> str:
-    """Clean `text` padded with spaces to `width` terminal cells."""
-    return text + " " * (width - display_width(text))
 
 
 def _as_cell(value: object) -> Cell:

@@ -19,11 +19,12 @@ from lifecycle.core.events import (
 )
 from lifecycle.core.plan import Role
 from lifecycle.core.residency import format_bytes
+from lifecycle.core.text import clean, pad
 from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis
 from replay.launch import LaunchPhase, launch_phase, launch_text
 from replay.load import RunInfo
-from replay.render import Style, clean, mib, pad, table, when
+from replay.render import Style, mib, table, when
 
 
 def format_header(run: RunInfo, style: Style) -> str:

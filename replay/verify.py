@@ -233,7 +233,7 @@ def _reason(reason: str | None) -> str:
 
 
 def format_verify(reports: list[VerifyReport]) -> str:
-    from replay.render import clean
+    from lifecycle.core.text import clean
 
     lines = []
     for report in reports:

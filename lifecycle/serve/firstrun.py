@@ -277,7 +277,7 @@ def run_checks(fr: FirstRun, say: Callable[[Check], None]) -> None:
 def table_row(name: str, result: str, detail: str) -> str:
     """A row of the table, its columns as wide as the longest check name and result: fixed
     before the first check runs, so that each row is printed when its check is done."""
-    from replay.render import clean, pad
+    from lifecycle.core.text import clean, pad
 
     cells = (pad(clean(name), NAME_WIDTH), pad(result, RESULT_WIDTH), clean(detail))
     return "  ".join(cells).rstrip()

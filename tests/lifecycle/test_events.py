@@ -40,18 +40,18 @@ DESIGN_KINDS = {
     "request_started", "request_finished", "shutdown", "residency_planned", "residency_applied",
     "residency_verified", "residency_rolled_back", "aborted",
 }  # fmt: skip
-# Beyond DESIGN.md: the marker before the collective records a rank's ring writes on trouble
-# after ready (reason, records, dropped), so replay can say why and how many; and each rank's
-# clock offset to rank 0, measured at the rendezvous; and the deadlines each state was held to,
-# learned from the journal's history at gate-check.
+# Beyond the designed kinds: the marker before the collective records a rank's ring writes on
+# trouble after ready (reason, records, dropped), so replay can say why and how many; each
+# rank's clock offset to rank 0, measured at the rendezvous; and the deadlines each state was
+# held to, learned from the journal's history at gate-check.
 BEYOND_DESIGN_KINDS = {
     "collectives_dumped", "clock_aligned", "flight_recorder_dumped", "expectations",
 }  # fmt: skip
 
 
 def test_every_designed_kind_has_an_event_class() -> None:
-    """The journal knows exactly the event kinds of DESIGN.md section 6, and the ones the
-    README lists beyond it."""
+    """The journal knows exactly the designed event kinds (the README's Architecture), and the
+    ones the README lists beyond it."""
     assert set(EVENT_TYPES) == DESIGN_KINDS | BEYOND_DESIGN_KINDS
 
 
