@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -152,8 +153,11 @@ def test_a_shutdown_that_cannot_be_journaled_exits_3_in_one_line(tmp_path: Path)
 def test_ranks_that_cannot_write_the_journal_stop_and_the_launcher_says_so(
     tmp_path: Path,
 ) -> None:
-    """Two ranks on a journal that stops growing: each rank says so and exits 3, and the
-    launcher names the journal and the ranks, and exits 3."""
+    """Two ranks on a journal that stops growing: the rank that meets the full journal says
+    so, the launcher names the journal and the rank and exits 3. The other rank either meets
+    the full journal too or, when it was still agreeing on a run id as the first failed, is
+    stopped by the launcher's agreed abort and says that it journaled nothing: which of the
+    two happens is a matter of timing, and both are right."""
     result = boot_with_file_size_limit(
         tmp_path, 96 * 1024, *MICRO, "--db", "j.db", "--num-ranks", "2", "--dist-timeout", "5"
     )
@@ -162,7 +166,14 @@ def test_ranks_that_cannot_write_the_journal_stop_and_the_launcher_says_so(
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("lifecycle: error: journal j.db could not be written by rank")
     assert lines[-1].endswith("the startup stopped and its record is incomplete")
-    assert all(line.startswith("lifecycle: error: ") for line in lines), result.stderr
+    stopped_unjournaled = re.compile(
+        r"lifecycle: rank \d: stopped by SIGTERM before its journal was open .*: nothing journaled"
+    )
+    assert all(
+        line.startswith("lifecycle: error: ") or stopped_unjournaled.fullmatch(line)
+        for line in lines
+    ), result.stderr
+    assert sum("could not be written" in line for line in lines) >= 2, result.stderr
     assert "exit 3" in result.stdout
 
 
