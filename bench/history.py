@@ -24,7 +24,7 @@ from bench.compare import compared_seconds
 from bench.stats import interleave, median
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
-from lifecycle.core.history import (
+from lifecycle.core.deadlines import (
     MIN_RUNS,
     SAMPLE_RUNS,
     STALL_FACTOR,

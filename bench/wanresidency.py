@@ -78,7 +78,7 @@ def _pipe(*, vae: str = TINY, encoder: str | None = None) -> Any:
     from diffusers import AutoencoderKLWan
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from lifecycle.adapters.diffusers.tiny import build_tiny_wan
+    from lifecycle.adapters.diffusers.tinywan import build_tiny_wan
 
     pipe = build_tiny_wan()
     torch.manual_seed(0)

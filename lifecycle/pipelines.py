@@ -33,8 +33,8 @@ from lifecycle.core.config import (
     Shape,
 )
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.planner import ResidencyOption
 from lifecycle.core.records import Generation, StageRecord
-from lifecycle.core.residency import ResidencyOption
 from lifecycle.runtime.comm import Comm, RecordedGroup, StagingBuffers, UlyssesAttention
 from lifecycle.runtime.device import MemoryMeter, memory_meter, synchronize
 from lifecycle.runtime.pipeline import (
@@ -44,7 +44,7 @@ from lifecycle.runtime.pipeline import (
     ResidentPipeline,
     register_pipeline,
 )
-from lifecycle.runtime.pipeline.residency import Offloader
+from lifecycle.runtime.pipeline.placement import Offloader
 
 __all__ = [
     "DIFFUSERS_BACKEND",

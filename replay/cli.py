@@ -284,8 +284,8 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from lifecycle.core.deadlines import RankDurations
     from lifecycle.core.errors import JournalError
-    from lifecycle.core.history import RankDurations
     from lifecycle.store.history import HISTORY_REVISION, has_history, history_of
     from replay.history import format_history, histories, history_json
     from replay.load import Journals

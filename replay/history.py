@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.core.history import (
+from lifecycle.core.deadlines import (
     MIN_RUNS,
     RankDurations,
     RunDurations,

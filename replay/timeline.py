@@ -18,7 +18,7 @@ from lifecycle.core.events import (
     StoredEvent,
 )
 from lifecycle.core.plan import Role
-from lifecycle.core.residency import format_bytes
+from lifecycle.core.planner import format_bytes
 from lifecycle.core.text import clean, pad
 from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis

@@ -23,7 +23,7 @@ from lifecycle.core.gates import (
     evaluate_gates,
 )
 from lifecycle.core.plan import WarmupPlan, WarmupRequest, build_plan, fit_probe
-from lifecycle.core.residency import replan, same_plan, verify_time
+from lifecycle.core.planner import replan, same_plan, verify_time
 from lifecycle.core.states import State, Trigger, next_state
 from replay.load import RunInfo
 

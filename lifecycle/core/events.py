@@ -10,6 +10,7 @@ from lifecycle.core.errors import classify
 from lifecycle.core.fingerprint import Fingerprint
 from lifecycle.core.gates import GateOutcome, Platform
 from lifecycle.core.plan import ProbeFit, Role, WarmupRequest
+from lifecycle.core.planner import PlannerInput, ResidencyPlan
 from lifecycle.core.records import (
     GroupMark,
     PendingCollective,
@@ -19,7 +20,6 @@ from lifecycle.core.records import (
     ThreadStack,
     TorchGroup,
 )
-from lifecycle.core.residency import PlannerInput, ResidencyPlan
 
 # Nested records (lifecycle.core.records), and the domain values the events below hold (Shape,
 # Platform, GateOutcome, WarmupRequest, ProbeFit, Role, and the residency planner's values), are

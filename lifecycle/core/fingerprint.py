@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 
 from lifecycle.core.config import ModelSpec, ServerArgs
-from lifecycle.core.residency import ResidencyPlan, format_bytes
+from lifecycle.core.planner import ResidencyPlan, format_bytes
 
 DEFAULT_BUDGET = "free memory less headroom"
 

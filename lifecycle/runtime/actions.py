@@ -17,6 +17,7 @@ from lifecycle.core.agreement import (
     reuse_token,
 )
 from lifecycle.core.config import RankLayout, ServerArgs, Shape, SmokeRequest
+from lifecycle.core.deadlines import StartupPath, expect, history_key, runs_of
 from lifecycle.core.errors import JournalError
 from lifecycle.core.events import (
     GateDecided,
@@ -27,7 +28,6 @@ from lifecycle.core.events import (
 )
 from lifecycle.core.fingerprint import Fingerprint, Reuse, StoredPlan
 from lifecycle.core.gates import RESIDENCY_GATE_INDEX, Platform, evaluate_gates
-from lifecycle.core.history import StartupPath, expect, history_key, runs_of
 from lifecycle.core.plan import (
     PROBE_DOES_NOT_FIT,
     Role,
@@ -38,8 +38,8 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
+from lifecycle.core.planner import ResidencyPlan
 from lifecycle.core.records import Generation, GroupMark, RequestResult, shared_fields
-from lifecycle.core.residency import ResidencyPlan
 from lifecycle.core.states import State
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import MemoryMeter, probe_platform, release_cache

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from lifecycle.core.deadlines import RankDurations
 from lifecycle.core.errors import ConfigError, JournalError
 from lifecycle.core.events import (
     Aborted,
@@ -34,9 +35,8 @@ from lifecycle.core.events import (
     StoredEvent,
     WarmupRecord,
 )
-from lifecycle.core.history import RankDurations
 from lifecycle.core.states import State
-from lifecycle.runtime.metrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
+from lifecycle.runtime.rankmetrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
 from lifecycle.store.writer import RankWriter
 
 # Kinds that stay in the ring after `ready` (see keep_collectives_in_ring).

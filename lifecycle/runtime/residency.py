@@ -24,8 +24,7 @@ from lifecycle.core.fingerprint import (
 )
 from lifecycle.core.gates import Platform
 from lifecycle.core.plan import Role
-from lifecycle.core.records import RequestResult
-from lifecycle.core.residency import (
+from lifecycle.core.planner import (
     MIB,
     Candidate,
     ComponentCost,
@@ -44,6 +43,7 @@ from lifecycle.core.residency import (
     verify_peak,
     verify_time,
 )
+from lifecycle.core.records import RequestResult
 from lifecycle.runtime.pipeline import resident
 
 if TYPE_CHECKING:

@@ -48,7 +48,7 @@ from lifecycle.runtime.abort import AbortWatcher, Failure, failure_of, watch_pee
 from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
-from lifecycle.runtime.flight import FlightDumper, folder_for, turn_on
+from lifecycle.runtime.flightrecorder import FlightDumper, folder_for, turn_on
 from lifecycle.runtime.heartbeat import HeartbeatThread
 from lifecycle.runtime.injection import RankFaults
 from lifecycle.runtime.process_group import (

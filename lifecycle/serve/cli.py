@@ -20,7 +20,7 @@ from lifecycle.core.config import (
 )
 from lifecycle.core.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
 from lifecycle.core.faults import parse_faults
-from lifecycle.core.residency import parse_size
+from lifecycle.core.planner import parse_size
 from lifecycle.serve.dbcommand import add_db_command, fail_unjournaled, fail_usage, run_db_command
 from lifecycle.serve.firstrun import add_first_run
 from lifecycle.serve.logs import configure_logging

@@ -23,7 +23,7 @@ from lifecycle.core.config import (
     WarmupMode,
 )
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.residency import parse_size
+from lifecycle.core.planner import parse_size
 from lifecycle.serve.configfile import read_document, shown
 from lifecycle.serve.logs import LEVELS
 

@@ -113,7 +113,7 @@ def _agreed_run_id(
     import torch.distributed as dist
 
     from lifecycle.runtime.device import select_device
-    from lifecycle.runtime.flight import folder_for, turn_on
+    from lifecycle.runtime.flightrecorder import folder_for, turn_on
     from lifecycle.runtime.process_group import join_process_group
 
     # No shared id in the environment: join the group first and let rank 0 name the run.

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Engine
 from sqlalchemy.pool import PoolProxiedConnection
 
-from lifecycle.store.generic import GenericBackend
+from lifecycle.store.genericdb import GenericBackend
 from lifecycle.store.location import parse_url, shown_location, sqlite_file, to_url
 from lifecycle.store.postgres import PostgresBackend, is_postgres, with_default_driver
 from lifecycle.store.sqlite import SqliteBackend
@@ -31,7 +31,7 @@ class Backend(Protocol):
     """A kind of database a journal can be kept in.
 
     A backend raises journal errors of its own only for what it checks itself (files, paths);
-    a database error reaches `lifecycle.store.errors`, the one place that maps them.
+    a database error reaches `lifecycle.store.dberrors`, the one place that maps them.
     """
 
     @property

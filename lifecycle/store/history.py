@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
+from lifecycle.core.deadlines import SAMPLE_RUNS, RankDurations, durations_before_ready
 from lifecycle.core.fold import MAX_CLOCK_OFFSET_S, RankFold
-from lifecycle.core.history import SAMPLE_RUNS, RankDurations, durations_before_ready
 from lifecycle.core.states import State
-from lifecycle.store.errors import DATABASE_ERRORS, journal_error
+from lifecycle.store.dberrors import DATABASE_ERRORS, journal_error
 from lifecycle.store.rows import is_int, is_number
 from lifecycle.store.schema import KNOWN_REVISIONS, startup_history
 

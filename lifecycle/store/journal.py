@@ -13,8 +13,8 @@ from lifecycle.core.errors import JournalError, NotAJournal
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend, backend_for
+from lifecycle.store.dberrors import DATABASE_ERRORS, Fault, fault_of, journal_error, write_failure
 from lifecycle.store.decode import EVENT_ROW, decode_row
-from lifecycle.store.errors import DATABASE_ERRORS, Fault, fault_of, journal_error, write_failure
 from lifecycle.store.revisions import (
     EMPTY,
     check_head,

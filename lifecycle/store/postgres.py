@@ -12,8 +12,8 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from lifecycle.store.errors import DATABASE_ERRORS, journal_error
-from lifecycle.store.generic import GenericBackend
+from lifecycle.store.dberrors import DATABASE_ERRORS, journal_error
+from lifecycle.store.genericdb import GenericBackend
 
 # The driver a plain `postgresql://` URL gets: SQLAlchemy's own default is psycopg2.
 DRIVER = "psycopg"
@@ -58,7 +58,7 @@ class PipelineAppender:
                 driver.commit()
         except self._errors as exc:
             # Under SQLAlchemy's wrapper, as every other database error reaches the store's
-            # one mapping (lifecycle.store.errors).
+            # one mapping (lifecycle.store.dberrors).
             raise DBAPIError.instance(self._sql, None, exc, self._errors) from exc
 
     def rollback(self) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from sqlalchemy import Connection, Delete, Engine, Table, delete, func, inspect, select
 
 from lifecycle.core.errors import ConfigError
+from lifecycle.store.dberrors import DATABASE_ERRORS, is_retryable, journal_error
 from lifecycle.store.dumps import ThisJournal, find_dumps, remove_dumps
-from lifecycle.store.errors import DATABASE_ERRORS, is_retryable, journal_error
 from lifecycle.store.journal import Journal
 from lifecycle.store.schema import events, metadata, runs
 

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 
 from lifecycle.core.errors import JournalError, NotAJournal, SchemaMismatch
 from lifecycle.store.backend import backend_for
-from lifecycle.store.errors import DATABASE_ERRORS, journal_error
+from lifecycle.store.dberrors import DATABASE_ERRORS, journal_error
 from lifecycle.store.schema import KNOWN_REVISIONS
 
 EMPTY = "empty"  # the revision of a database with no tables at all

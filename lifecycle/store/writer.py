@@ -13,12 +13,12 @@ from sqlalchemy import Dialect, Engine, Table, bindparam, select
 from sqlalchemy.sql.expression import ClauseElement
 
 from lifecycle.core.codec import encode
+from lifecycle.core.deadlines import RankDurations
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
 from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
 from lifecycle.core.fold import RankFold
-from lifecycle.core.history import RankDurations
 from lifecycle.store.backend import Backend
-from lifecycle.store.errors import DATABASE_ERRORS, append_error, is_retryable, journal_error
+from lifecycle.store.dberrors import DATABASE_ERRORS, append_error, is_retryable, journal_error
 from lifecycle.store.history import history_values, recent_history
 from lifecycle.store.plans import planned_inputs, residency_history
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries, startup_history

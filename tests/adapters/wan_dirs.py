@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lifecycle.adapters.diffusers.tiny import tiny_vocabulary
+from lifecycle.adapters.diffusers.tinywan import tiny_vocabulary
 
 
 def small_wan(*, heads: int = 2, layers: int = 1, scheduler: str = "unipc") -> Any:

@@ -18,15 +18,7 @@ from typing import Any
 import pytest
 from alembic import command
 
-from lifecycle.core.events import (
-    ActionFinished,
-    ActionStarted,
-    Event,
-    Expectations,
-    RunStarted,
-    Transition,
-)
-from lifecycle.core.history import (
+from lifecycle.core.deadlines import (
     MIN_RUNS,
     SAMPLE_RUNS,
     STALL_FACTOR,
@@ -35,6 +27,14 @@ from lifecycle.core.history import (
     RunDurations,
     expect,
     runs_of,
+)
+from lifecycle.core.events import (
+    ActionFinished,
+    ActionStarted,
+    Event,
+    Expectations,
+    RunStarted,
+    Transition,
 )
 from lifecycle.store import Journal, RankWriter, RunRow, head_revision, journal_revision, to_url
 from lifecycle.store.history import recent_history

@@ -224,7 +224,7 @@ def test_prune_looks_for_a_runs_dumps_where_its_ranks_put_them(
     folder of its own, the folder prune removes a run's dumps from is the one a rank of that
     run dumps into."""
     from lifecycle.core.config import ServerArgs, args_to_json
-    from lifecycle.runtime.flight import folder_for
+    from lifecycle.runtime.flightrecorder import folder_for
     from lifecycle.store import to_url
     from lifecycle.store.dumps import ThisJournal
 

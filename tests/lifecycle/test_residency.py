@@ -14,7 +14,7 @@ from lifecycle.core.errors import ConfigError, FaultSpecError
 from lifecycle.core.faults import FaultKind, parse_fault
 from lifecycle.core.fingerprint import PlanStatus, StoredPlan, choose_reuse, fingerprint
 from lifecycle.core.gates import GATES, RESIDENCY_GATE_INDEX
-from lifecycle.core.residency import (
+from lifecycle.core.planner import (
     ComponentCost,
     PlannerInput,
     ResidencyOption,

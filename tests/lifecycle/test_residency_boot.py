@@ -156,7 +156,7 @@ DECODE = """
 import sys, torch
 from lifecycle.core.config import Shape
 from lifecycle.runtime.device import LinuxRssMeter
-from lifecycle.runtime.pipeline.residency import DecoderResidency
+from lifecycle.runtime.pipeline.placement import DecoderResidency
 from tests.lifecycle.test_residency_boot import _pipeline
 frames_at_once, tiles, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 pipeline = _pipeline()

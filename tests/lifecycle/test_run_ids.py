@@ -15,7 +15,7 @@ from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.events import Event, FlightRecorderDumped
 from lifecycle.core.runid import is_run_id
-from lifecycle.runtime.flight import FlightDumper, folder_for
+from lifecycle.runtime.flightrecorder import FlightDumper, folder_for
 from lifecycle.store.runs import elastic_run_id
 from tests.conftest import one_clear_line, run_cli
 

@@ -14,7 +14,7 @@ from lifecycle.core.errors import JournalConflict, JournalError
 from lifecycle.core.events import ActionStarted, Event, Transition
 from lifecycle.store import Journal, RunRow, head_revision, to_url
 from lifecycle.store.backend import Backend, backend_for
-from lifecycle.store.generic import GenericBackend
+from lifecycle.store.genericdb import GenericBackend
 
 # The SQLite file through its own backend, and the same file through the generic one, which
 # is what a database without a backend of its own gets.

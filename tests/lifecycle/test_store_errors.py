@@ -20,7 +20,7 @@ from lifecycle.core.errors import (
 )
 from lifecycle.core.events import ActionStarted
 from lifecycle.store import Journal, RankWriter, RunRow, to_url
-from lifecycle.store.errors import append_error, is_retryable, journal_error
+from lifecycle.store.dberrors import append_error, is_retryable, journal_error
 from tests.conftest import file_digest
 
 EVENT_ROW = (

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lifecycle.core import safepickle
 from lifecycle.core.config import ServerArgs
-from lifecycle.runtime.flight import BUFFER_ENV, folder_for, turn_on
+from lifecycle.runtime.flightrecorder import BUFFER_ENV, folder_for, turn_on
 from replay.flight import MAX_ENTRIES, BadDump, parse, read_files
 
 _scalars = (

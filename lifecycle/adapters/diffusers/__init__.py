@@ -14,7 +14,7 @@ from lifecycle.adapters.diffusers.specs import (
     generic_spec,
     wan_spec,
 )
-from lifecycle.adapters.diffusers.tiny import TINY_WAN, build_tiny_wan
+from lifecycle.adapters.diffusers.tinywan import TINY_WAN, build_tiny_wan
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, Pipeline, register_pipeline
 
 EXTRA = "lifecycle[diffusers]"
@@ -95,7 +95,7 @@ def register(spec: ModelSpec) -> None:
 
 
 def _factory(spec: ModelSpec, comm: Comm) -> Pipeline:
-    from lifecycle.adapters.diffusers.generic import GenericAdapter
+    from lifecycle.adapters.diffusers.anypipeline import GenericAdapter
     from lifecycle.adapters.diffusers.wan import WanAdapter
 
     if spec.source is None:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lifecycle.adapters.diffusers.residency import WanResidency, tile_size, wan_options
 from lifecycle.adapters.diffusers.ulysses import ulysses_transformer
+from lifecycle.adapters.diffusers.wanplacement import WanResidency, tile_size, wan_options
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, ResidencyOption, Shape
 
 # What WanPipeline.__call__ encodes a prompt to, by default.

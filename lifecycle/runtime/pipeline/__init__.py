@@ -10,8 +10,8 @@ import torch
 
 from lifecycle.core.config import MODEL_PRESETS, ModelSpec, Shape
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.planner import ResidencyOption
 from lifecycle.core.records import StageRecord
-from lifecycle.core.residency import ResidencyOption
 from lifecycle.runtime.comm import Comm
 
 

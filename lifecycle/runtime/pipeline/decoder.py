@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lifecycle.core.config import Shape
-from lifecycle.runtime.pipeline.residency import DecoderResidency
+from lifecycle.runtime.pipeline.placement import DecoderResidency
 
 if TYPE_CHECKING:
     from lifecycle.runtime.pipeline.tiny import TinyConfig

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lifecycle.core.config import ModelSpec, Shape
-from lifecycle.core.residency import ResidencyOption
+from lifecycle.core.planner import ResidencyOption
 from lifecycle.runtime.comm import Comm, UlyssesAttention
 from lifecycle.runtime.pipeline.decoder import Decoder, decode_video
-from lifecycle.runtime.pipeline.residency import (
+from lifecycle.runtime.pipeline.placement import (
     OFFLOADED,
     TEXT_ENCODER,
     DecoderGeometry,

@@ -11,7 +11,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool, PoolProxiedConnection
 
-from lifecycle.store.errors import engine_error
+from lifecycle.store.dberrors import engine_error
 
 
 class StatementAppender:
