@@ -15,17 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from replay.parser import EXIT_BAD_INPUT, Usage, parse_args
+from replay.exits import ReplayExit, Usage
+from replay.parser import parse_args
 
 if TYPE_CHECKING:
     from lifecycle.core.view import RankView
     from replay.diagnose import Diagnosis
     from replay.flightjoin import FlightFacts
     from replay.load import Journals, RunInfo
-
-EXIT_OK = 0
-EXIT_FAILURE = 1  # diagnose: a failure found; verify: a run inconsistent with today's code
-DEFAULT_JOURNAL = "lifecycle.db"  # where `lifecycle boot` writes when $LIFECYCLE_DB is unset
 
 
 def _now(ns: argparse.Namespace) -> float:
@@ -44,12 +41,13 @@ def _locations(given: Sequence[str]) -> list[str]:
     replay reads and never creates one."""
     if given:
         return list(given)
+    from lifecycle.core.command import JOURNAL_ENV, default_journal
     from lifecycle.store.location import is_url, shown_location
 
-    named = os.environ.get("LIFECYCLE_DB")
-    location = named or DEFAULT_JOURNAL
+    location = default_journal(os.environ)
     if not is_url(location) and not os.path.exists(os.path.expanduser(location)):
-        where = f"$LIFECYCLE_DB ({shown_location(location)})" if named else f"./{location}"
+        named = os.environ.get(JOURNAL_ENV)
+        where = f"${JOURNAL_ENV} ({shown_location(location)})" if named else f"./{location}"
         raise Usage(f"no JOURNAL given, and {where} does not exist: name a JOURNAL")
     return [location]
 
@@ -132,7 +130,7 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         _dump(runs_json(summaries), out)
     else:
         print(format_runs(summaries, _style(out)) if summaries else "no runs", file=out)
-    return EXIT_OK
+    return ReplayExit.OK
 
 
 def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -157,7 +155,7 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 _dump(show_json(analysis, ranks=ns.rank, at=ns.at, collectives={}), out)
             else:
                 print(format_at(analysis, seconds=ns.at), file=out)
-            return EXIT_OK
+            return ReplayExit.OK
         style = _style(out)
         if not ns.json:
             # The first line before anything is read: a huge run starts showing at once.
@@ -172,7 +170,7 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             if facts is not None:
                 doc["flight_recorder"] = entries_json(facts, analysis, ranks=chosen)
             _dump(doc, out)
-            return EXIT_OK
+            return ReplayExit.OK
         for rank in chosen:
             view = analysis.views[rank]
             if ns.all:
@@ -188,7 +186,7 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if analysis.missing_ranks and ns.rank is None:
             print("\n" + missing_line(analysis), file=out)
         _warn(journals.problems, err)
-    return EXIT_OK
+    return ReplayExit.OK
 
 
 def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -229,7 +227,7 @@ def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         _dump(verify_json(reports), out)
     else:
         print(format_verify(reports) if reports else "no runs", file=out)
-    return EXIT_OK if all(r.consistent for r in reports) else EXIT_FAILURE
+    return ReplayExit.OK if all(r.consistent for r in reports) else ReplayExit.FAILURE
 
 
 def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -252,7 +250,7 @@ def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if target is None:
         json.dump(trace, out)
         out.write("\n")
-        return EXIT_OK
+        return ReplayExit.OK
     write_replacing(target, trace, output=ns.output)
     spans = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X")
     if ns.json:
@@ -261,7 +259,7 @@ def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     else:
         print(f"wrote {ns.output}: {len(trace['traceEvents'])} trace events, {spans} spans,"
               f" run {run.run_id}", file=out)  # fmt: skip
-    return EXIT_OK
+    return ReplayExit.OK
 
 
 def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -280,7 +278,7 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         _dump(diff_json(a, b), out)
     else:
         print(format_diff(a, b), file=out)
-    return EXIT_OK
+    return ReplayExit.OK
 
 
 def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -313,7 +311,7 @@ def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         _dump(history_json(found_histories), out)
     else:
         print(format_history(found_histories, _style(out)), file=out)
-    return EXIT_OK
+    return ReplayExit.OK
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
@@ -334,11 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[ns.command](ns, out, err)
-    except (LifecycleError, Usage) as exc:
+    except LifecycleError as exc:
         from lifecycle.core.text import clean
 
         print(f"replay: error: {clean(exc)}", file=err)
-        return EXIT_BAD_INPUT
+        return ReplayExit.BAD_INPUT
     except (RecursionError, OverflowError) as exc:
         # A value past what replay can hold (a number past 64 bits, nesting past the stack)
         # is bad input, never a verdict: exit 1 would read as "failed".
@@ -346,11 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         what = "nests too deeply" if isinstance(exc, RecursionError) else "holds too large a number"
         print(f"replay: error: the input {what} to be read ({clean(exc)[:200]})", file=err)
-        return EXIT_BAD_INPUT
+        return ReplayExit.BAD_INPUT
     except BrokenPipeError:
         # `replay ... | head`: the reader left; nothing more to say.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return ReplayExit.OK
 
 
 if __name__ == "__main__":

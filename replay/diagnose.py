@@ -37,6 +37,7 @@ from replay.evidence import (
     StoppedBySignal,
     WaitEnd,
 )
+from replay.exits import ReplayExit
 from replay.flightjoin import FlightFacts, in_flight
 from replay.status import (
     RankVerdict,
@@ -48,10 +49,6 @@ from replay.status import (
     stop_signal,
     where,
 )
-
-EXIT_READY = 0
-EXIT_FAILURE = 1  # failed, hung or crashed
-EXIT_NOT_READY = 3  # no failure found, and not ready: running, stopped, or incomplete
 
 
 class Outcome(StrEnum):
@@ -84,10 +81,10 @@ class Diagnosis:
     @property
     def exit_status(self) -> int:
         if self.outcome is Outcome.READY:
-            return EXIT_READY
+            return ReplayExit.OK
         if self.outcome in (Outcome.FAILED, Outcome.HUNG, Outcome.CRASHED):
-            return EXIT_FAILURE
-        return EXIT_NOT_READY
+            return ReplayExit.FAILURE
+        return ReplayExit.NOT_READY
 
     def about(self, rank: int) -> tuple[RankEvidence, ...]:
         """The evidence items about `rank`, in the order they were found."""

@@ -1,24 +1,26 @@
 """What `replay --help` says: what RUN and JOURNAL may be, and each command's exit statuses.
 
-The statuses here are the ones replay/cli.py and `Diagnosis.exit_status` return; a test reads
+The statuses here are replay/exits.py's table, which every command returns from; a test reads
 them back from the help of each command.
 """
 
 from __future__ import annotations
 
+from lifecycle.core.command import DEFAULT_JOURNAL, JOURNAL_ENV
+
 RUN_HELP = "a run id, a unique prefix of one, or 'latest'"
 JOURNAL_HELP = (
     "a SQLite path or a SQLAlchemy URL; several are merged by run id"
-    " (default: $LIFECYCLE_DB, else ./lifecycle.db)"
+    f" (default: ${JOURNAL_ENV}, else ./{DEFAULT_JOURNAL})"
 )
 RUN_TERM = """\
 RUN      a run id, a unique prefix of one, or 'latest' (the run whose recorded start
          is the latest). An exact id wins over a prefix; a prefix of no run, or of
          several, is an error that says so."""
-JOURNAL_TERM = """\
+JOURNAL_TERM = f"""\
 JOURNAL  a SQLite file path or a SQLAlchemy URL (sqlite:///PATH, postgresql://...),
          read and never written. Several are merged by run id: a file per rank, a
-         node's and the fleet's. None given: $LIFECYCLE_DB, else ./lifecycle.db, as
+         node's and the fleet's. None given: ${JOURNAL_ENV}, else ./{DEFAULT_JOURNAL}, as
          `lifecycle boot` writes; replay never creates it."""
 # Each command's exit statuses, one entry per status (continuation lines indented).
 EXITS = {

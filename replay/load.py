@@ -10,13 +10,7 @@ from dataclasses import dataclass, field
 
 from lifecycle.core.checkpoint import FOLD_VERSION, restore
 from lifecycle.core.config import MAX_RANKS
-from lifecycle.core.errors import (
-    AmbiguousRun,
-    CorruptEvent,
-    JournalError,
-    ReplayError,
-    RunNotFound,
-)
+from lifecycle.core.errors import CorruptEvent, JournalError
 from lifecycle.core.events import RunStarted, StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
@@ -24,6 +18,7 @@ from lifecycle.core.view import RankView
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from lifecycle.store.summaries import Summary, with_latest_heartbeat
+from replay.exits import AmbiguousRun, ReplayError, RunNotFound
 
 # What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
 # past the recursion limit, a number out of range): the journal is bad input, not a bug here.

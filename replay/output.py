@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from lifecycle.core.errors import ReplayError
 from lifecycle.store.sqlite import FILE_KINDS
+from replay.exits import ReplayError
 
 
 class OutputRefused(ReplayError):

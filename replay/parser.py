@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
 
 from lifecycle import __version__
+from replay.exits import Parser
 from replay.helptext import (
     DIAGNOSE_HELP,
     HISTORY_HELP,
@@ -16,17 +16,7 @@ from replay.helptext import (
     epilog,
 )
 
-EXIT_BAD_INPUT = 2
 DEFAULT_LAST_COLLECTIVES = 10
-
-
-class Usage(Exception):
-    """A command given what it cannot use: one line, exit 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

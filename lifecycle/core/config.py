@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from lifecycle.core.command import DEFAULT_JOURNAL
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.faults import FaultKind, FaultSpec
 from lifecycle.core.states import State
@@ -192,7 +193,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerArgs:
     model: ModelSpec = field(default_factory=lambda: MODEL_PRESETS["tiny-video"])
-    db: str = "lifecycle.db"
+    db: str = DEFAULT_JOURNAL
     performance_mode: PerformanceMode = PerformanceMode.AUTO
     warmup_mode: WarmupMode = WarmupMode.SERVER
     calibrate: bool = False

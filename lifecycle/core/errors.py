@@ -5,6 +5,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar
 
+from lifecycle.core.command import Exit
+
 
 class ErrorKind(StrEnum):
     """What went wrong, as the journal records it: decided where the error is raised, so that
@@ -45,9 +47,12 @@ def recorded_kind(value: str) -> ErrorKind:
 
 
 class LifecycleError(Exception):
-    """Base of every error lifecycle raises on purpose."""
+    """Base of every error lifecycle raises on purpose. One that reaches a command's top is
+    reported in one line and ends the command with its `exit_status` (a startup's failures
+    are journaled and judged instead, and never reach it)."""
 
     error_kind: ClassVar[ErrorKind] = ErrorKind.EXCEPTION
+    exit_status: ClassVar[Exit] = Exit.USAGE
 
 
 class ConfigError(LifecycleError):
@@ -127,14 +132,12 @@ class JournalConflict(JournalError):
         self.seq = seq
 
 
-EXIT_UNJOURNALED = 3  # the exit status of a process whose journal could not be written
-
-
 class JournalWriteFailed(JournalError):
     """A write to the journal failed (disk full, I/O error, lost connection): the record of the
     startup is incomplete from that point on, and a rank that cannot record must stop."""
 
     error_kind: ClassVar[ErrorKind] = ErrorKind.JOURNAL_WRITE
+    exit_status: ClassVar[Exit] = Exit.UNJOURNALED
 
     def __init__(self, *, location: str, reason: str) -> None:
         super().__init__(f"journal {location} could not be written: {reason}")
@@ -249,21 +252,3 @@ class RankDisagreement(LifecycleError):
     def __init__(self, message: str, *, rank: int) -> None:
         super().__init__(message)
         self.rank = rank
-
-
-class ReplayError(LifecycleError):
-    """`replay` cannot answer: no usable journal, or a run reference that names no run."""
-
-
-class RunNotFound(ReplayError):
-    def __init__(self, *, ref: str, known: int) -> None:
-        super().__init__(f"no run matches {ref!r} among {known} run(s)")
-        self.ref = ref
-
-
-class AmbiguousRun(ReplayError):
-    def __init__(self, *, ref: str, candidates: list[str]) -> None:
-        shown = ", ".join(candidates[:5]) + (" ..." if len(candidates) > 5 else "")
-        super().__init__(f"run prefix {ref!r} matches {len(candidates)} runs: {shown}")
-        self.ref = ref
-        self.candidates = candidates

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from lifecycle import __version__
+from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.config import (
     PeerFailure,
     RankLayout,
@@ -25,7 +26,6 @@ from lifecycle.core.config import (
 )
 from lifecycle.core.errors import (
     COLLECTIVE_KINDS,
-    EXIT_UNJOURNALED,
     JournalError,
     JournalWriteFailed,
     RankDisagreement,
@@ -60,8 +60,6 @@ from lifecycle.runtime.process_group import (
 )
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import leave_process
-
-EXIT_FAILED = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,7 +349,7 @@ class RankSession:
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
             sys.stderr.flush()
-        self._leave(EXIT_FAILED)
+        self._leave(Exit.FAILED)
 
     def stop_unjournaled(self, exc: JournalWriteFailed) -> None:
         """The journal cannot be written: say so in one line and leave with exit status 3,
@@ -363,7 +361,7 @@ class RankSession:
                 # One write: the ranks of a launcher share its stderr.
                 sys.stderr.write(f"lifecycle: error: {who}{exc}\n")
                 sys.stderr.flush()
-            self._leave(EXIT_UNJOURNALED)
+            self._leave(Exit.UNJOURNALED)
 
     def _startup_timed_out(self, waited_s: float) -> None:
         """Called by the heartbeat thread: the main thread may be stuck for good, so this
@@ -380,7 +378,7 @@ class RankSession:
                 error, where=f"main thread after {waited_s:.1f} s:\n{stuck}" if stuck else None
             )
         self.close()
-        self._leave(EXIT_FAILED)
+        self._leave(Exit.FAILED)
 
     # -- after ready ---------------------------------------------------------------------------
 
@@ -428,7 +426,7 @@ class RankSession:
                 return 0
             self.stop(reason="signal", signal_name=sig.name)
         self.close()
-        return 128 + int(sig)
+        return SIGNAL_EXIT_BASE + int(sig)
 
     def linger(self, seconds: float, *, until: threading.Event) -> None:
         """Stay alive (heartbeating) after a failure so that peers block as they would under

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit, OneLineParser
 from lifecycle.core.config import (
     PeerFailure,
     PerformanceMode,
@@ -18,10 +19,10 @@ from lifecycle.core.config import (
     SmokeRequest,
     WarmupMode,
 )
-from lifecycle.core.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
+from lifecycle.core.errors import ConfigError, LifecycleError
 from lifecycle.core.faults import parse_faults
 from lifecycle.core.planner import parse_size
-from lifecycle.serve.dbcommand import add_db_command, fail_unjournaled, fail_usage, run_db_command
+from lifecycle.serve.dbcommand import add_db_command, fail, run_db_command
 from lifecycle.serve.firstrun import add_first_run
 from lifecycle.serve.logs import configure_logging
 from lifecycle.serve.models import model_for
@@ -34,37 +35,27 @@ from lifecycle.serve.options import (
 )
 from lifecycle.serve.rankenv import check_environment
 
-EXIT_READY = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-EXIT_STATUS_EPILOG = f"""\
+BOOT_STATUSES = f"""\
 exit status:
-  0    every rank got to ready
-  1    a rank failed (or was not ready within --startup-timeout)
-  2    bad input: a flag, the config file, a journal that is not this lifecycle's or may not
-       be written, an environment (torchrun's) that cannot be used
-  {EXIT_UNJOURNALED}    the journal could not be written (disk full, I/O error): the startup
+  {Exit.OK:d}    every rank got to ready
+  {Exit.FAILED:d}    a rank failed (or was not ready within --startup-timeout)
+  {Exit.USAGE:d}    bad input: a flag, the config file, a journal that is not this lifecycle's
+       or may not be written, an environment (torchrun's) that cannot be used
+  {Exit.UNJOURNALED:d}    the journal could not be written (disk full, I/O error): the startup
        stopped there, and its record is incomplete
-  128+N  ended by signal N (143 for SIGTERM)
+  {SIGNAL_EXIT_BASE}+N  ended by signal N (143 for SIGTERM)
 """
 
-SERVE_EXIT_STATUS_EPILOG = f"""\
+SERVE_STATUSES = f"""\
 exit status:
-  0    stopped by SIGTERM (or SIGINT), and every rank stopped cleanly
-  1    a fatal startup failure, once --linger has passed; or a rank that failed or died
-       while serving
-  2    bad input: a flag, the config file, a journal that is not this lifecycle's or may not
-       be written, a port that cannot be bound, a start under torchrun (use boot there)
-  {EXIT_UNJOURNALED}    the journal could not be written (disk full, I/O error)
+  {Exit.OK:d}    stopped by SIGTERM (or SIGINT), and every rank stopped cleanly
+  {Exit.FAILED:d}    a fatal startup failure, once --linger has passed; or a rank that failed or
+       died while serving
+  {Exit.USAGE:d}    bad input: a flag, the config file, a journal that is not this lifecycle's
+       or may not be written, a port that cannot be bound, a start under torchrun (use boot
+       there)
+  {Exit.UNJOURNALED:d}    the journal could not be written (disk full, I/O error)
 """
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _truthy(value: str | None) -> bool:
@@ -116,17 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _build() -> tuple[argparse.ArgumentParser, dict[str, _Startup]]:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="lifecycle",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action=_VersionAction, help="print the versions and exit")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     startups: dict[str, _Startup] = {}
     for name, text, epilog in (
-        ("boot", "run a startup to ready and exit (0 ready, 1 failed)", EXIT_STATUS_EPILOG),
-        ("serve", "boot, then serve HTTP until SIGTERM", SERVE_EXIT_STATUS_EPILOG),
+        ("boot", "run a startup to ready and exit (0 ready, 1 failed)", BOOT_STATUSES),
+        ("serve", "boot, then serve HTTP until SIGTERM", SERVE_STATUSES),
     ):
         cmd = sub.add_parser(
             name,
@@ -166,7 +157,7 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
         try:
             settings = load_config(ns.config, startup.options, command=ns.command)
         except ConfigError as exc:
-            parser.exit(EXIT_USAGE, f"lifecycle: error: --config {exc}\n")
+            parser.exit(Exit.USAGE, f"lifecycle: error: --config {exc}\n")
         startup.parser.set_defaults(**settings)
         ns = parser.parse_args(argv)
     vars(ns).pop(SPELLINGS, None)
@@ -225,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = server_args(ns)
     except ConfigError as exc:
-        return fail_usage(str(exc))
+        return fail(exc)
     configure_logging(json=ns.json_logs, level=ns.log_level)
     from lifecycle.serve.launchtime import launch_walls
     from lifecycle.serve.worker import under_torchrun
@@ -261,10 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 linger_s=ns.linger,
             )
         return boot(args, created_at=created_at, options=options)
-    except JournalWriteFailed as exc:
-        return fail_unjournaled(exc)
     except LifecycleError as exc:
-        return fail_usage(str(exc))
+        return fail(exc)
 
 
 # Options whose values are paths: the completion script offers file names for them.

@@ -8,9 +8,8 @@ import sys
 import time
 from typing import Any
 
-from lifecycle.core.errors import EXIT_UNJOURNALED, ConfigError, JournalWriteFailed, LifecycleError
-
-EXIT_USAGE = 2
+from lifecycle.core.command import DEFAULT_JOURNAL_HELP, Exit, default_journal
+from lifecycle.core.errors import ConfigError, LifecycleError
 
 
 def add_db_command(sub: Any) -> None:
@@ -28,8 +27,8 @@ def add_db_command(sub: Any) -> None:
         cmd = db_sub.add_parser(name, help=text)
         cmd.add_argument(
             "--db",
-            default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"),
-            help="journal path or SQLAlchemy URL (default: $LIFECYCLE_DB, else lifecycle.db)",
+            default=default_journal(os.environ),
+            help=f"journal path or SQLAlchemy URL ({DEFAULT_JOURNAL_HELP})",
         )
         if name == "prune":
             _add_prune_options(cmd)
@@ -103,10 +102,8 @@ def run_db_command(ns: argparse.Namespace) -> int:
             f"{shown}: at {head_revision()}" + (f"; summarized {filled} rank(s)" if filled else "")
         )
         return 0
-    except JournalWriteFailed as exc:
-        return fail_unjournaled(exc)
     except LifecycleError as exc:
-        return fail_usage(str(exc))
+        return fail(exc)
 
 
 def _copy(ns: argparse.Namespace) -> int:
@@ -122,7 +119,7 @@ def _copy(ns: argparse.Namespace) -> int:
             except CopyStopped as exc:
                 sys.stdout.flush()
                 print(f"lifecycle: error: {exc}", file=sys.stderr)
-                return EXIT_UNJOURNALED if exc.unjournaled else EXIT_USAGE
+                return Exit.UNJOURNALED if exc.unjournaled else Exit.USAGE
         print(copied.line(source.location, into.location))
     return 0
 
@@ -141,12 +138,8 @@ def _prune(ns: argparse.Namespace) -> int:
     return 0
 
 
-def fail_usage(message: str) -> int:
-    print(f"lifecycle: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def fail_unjournaled(exc: JournalWriteFailed) -> int:
+def fail(exc: LifecycleError) -> int:
+    """One line for an error that reached the command's top, and the status it carries."""
     sys.stdout.flush()
     print(f"lifecycle: error: {exc}", file=sys.stderr)
-    return EXIT_UNJOURNALED
+    return int(exc.exit_status)

@@ -243,7 +243,13 @@ def create_app(service: Service, metrics: Metrics) -> FastAPI:
         run = partial(service.generate, request, request_id=x_request_id, return_video=media)
         try:
             with service.place_in_line():
-                reply = await anyio.to_thread.run_sync(run)
+                began = time.monotonic()
+                try:
+                    reply = await anyio.to_thread.run_sync(run)
+                except RequestFailed:
+                    metrics.request_seconds.labels("failed").observe(time.monotonic() - began)
+                    raise
+                metrics.request_seconds.labels("ok").observe(time.monotonic() - began)
         except ServiceUnavailable as exc:
             raise _unavailable(exc) from None
         except RequestFailed as exc:
@@ -362,7 +368,7 @@ def serve_http(
         flush=True,
     )
     service = Service(args, group, control)
-    metrics.add(service.metrics)
+    metrics.add(service.metrics, queue_depth=service.queue_depth)
     threading.Thread(
         target=control.accept, args=(args.num_ranks,), name="control-accept", daemon=True
     ).start()

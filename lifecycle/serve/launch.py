@@ -7,6 +7,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
+from lifecycle.core.command import Exit
 from lifecycle.core.config import DEFAULT_LINGER_S, ServerArgs
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.states import State
@@ -19,9 +20,6 @@ from lifecycle.serve.supervisor import LaunchOptions
 from lifecycle.serve.worker import under_torchrun
 from lifecycle.store import shown_location
 from lifecycle.store.runs import new_run_id, open_run
-
-EXIT_READY = 0
-EXIT_FAILED = 1
 
 
 def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
@@ -130,4 +128,4 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
         journal.close()
     finally:
         console.close()
-    return EXIT_READY if state is State.READY else EXIT_FAILED
+    return Exit.OK if state is State.READY else Exit.FAILED

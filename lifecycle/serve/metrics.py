@@ -1,16 +1,19 @@
 """/metrics: the startup and serving of every rank in Prometheus's text format.
 
-Two sources, one registry (prometheus_client):
+Three sources, one registry (prometheus_client):
 - what the journal says, folded by the server as it follows it (`JournalMetrics`): each rank's
   state, time in each state, its launch, startup to ready from the launch, warmup requests by
-  role, the probe's shape, collective timeouts, heartbeat age, requests served and failed, the
-  residency plan;
+  role, the probe's shape, collective timeouts, last heartbeat, requests served and failed,
+  the residency plan;
 - what the rank processes measure themselves (their journal appends and write errors), which
-  they write to PROMETHEUS_MULTIPROC_DIR and MultiProcessCollector adds up.
+  they write to PROMETHEUS_MULTIPROC_DIR and MultiProcessCollector adds up;
+- what the server measures itself: each /generate's duration, the requests in line, the
+  build, and its own process (prometheus_client's process and platform collectors).
 """
 
 from __future__ import annotations
 
+import platform
 import shutil
 import tempfile
 import threading
@@ -18,11 +21,21 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from lifecycle import __version__
 from lifecycle.core.errors import ErrorKind
 from lifecycle.core.events import (
     Error,
@@ -36,6 +49,9 @@ from lifecycle.core.view import RankView
 from lifecycle.serve.progress import launch_of
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# From a micro model's request on a quiet machine (a tenth of a second) to a video model's at
+# full size (minutes), as text-to-video serving spans them.
+REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 
 class JournalMetrics(Collector):
@@ -135,6 +151,11 @@ def _state_metrics(
         "Seconds since each rank's last heartbeat.",
         labels=["rank"],
     )
+    beat = GaugeMetricFamily(
+        "lifecycle_heartbeat_timestamp_seconds",
+        "The wall time (Unix seconds) of each rank's last heartbeat.",
+        labels=["rank"],
+    )
     healthy = GaugeMetricFamily(
         "lifecycle_rank_healthy",
         "1 when a rank is ready, its ready action is done and its process is running.",
@@ -158,8 +179,9 @@ def _state_metrics(
             ready.add_metric([label], entered - since)
         if view.last_heartbeat_wall is not None:
             heartbeat.add_metric([label], max(0.0, now - view.last_heartbeat_wall))
+            beat.add_metric([label], view.last_heartbeat_wall)
         healthy.add_metric([label], 1.0 if view.healthy and rank not in ended else 0.0)
-    yield from (state, seconds, launched, ready, heartbeat, healthy)
+    yield from (state, seconds, launched, ready, heartbeat, beat, healthy)
 
 
 def _warmup_metrics(views: dict[int, RankView]) -> Iterator[Metric]:
@@ -201,16 +223,42 @@ def _warmup_metrics(views: dict[int, RankView]) -> Iterator[Metric]:
 
 class Metrics:
     """The registry /metrics renders, and the directory the rank processes write theirs to
-    (made empty here, removed by `close`); the journal's metrics are added once the service
-    that follows the journal exists."""
+    (made empty here, removed by `close`); the journal's metrics and the line's depth are
+    added once the service that follows the journal exists."""
 
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="lifecycle-metrics-")
+        # The `_created` series of counters and histograms are off, as most exporters ship:
+        # a second series per metric that few dashboards read (this process's setting).
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         MultiProcessCollector(self.registry, path=self.directory)  # type: ignore[no-untyped-call]
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        Info(
+            "lifecycle_build",
+            "The lifecycle that serves, and the torch and Python it runs with.",
+            registry=self.registry,
+        ).info(
+            {"version": __version__, "torch": _torch_version(), "python": platform.python_version()}
+        )
+        self.request_seconds = Histogram(
+            "lifecycle_request_duration_seconds",
+            "Seconds from a /generate's place in line to its reply, of the requests the ranks"
+            " ran, by outcome (ok, failed).",
+            ["outcome"],
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self._queue = Gauge(
+            "lifecycle_queue_depth",
+            "/generate requests running or waiting for the ranks.",
+            registry=self.registry,
+        )
 
-    def add(self, journal: JournalMetrics) -> None:
+    def add(self, journal: JournalMetrics, *, queue_depth: Callable[[], int]) -> None:
         self.registry.register(journal)
+        self._queue.set_function(queue_depth)
 
     def rank_env(self) -> dict[str, str]:
         """What a rank process's environment needs for its measurements to reach /metrics."""
@@ -221,3 +269,13 @@ class Metrics:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _torch_version() -> str:
+    """torch's version as installed, read from its metadata (the server never imports torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "none"

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lifecycle.core.command import DEFAULT_JOURNAL_HELP, JOURNAL_ENV, default_journal
 from lifecycle.core.config import (
     DEFAULT_LINGER_S,
     DEFAULT_RING_CAPACITY,
@@ -29,7 +30,7 @@ from lifecycle.serve.logs import LEVELS
 
 # Every LIFECYCLE_* variable the code reads, with its meaning, for the help of boot and serve.
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
-    ("LIFECYCLE_DB", "the journal where neither --db nor --config names one"),
+    (JOURNAL_ENV, "the journal where neither --db nor --config names one"),
     ("LIFECYCLE_FAULTS", "more RANK:STATE:KIND faults, comma-separated"),
     ("LIFECYCLE_DISABLE_AUTO_RESIDENCY", "1, true, yes or on: no calibration, no plan"),
     ("LIFECYCLE_CLOCK_SKEW", "RANK:SECONDS,...: shift a rank's wall clock (tests)"),
@@ -209,7 +210,7 @@ HELP = {
     " (default: %(default)g)",
     "--startup-timeout": "a rank not ready this long after it started journals the error and"
     " fails (default: %(default)g)",
-    "--db": "journal path or SQLAlchemy URL (default: $LIFECYCLE_DB, else lifecycle.db)",
+    "--db": f"journal path or SQLAlchemy URL ({DEFAULT_JOURNAL_HELP})",
     "--heartbeat-interval": "how often each rank journals a heartbeat (default: %(default)g)",
     "--ring-size": "collective records each rank keeps after ready, written to the journal only"
     " on trouble (default: %(default)s)",
@@ -273,7 +274,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(warmup, "--startup-timeout", default=DEFAULT_STARTUP_TIMEOUT_S, **seconds)
 
     journal = p.add_argument_group("journal")
-    add(journal, "--db", default=os.environ.get("LIFECYCLE_DB", "lifecycle.db"), metavar="JOURNAL")
+    add(journal, "--db", default=default_journal(os.environ), metavar="JOURNAL")
     add(journal, "--heartbeat-interval", default=1.0, **seconds)
     add(journal, "--ring-size", type=int, default=DEFAULT_RING_CAPACITY, metavar="RECORDS")
 

@@ -206,6 +206,11 @@ class Service:
                 )
         return None
 
+    def queue_depth(self) -> int:
+        """The requests running or waiting for the ranks."""
+        with self._line:
+            return self._in_line
+
     @contextlib.contextmanager
     def place_in_line(self) -> Iterator[None]:
         """Hold a place among the requests running or waiting; refuse at once when the line

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.config import PeerFailure, ServerArgs, args_to_json
-from lifecycle.core.errors import EXIT_UNJOURNALED
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
@@ -314,17 +314,17 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     views = group.views()
     codes = group.exit_codes()
     group.close()
-    unjournaled = [rank for rank, code in enumerate(codes) if code == EXIT_UNJOURNALED]
+    unjournaled = [rank for rank, code in enumerate(codes) if code == Exit.UNJOURNALED]
     reason = failure_reason(views, codes)
     if unjournaled:
         # Above a failure or a signal: what the journal holds of this startup is incomplete.
-        status = EXIT_UNJOURNALED
+        status: int = Exit.UNJOURNALED
         why = f"journal not written by rank {', '.join(map(str, unjournaled))}"
     elif interrupted:
-        status = 128 + int(interrupted[0])
+        status = SIGNAL_EXIT_BASE + int(interrupted[0])
         why = f"interrupted by {interrupted[0].name}"
     else:
-        status = 0 if reason is None else 1
+        status = Exit.OK if reason is None else Exit.FAILED
         why = reason or "every rank got to ready"
     for line in summary_lines(views, codes, created_at=created_at):
         print(line, flush=True)

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
 
+from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.config import PeerFailure, ServerArgs, args_from_json, validate_shape
 from lifecycle.core.errors import (
-    EXIT_UNJOURNALED,
-    JournalWriteFailed,
     LifecycleError,
     RequestAborted,
     RequestStalled,
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
 # are blocked.
 
 WORKER_ENV = "LIFECYCLE_WORKER"
-EXIT_USAGE = 2
 # A failed rank stays this long past the process-group timeout at most, so that peers blocked
 # on it time out themselves (as under NCCL) and journal where they were.
 LINGER_MARGIN_S = 10.0
@@ -166,7 +164,7 @@ def run_rank_process(
                 f"lifecycle: rank {ranks.rank}: stopped by {sig.name} before its journal was"
                 " open (the ranks were agreeing on a run id): nothing journaled\n"
             )
-            leave_process(128 + int(sig))
+            leave_process(SIGNAL_EXIT_BASE + int(sig))
         os._exit(started[0].shutdown_by_signal(sig))
 
     watch_shutdown_signals(on_signal)
@@ -195,7 +193,7 @@ def run_rank_process(
         sys.stderr.write(f"lifecycle: error: rank {ranks.rank}: {session.disagreement}\n")
         session.close()
         leave_process_group()
-        return EXIT_USAGE
+        return Exit.USAGE
     if state is State.READY:
         if mode == "serve" and control is not None:
             _serve(session, control)
@@ -203,12 +201,12 @@ def run_rank_process(
             session.stop(reason="boot complete")
         session.close()
         leave_process_group()
-        return 0 if session.machine.state is State.STOPPED else 1
+        return Exit.OK if session.machine.state is State.STOPPED else Exit.FAILED
     if ranks.world_size > 1 and args.on_peer_failure is PeerFailure.WAIT:
         # As under NCCL without an abort: the peers blocked on this rank time out themselves.
         session.linger(args.dist_timeout_s + LINGER_MARGIN_S, until=stop)
     session.close()
-    return 1
+    return Exit.FAILED
 
 
 # A peer that gave up a request for a stop hangs up on the collective this rank waits in;
@@ -323,13 +321,10 @@ def main() -> int:
         status = run_rank_process(
             args, mode=spec.mode, env=os.environ, created_at=created_at, control=control
         )
-    except JournalWriteFailed as exc:
+    except LifecycleError as exc:
         # One write: the ranks of a launcher share its stderr.
         sys.stderr.write(f"lifecycle: error: rank {os.environ.get('RANK', '?')}: {exc}\n")
-        status = EXIT_UNJOURNALED
-    except LifecycleError as exc:
-        print(f"lifecycle worker: error: {exc}", file=sys.stderr)
-        status = EXIT_USAGE
+        status = exc.exit_status
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: a failed gloo group can abort in its destructor.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from lifecycle import __version__
 from tests.lifecycle.test_server import BODY, Served, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -26,6 +28,83 @@ def value(samples: list[Sample], name: str, **labels: str) -> float:
     found = [s.value for s in samples if s.name == name and labels.items() <= s.labels.items()]
     assert len(found) == 1, f"{name} {labels}: {found}"
     return found[0]
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_metrics() -> dict[str, set[str]]:
+    """The README's /metrics table: each metric it names (`process_*` stands for that
+    family), with the labels it lists (an explanation in parentheses is not a label)."""
+    after = README.read_text(encoding="utf-8").split("`GET /metrics` is Prometheus's", 1)[1]
+    lines = after.split("| metric | labels | from |", 1)[1].splitlines()[2:]
+    table: dict[str, set[str]] = {}
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        names, labels = line.split("|")[1:3]
+        listed = {w.strip() for w in re.sub(r"\(.*?\)", "", labels).split(",") if w.strip()}
+        for name in re.findall(r"`([a-z_*]+)`", names):
+            table[name] = listed
+    return table
+
+
+def served_name(family: str, samples: list[Sample], table: dict[str, set[str]]) -> str | None:
+    """The README's name for a served family: as exposed (with _total or _info), or the
+    family's own (a histogram's), or the `process_*` row."""
+    exposed = {s.name for s in samples} | {family, f"{family}_total", f"{family}_info"}
+    named = exposed & table.keys()
+    if named:
+        return named.pop()
+    return "process_*" if family.startswith("process_") else None
+
+
+def test_a_scrape_holds_what_the_readme_lists_and_what_operators_expect(tmp_path: Path) -> None:
+    """Every metric the README's table lists is served with the labels it lists, and every
+    lifecycle_ metric served is listed; a /generate is in the duration histogram, the line
+    is empty after it, the build and each rank's last heartbeat are there, and the server's
+    own process_* metrics."""
+    table = readme_metrics()
+    expected = {"lifecycle_build_info", "lifecycle_request_duration_seconds", "process_*",
+                "lifecycle_queue_depth", "lifecycle_heartbeat_timestamp_seconds"}  # fmt: skip
+    assert expected <= table.keys()
+    with serve(tmp_path) as served:
+        served.wait_for_health(200, within=120)
+        assert served.client.post("/generate", json=BODY).status_code == 200
+        families = {
+            f.name: f.samples for f in text_string_to_metric_families(
+                served.client.get("/metrics").text
+            )
+        }  # fmt: skip
+        now = time.time()
+        assert served.stop() == 0
+    listed: dict[str | None, str] = {}
+    unlisted = []
+    for name, samples in families.items():
+        readme_name = served_name(name, samples, table)
+        listed[readme_name] = name
+        if readme_name is None and name.startswith("lifecycle_"):
+            unlisted.append(name)
+    assert unlisted == []
+    assert table.keys() <= listed.keys(), table.keys() - listed.keys()
+    for name, family in listed.items():
+        if name is None or name == "process_*" or not families[family]:
+            continue
+        labels = {key for sample in families[family] for key in sample.labels} - {"le"}
+        assert labels == table[name], name
+    duration = families["lifecycle_request_duration_seconds"]
+    assert value(duration, "lifecycle_request_duration_seconds_count", outcome="ok") == 1
+    assert value(families["lifecycle_queue_depth"], "lifecycle_queue_depth") == 0
+    build = families["lifecycle_build_info"]
+    assert [s.labels["version"] for s in build] == [__version__]
+    beat = value(
+        families["lifecycle_heartbeat_timestamp_seconds"],
+        "lifecycle_heartbeat_timestamp_seconds",
+        rank="0",
+    )
+    assert now - 60 < beat <= now
+    memory = families["process_resident_memory_bytes"]
+    assert value(memory, "process_resident_memory_bytes") > 2**20
 
 
 @pytest.mark.slow

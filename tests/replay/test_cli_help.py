@@ -12,8 +12,8 @@ import pytest
 
 import lifecycle
 from lifecycle.core.events import Error
-from replay import diagnose
-from replay.cli import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, main
+from replay.cli import main
+from replay.exits import ReplayExit
 from tests.replay.builder import AS_WRITTEN, JournalBuilder
 
 COMMANDS_WITH_RUN = ("show", "diagnose", "verify", "trace", "diff")
@@ -63,15 +63,7 @@ def test_help_says_what_run_and_journal_are(capsys: pytest.CaptureFixture[str]) 
 
 def test_help_lists_every_exit_status_replay_returns(capsys: pytest.CaptureFixture[str]) -> None:
     """The epilog of `replay --help` lists 0, 1, 2 and 3: every status a command returns."""
-    returned = {
-        EXIT_OK,
-        EXIT_FAILURE,
-        EXIT_BAD_INPUT,
-        diagnose.EXIT_READY,
-        diagnose.EXIT_FAILURE,
-        diagnose.EXIT_NOT_READY,
-    }
-    assert exit_statuses(help_of(capsys)) == returned == {0, 1, 2, 3}
+    assert exit_statuses(help_of(capsys)) == set(ReplayExit) == {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize(
@@ -160,7 +152,7 @@ def test_a_missing_default_journal_is_one_line_and_never_created(
     in_empty_dir: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
     """No JOURNAL and no ./lifecycle.db: one error line, exit 2, and nothing created."""
-    assert main(argv) == EXIT_BAD_INPUT
+    assert main(argv) == ReplayExit.BAD_INPUT
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [
@@ -175,7 +167,7 @@ def test_a_missing_lifecycle_db_journal_is_named(
     """$LIFECYCLE_DB naming no file: the error names the variable and the path; exit 2."""
     missing = in_empty_dir / "nowhere" / "j.db"
     monkeypatch.setenv("LIFECYCLE_DB", str(missing))
-    assert main(["diagnose", "latest"]) == EXIT_BAD_INPUT
+    assert main(["diagnose", "latest"]) == ReplayExit.BAD_INPUT
     err = capsys.readouterr().err
     assert err.splitlines() == [
         f"replay: error: no JOURNAL given, and $LIFECYCLE_DB ({missing}) does not exist:"
@@ -189,10 +181,10 @@ def test_journals_after_an_option_are_still_journals(
 ) -> None:
     """`show latest --rank 0 J` and `verify latest --json J` read J, not the default."""
     failed_journal(in_empty_dir / "j.db", "run-named")
-    assert main(["show", "latest", "--rank", "0", "j.db"]) == EXIT_OK
+    assert main(["show", "latest", "--rank", "0", "j.db"]) == ReplayExit.OK
     assert "run run-named" in capsys.readouterr().out
-    assert main(["verify", "latest", "--json", "j.db"]) in (EXIT_OK, EXIT_FAILURE)
+    assert main(["verify", "latest", "--json", "j.db"]) in (ReplayExit.OK, ReplayExit.FAILURE)
     assert "run-named" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stopped:
         main(["show", "latest", "--bogus"])
-    assert stopped.value.code == EXIT_BAD_INPUT
+    assert stopped.value.code == ReplayExit.BAD_INPUT
