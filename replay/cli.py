@@ -314,6 +314,20 @@ def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return ReplayExit.OK
 
 
+def cmd_completion(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from lifecycle.core.command import completion_script
+    from replay.parser import build_parser
+
+    script = completion_script(
+        build_parser(),
+        ns.shell,
+        files=frozenset({"journals", "targets", "--output"}),
+        folders=frozenset({"--flight-recorder"}),
+    )
+    out.write(script)
+    return ReplayExit.OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
     "runs": cmd_runs,
     "show": cmd_show,
@@ -322,6 +336,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
     "trace": cmd_trace,
     "diff": cmd_diff,
     "history": cmd_history,
+    "completion": cmd_completion,
 }
 
 

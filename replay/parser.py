@@ -6,8 +6,10 @@ import argparse
 from collections.abc import Sequence
 
 from lifecycle import __version__
+from lifecycle.core.command import SHELLS
 from replay.exits import Parser
 from replay.helptext import (
+    BAD_INPUT_EXIT,
     DIAGNOSE_HELP,
     HISTORY_HELP,
     HISTORY_NOTE,
@@ -124,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     judged_now(diff)
     history = command("history", HISTORY_HELP, run=False)
     history.epilog = f"{HISTORY_NOTE}\n\n{history.epilog}"
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for the whole replay command, e.g.\n"
+        '  eval "$(replay completion bash)"    (in ~/.bashrc)\n'
+        "  replay completion zsh > ~/.zfunc/_replay    (a directory in $fpath)",
+        epilog="exit status:\n  0  printed\n" + BAD_INPUT_EXIT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    completion.add_argument("shell", choices=SHELLS)
     return parser
 
 

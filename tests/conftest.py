@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -155,3 +156,24 @@ def postgres():  # type: ignore[no-untyped-def]
 
     with postgres_server() as server:
         yield server
+
+
+def bash_completions(script: str, words: Sequence[str], *, cwd: Path) -> list[str]:
+    """What bash offers after `words` (the last one being typed) with `script` sourced: the
+    completion function shtab wrote for the command, called as bash calls it."""
+    command = words[0]
+    line = " ".join(words)
+    sourced = cwd.parent / f"{command}-completion.bash"  # beside, not among, the files offered
+    sourced.write_text(script, encoding="utf-8")
+    driver = (
+        f"source {shlex.quote(str(sourced))}\n"
+        f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)})\n"
+        f"COMP_CWORD={len(words) - 1}\nCOMP_LINE={shlex.quote(line)}\nCOMP_POINT=${{#COMP_LINE}}\n"
+        f"_shtab_{command} {command} {shlex.quote(words[-1])} {shlex.quote(words[-2])}\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    done = subprocess.run(
+        ["bash", "-c", driver], cwd=cwd, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return sorted(line for line in done.stdout.splitlines() if line)

@@ -40,3 +40,52 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
+
+
+SHELLS = ("bash", "zsh", "tcsh")
+CONFIG_SUFFIXES = ("toml", "yaml", "yml")
+# A config file completes to the files of CONFIG_SUFFIXES (and folders, to descend into).
+_CONFIG_FILES = {
+    "bash": "_lifecycle_compgen_config_files",
+    "zsh": "_files -g '*.(" + "|".join(CONFIG_SUFFIXES) + ")'",
+    "tcsh": "f:*.{" + ",".join(CONFIG_SUFFIXES) + "}",
+    "preamble": {
+        "bash": '\n_lifecycle_compgen_config_files() {\n  compgen -d -- "$1"\n'
+        + "".join(f"  compgen -f -X '!*.{suffix}' -- \"$1\"\n" for suffix in CONFIG_SUFFIXES)
+        + "}\n"
+    },
+}
+
+
+def completion_script(
+    parser: argparse.ArgumentParser,
+    shell: str,
+    *,
+    files: frozenset[str] = frozenset(),
+    folders: frozenset[str] = frozenset(),
+    configs: frozenset[str] = frozenset(),
+) -> str:
+    """The shell's completion script for `parser` (shtab), offering file names for the
+    options and positionals named in `files` (by option string or dest), folder names for
+    `folders`, and config files (.toml, .yaml, .yml) for `configs`."""
+    import shtab
+
+    for action in _all_actions(parser):
+        names = {*action.option_strings, action.dest}
+        if names & configs:
+            action.complete = _CONFIG_FILES  # type: ignore[attr-defined]  # shtab reads it
+        elif names & folders:
+            action.complete = shtab.DIRECTORY  # type: ignore[attr-defined]
+        elif names & files:
+            action.complete = shtab.FILE  # type: ignore[attr-defined]
+    return str(shtab.complete(parser, shell=shell))
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    found = []
+    for action in parser._actions:
+        found.append(action)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_all_actions(sub))
+    return found

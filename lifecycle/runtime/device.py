@@ -99,6 +99,16 @@ class NoMeter:
         return None
 
 
+def cuda_refusal() -> str | None:
+    """Why `--device cuda` cannot run here (a torch built without CUDA, or no device seen),
+    or None when it can."""
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"--device cuda: this torch ({torch.__version__}) was built without CUDA"
+    if not torch.cuda.is_available():
+        return f"--device cuda: torch {torch.__version__} sees no CUDA device"
+    return None
+
+
 def select_device(requested: str, *, local_rank: int) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit, OneLineParser
+from lifecycle.core.command import SHELLS, SIGNAL_EXIT_BASE, Exit, OneLineParser, completion_script
 from lifecycle.core.config import (
     PeerFailure,
     PerformanceMode,
@@ -91,8 +91,6 @@ created, gate-check, bounded-warm, probe, re-warm, drop-buffers to ready (or fai
 every step is written to a journal that the replay command reads after the fact.
 """
 
-SHELLS = ("bash", "zsh", "tcsh")
-
 
 @dataclass(frozen=True, slots=True)
 class _Startup:
@@ -167,6 +165,14 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
 def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ServerArgs:
     """ServerArgs from parsed options and the environment; ConfigError on anything invalid."""
     num_ranks = torchrun_num_ranks(ns.num_ranks, env)
+    if ns.device == "cuda":
+        # Refused here in one line, before any rank starts, rather than by each rank in its
+        # first state (torch is imported for it only when CUDA is asked for).
+        from lifecycle.runtime.device import cuda_refusal
+
+        refusal = cuda_refusal()
+        if refusal is not None:
+            raise ConfigError(refusal, field="device")
     model = model_for(ns, num_ranks=num_ranks)
     check_environment(env, world_size=num_ranks)
     ulysses = ns.ulysses if ns.ulysses is not None else max(1, num_ranks // max(1, ns.cfg_parallel))
@@ -256,29 +262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(exc)
 
 
-# Options whose values are paths: the completion script offers file names for them.
-PATH_OPTIONS = frozenset({"--config", "--db", "--to"})
-
-
 def _completion(shell: str) -> int:
-    import shtab
-
-    parser = build_parser()
-    for action in _all_actions(parser):
-        if PATH_OPTIONS.intersection(action.option_strings):
-            action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it
-    sys.stdout.write(shtab.complete(parser, shell=shell))
+    script = completion_script(
+        build_parser(),
+        shell,
+        files=frozenset({"--db", "--to"}),
+        folders=frozenset({"--flight-recorder-dir"}),
+        configs=frozenset({"--config"}),
+    )
+    sys.stdout.write(script)
     return 0
-
-
-def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    found = []
-    for action in parser._actions:
-        found.append(action)
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                found.extend(_all_actions(sub))
-    return found
 
 
 if __name__ == "__main__":

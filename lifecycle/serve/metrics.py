@@ -230,7 +230,7 @@ class Metrics:
         self.directory = tempfile.mkdtemp(prefix="lifecycle-metrics-")
         # The `_created` series of counters and histograms are off, as most exporters ship:
         # a second series per metric that few dashboards read (this process's setting).
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         MultiProcessCollector(self.registry, path=self.directory)  # type: ignore[no-untyped-call]
         ProcessCollector(registry=self.registry)

@@ -19,7 +19,14 @@ from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import ConfigError
 from lifecycle.serve.cli import build_parser
 from lifecycle.store import Journal
-from tests.conftest import REPO, Completed, as_unprivileged, one_clear_line, run_cli
+from tests.conftest import (
+    REPO,
+    Completed,
+    as_unprivileged,
+    bash_completions,
+    one_clear_line,
+    run_cli,
+)
 
 QUICK = {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1", "OMP_NUM_THREADS": "1"}
 MICRO = ["--model", "micro-video", "--log-level", "warning"]
@@ -354,6 +361,22 @@ def test_bash_completion_is_a_script_bash_can_parse(
     assert checked.returncode == 0, checked.stderr
 
 
+def test_config_completes_to_config_files_and_db_to_any_file(
+    lifecycle_cli: Callable[..., Completed], tmp_path: Path
+) -> None:
+    """In bash, `--config` offers .toml, .yaml and .yml files (and folders to descend into),
+    `--db` any file."""
+    script = lifecycle_cli("completion", "bash", timeout=60).stdout
+    here = tmp_path / "here"
+    (here / "configs").mkdir(parents=True)
+    for name in ("a.toml", "b.yaml", "c.yml", "notes.txt", "j.db"):
+        (here / name).touch()
+    offered = bash_completions(script, ["lifecycle", "boot", "--config", ""], cwd=here)
+    assert offered == ["a.toml", "b.yaml", "c.yml", "configs"]
+    offered = bash_completions(script, ["lifecycle", "serve", "--db", ""], cwd=here)
+    assert {"j.db", "notes.txt", "a.toml"} <= set(offered)
+
+
 def test_zsh_completion_is_a_compdef_script(
     lifecycle_cli: Callable[..., Completed], tmp_path: Path
 ) -> None:
@@ -407,4 +430,21 @@ def test_torchrun_refuses_a_num_ranks_other_than_world_size(tmp_path: Path) -> N
     assert "lifecycle: " not in text.replace(message, "")
     assert "exitcode: 2" in proc.stderr
     assert "lifecycle/serve" not in proc.stdout + proc.stderr  # no traceback of ours
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_device_cuda_where_torch_has_none_is_one_line_and_exit_2(
+    lifecycle_cli: Callable[..., Completed], tmp_path: Path
+) -> None:
+    """`--device cuda` with a CPU build of torch (or no device): one line naming the flag and
+    why, exit 2, before any rank starts or any journal is made."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: --device cuda is valid here")
+    result = lifecycle_cli("boot", *MICRO, "--db", "j.db", "--device", "cuda", timeout=120)
+    assert result.returncode == 2
+    line = one_clear_line(result)
+    assert line.startswith("lifecycle: error: --device cuda: "), line
+    assert "torch" in line
     assert not (tmp_path / "j.db").exists()

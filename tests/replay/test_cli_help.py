@@ -14,6 +14,7 @@ import lifecycle
 from lifecycle.core.events import Error
 from replay.cli import main
 from replay.exits import ReplayExit
+from tests.conftest import bash_completions
 from tests.replay.builder import AS_WRITTEN, JournalBuilder
 
 COMMANDS_WITH_RUN = ("show", "diagnose", "verify", "trace", "diff")
@@ -187,4 +188,33 @@ def test_journals_after_an_option_are_still_journals(
     assert "run-named" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stopped:
         main(["show", "latest", "--bogus"])
+    assert stopped.value.code == ReplayExit.BAD_INPUT
+
+
+def test_replay_completes_journals_and_dump_folders_in_bash(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`replay completion bash` prints a script under which a JOURNAL completes to the files
+    here and `--flight-recorder` to folders only."""
+    assert main(["completion", "bash"]) == ReplayExit.OK
+    script = capsys.readouterr().out
+    (tmp_path / "dumps").mkdir()
+    (tmp_path / "node0.db").touch()
+    assert bash_completions(script, ["replay", "runs", ""], cwd=tmp_path) == [
+        "dumps", "node0.db"
+    ]  # fmt: skip
+    offered = bash_completions(script, ["replay", "show", "--flight-recorder", ""], cwd=tmp_path)
+    assert offered == ["dumps"]
+
+
+def test_replay_zsh_completion_is_a_compdef_script(capsys: pytest.CaptureFixture[str]) -> None:
+    """`replay completion zsh` prints a #compdef script naming every command; a shell it
+    does not know is a usage error, exit 2."""
+    assert main(["completion", "zsh"]) == ReplayExit.OK
+    script = capsys.readouterr().out
+    assert script.startswith("#compdef replay")
+    for command in ("runs", "show", "diagnose", "verify", "trace", "diff", "history"):
+        assert command in script
+    with pytest.raises(SystemExit) as stopped:
+        main(["completion", "fish"])
     assert stopped.value.code == ReplayExit.BAD_INPUT
