@@ -9,15 +9,17 @@ import secrets
 import socket
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lifecycle.core.errors import LifecycleError
 from lifecycle.core.records import Generation, StageRecord
+
+if TYPE_CHECKING:
+    from lifecycle.serve.inflight import RequestInFlight
 
 # -- messages ----------------------------------------------------------------------------------
 
@@ -62,6 +64,7 @@ class Result:
     rank: int
     ok: bool
     error: str | None = None
+    error_kind: str | None = None  # the ErrorKind of `error`: a wait on a peer, or its own
     checksum: str | None = None
     total_s: float | None = None
     step_s: tuple[float, ...] = ()
@@ -110,77 +113,6 @@ class ServiceUnavailable(LifecycleError):
         self.status = status
         self.detail = detail
         self.retry_after_s = retry_after_s
-
-
-class RequestFailed(LifecycleError):
-    """A rank answered a request with an error, went away, or stopped making progress."""
-
-    def __init__(
-        self,
-        *,
-        request_id: str,
-        failures: dict[int, str],
-        silent: dict[int, float] | None = None,
-    ) -> None:
-        super().__init__("; ".join(f"rank {r}: {e}" for r, e in sorted(failures.items())))
-        self.request_id = request_id
-        self.failures = failures
-        self.silent = silent or {}  # the ranks that made no progress, and for how long
-
-
-class RequestInFlight:
-    """One request sent to every rank: each rank's result and its last sign of progress,
-    matched to the request by id."""
-
-    def __init__(self, *, request_id: str, ranks: Iterable[int]) -> None:
-        self.request_id = request_id
-        now = time.monotonic()
-        self._last_progress = dict.fromkeys(ranks, now)
-        self._results: dict[int, Result] = {}
-        self._abandoned: str | None = None
-        self._changed = threading.Condition()
-
-    def progress(self, rank: int) -> None:
-        with self._changed:
-            if rank in self._last_progress:
-                self._last_progress[rank] = time.monotonic()
-
-    def deliver(self, result: Result) -> None:
-        with self._changed:
-            self._results.setdefault(result.rank, result)
-            self._changed.notify_all()
-
-    def fail_rank(self, rank: int, error: str) -> None:
-        self.deliver(Result(request_id=self.request_id, rank=rank, ok=False, error=error))
-
-    def abandon(self, reason: str) -> None:
-        with self._changed:
-            self._abandoned = reason
-            self._changed.notify_all()
-
-    def wait(self, *, silence_s: float) -> dict[int, Result]:
-        """Every rank's result; raise at the first failed one, at the first rank silent for
-        `silence_s`, or when the request is abandoned."""
-        with self._changed:
-            while True:
-                if self._abandoned is not None:
-                    raise ServiceUnavailable(status="stopping", detail=self._abandoned)
-                failures = {r: str(m.error) for r, m in self._results.items() if not m.ok}
-                if failures:
-                    raise RequestFailed(request_id=self.request_id, failures=failures)
-                waiting = {r: t for r, t in self._last_progress.items() if r not in self._results}
-                if not waiting:
-                    return dict(self._results)
-                now = time.monotonic()
-                silent = {r: t for r, t in waiting.items() if now - t > silence_s}
-                if silent:
-                    quiet = {r: now - t for r, t in silent.items()}
-                    raise RequestFailed(
-                        request_id=self.request_id,
-                        failures={r: f"no progress for {s:.0f} s" for r, s in quiet.items()},
-                        silent=quiet,
-                    )
-                self._changed.wait(timeout=max(0.05, min(waiting.values()) + silence_s - now))
 
 
 @dataclass

@@ -39,10 +39,10 @@ from lifecycle.core.records import Generation
 from lifecycle.core.runid import is_run_id
 from lifecycle.serve.control import (
     ControlChannel,
-    RequestFailed,
     ServiceUnavailable,
     Stop,
 )
+from lifecycle.serve.inflight import RequestFailed
 from lifecycle.serve.media import MEDIA_TYPES, mp4_bytes, npy_bytes
 from lifecycle.serve.metrics import Metrics
 from lifecycle.serve.service import Service
@@ -253,7 +253,11 @@ def create_app(service: Service, metrics: Metrics) -> FastAPI:
         except ServiceUnavailable as exc:
             raise _unavailable(exc) from None
         except RequestFailed as exc:
-            raise HTTPException(status_code=500, detail=str(exc)) from None
+            return JSONResponse(
+                status_code=500,
+                content=service.failed_request(exc),
+                headers={"X-Request-ID": exc.request_id},
+            )
         headers = {"X-Request-ID": reply.summary["request_id"]}
         if not media:
             return JSONResponse(content=reply.summary, headers=headers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shlex
 import threading
 import time
 import uuid
@@ -22,15 +23,15 @@ from lifecycle.serve.control import (
     Generate,
     GivenUp,
     RankLink,
-    RequestFailed,
-    RequestInFlight,
     Result,
     ServiceUnavailable,
 )
+from lifecycle.serve.inflight import RequestFailed, RequestInFlight
 from lifecycle.serve.metrics import JournalMetrics
 from lifecycle.serve.progress import ProgressPrinter, eta_s, launch_of
 from lifecycle.serve.steps import StepMark
 from lifecycle.serve.supervisor import POLL_S, RankGroup, ended_unjournaled, exit_text
+from lifecycle.store import shown_location
 
 # /generate requests that may wait behind the running one; more are refused with 503 at once,
 # so that waiting requests cannot take every worker thread.
@@ -205,6 +206,19 @@ class Service:
                     status="stopping", detail=f"server stopping ({self.stopping})"
                 )
         return None
+
+    def failed_request(self, exc: RequestFailed) -> dict[str, Any]:
+        """A failed request's answer: the culprit rank and its error, the ranks that failed
+        waiting on it, and the command that explains the run."""
+        journal = shlex.quote(shown_location(self.args.db))
+        return {
+            "detail": str(exc),
+            "request_id": exc.request_id,
+            "culprit_rank": exc.culprit,
+            "error": exc.error,
+            "waited": {str(rank): error for rank, error in sorted(exc.waited.items())},
+            "diagnose": f"replay diagnose {self.group.run_id} {journal}",
+        }
 
     def queue_depth(self) -> int:
         """The requests running or waiting for the ranks."""

@@ -19,6 +19,7 @@ from lifecycle.core.errors import (
     LifecycleError,
     RequestAborted,
     RequestStalled,
+    classify,
 )
 from lifecycle.core.records import shared_fields
 from lifecycle.core.runid import checked_run_id
@@ -293,7 +294,15 @@ def _serve(session: RankSession, control: Connection) -> None:
                 return
             session.fail(exc)
             error = f"{type(exc).__name__}: {exc}"
-            inbox.send(Result(request_id=request_id, rank=rank, ok=False, error=error))
+            inbox.send(
+                Result(
+                    request_id=request_id,
+                    rank=rank,
+                    ok=False,
+                    error=error,
+                    error_kind=classify(exc),
+                )
+            )
             return
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -23,7 +24,7 @@ from lifecycle.core.events import (
     Shutdown,
     Transition,
 )
-from tests.conftest import wait_until
+from tests.conftest import run_cli, wait_until
 from tests.lifecycle.test_server import BODY, Served, journal_events, serve
 
 PROBE_TIMEOUT_S = 3.0  # a Kubernetes probe's default timeout is 1 s; this allows a loaded CI
@@ -164,7 +165,11 @@ def test_a_stuck_rank_fails_the_request_and_no_later_request_gets_its_reply(
                 freeze(pids[1], served.db)
                 answered = first.result(timeout=60)
                 assert answered.status_code == 500, answered.text
-                assert "rank 0: CollectiveTimeout" in answered.json()["detail"]
+                reply = answered.json()
+                # Rank 0 timed out waiting; the frozen rank 1 is the culprit the reply names.
+                assert reply["culprit_rank"] == 1, reply
+                assert reply["error"].startswith("no progress for "), reply
+                assert reply["waited"]["0"].startswith("CollectiveTimeout"), reply
                 health = served.get("/health")
                 assert health is not None and health.status_code == 503
                 assert health.json() == {"status": "failed"}
@@ -184,6 +189,39 @@ def test_a_stuck_rank_fails_the_request_and_no_later_request_gets_its_reply(
     # Thawed, rank 1 learns of rank 0's failure and stops through the agreed abort.
     aborts = [e for e in events if isinstance(e.event, Aborted)]
     assert [(e.rank, e.event.failed_rank) for e in aborts] == [(1, 0)]
+
+
+def test_a_failed_request_names_its_culprit_its_id_and_the_diagnose_command(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's process ends half-way through a request while rank 0 waits on it in a
+    collective: the 500 names rank 1 and its error (not rank 0, which failed waiting), the
+    request id every rank journaled it under (as sent in X-Request-ID, and echoed), and the
+    `replay diagnose` command, which run as given names rank 1 too."""
+    with serve(tmp_path, "--num-ranks", "2", *FAST, "--fault", "1:request:exit") as served:
+        served.wait_for_health(200, within=120)
+        answered = served.client.post(
+            "/generate", json={**BODY, "steps": 4}, headers={"X-Request-ID": "req-7.a"}
+        )
+        assert answered.status_code == 500, answered.text
+        assert answered.headers["X-Request-ID"] == "req-7.a"
+        reply = answered.json()
+        assert reply["request_id"] == "req-7.a"
+        assert reply["culprit_rank"] == 1, reply
+        assert reply["error"] == "rank process went away", reply
+        assert set(reply["waited"]) <= {"0"}, reply
+        assert reply["detail"].startswith("rank 1: rank process went away")
+        (run,) = {e.run_id for e in journal_events(served.db)}
+        assert reply["diagnose"] == f"replay diagnose {run} j.db"
+        stop_within(served, 60)
+    journaled = {
+        e.rank for e in journal_events(served.db)
+        if isinstance(e.event, RequestStarted) and e.event.request_id == "req-7.a"
+    }  # fmt: skip
+    assert journaled == {0, 1}
+    command = reply["diagnose"].split()
+    diagnosed = run_cli(command[0], [*command[1:], "--json"], cwd=tmp_path, timeout=120)
+    assert json.loads(diagnosed.stdout)["culprit_ranks"] == [1], diagnosed.stdout
 
 
 def test_a_rank_killed_after_ready_turns_health_503_and_serve_exits_1(tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ def test_a_hang_after_ready_is_diagnosed_from_the_dumped_ring(tmp_path: Path, ra
         response = served.client.post("/generate", json={**BODY, "steps": 4})
         assert response.status_code == 500
         assert "CollectiveTimeout" in response.text
+        assert response.json()["culprit_rank"] == 1, response.text
         assert served.stop() in (0, 1)
     dumped = rows(tmp_path / "j.db", "kind = 'collectives_dumped'")
     assert dumped[(0, "collectives_dumped")] >= 1
