@@ -17,6 +17,7 @@ from rich.progress_bar import ProgressBar
 from rich.text import Text
 
 from lifecycle.core.events import StoredEvent
+from lifecycle.serve.logs import json_lines, say
 from lifecycle.serve.progress import ProgressPrinter, RankStatus, expected_text, step_line
 from lifecycle.serve.steps import StepMark
 
@@ -39,9 +40,8 @@ class PlainConsole:
         self._said: tuple[str, float, StepMark | None] | None = None  # state, when, mark
 
     def show(self, lines: Iterable[str]) -> None:
-        out = self._out or sys.stdout
         for line in lines:
-            print(line, file=out, flush=True)
+            say(line, event="console", out=self._out)
 
     def feed(self, stored: StoredEvent) -> None:
         self.show(self.printer.feed(stored))
@@ -245,7 +245,8 @@ def _stderr_is_stdout() -> bool:
 
 
 def boot_console(printer: ProgressPrinter, *, ranks: int) -> PlainConsole | LiveConsole:
-    """A live bar when stdout is a terminal that can draw one, else plain lines."""
-    if sys.stdout.isatty() and os.environ.get("TERM") != "dumb":
+    """A live bar when stdout is a terminal that can draw one, else plain lines (JSON ones
+    with --json-logs, on a terminal too)."""
+    if sys.stdout.isatty() and os.environ.get("TERM") != "dumb" and not json_lines():
         return LiveConsole(printer, ranks=ranks)
     return PlainConsole(printer)

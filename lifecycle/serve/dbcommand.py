@@ -10,6 +10,7 @@ from typing import Any
 
 from lifecycle.core.command import DEFAULT_JOURNAL_HELP, Exit, default_journal
 from lifecycle.core.errors import ConfigError, LifecycleError
+from lifecycle.serve.logs import say
 
 
 def add_db_command(sub: Any) -> None:
@@ -141,5 +142,5 @@ def _prune(ns: argparse.Namespace) -> int:
 def fail(exc: LifecycleError) -> int:
     """One line for an error that reached the command's top, and the status it carries."""
     sys.stdout.flush()
-    print(f"lifecycle: error: {exc}", file=sys.stderr)
+    say(f"lifecycle: error: {exc}", event="error", out=sys.stderr, exit_status=exc.exit_status)
     return int(exc.exit_status)

@@ -43,6 +43,7 @@ from lifecycle.serve.control import (
     Stop,
 )
 from lifecycle.serve.inflight import RequestFailed
+from lifecycle.serve.logs import say
 from lifecycle.serve.media import MEDIA_TYPES, mp4_bytes, npy_bytes
 from lifecycle.serve.metrics import Metrics
 from lifecycle.serve.service import Service
@@ -318,7 +319,7 @@ def _exit_after_failure(server: _Server, service: Service, linger_s: float) -> N
         failed_at = service.failed_at
         if failed_at is not None and time.monotonic() - failed_at >= linger_s:
             server.lingered = f"failed ({service.failure}); stopped after --linger {linger_s:g} s"
-            print(f"stopping: {server.lingered}", flush=True)
+            say(f"stopping: {server.lingered}", event="serve-stopping", why=server.lingered)
             server.should_exit = True
             return
         time.sleep(POLL_S)
@@ -365,12 +366,17 @@ def serve_http(
     metrics = Metrics()
     group = RankGroup(args, created_at=created_at, spec=spec, env=metrics.rank_env())
     scope = "loopback only" if _is_loopback(host) else "REACHABLE FROM OTHER HOSTS"
-    print(
-        f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
-        f"  journal {shown_location(args.db)}\n"
-        f"serving on http://{host}:{bound_port} ({scope})",
-        flush=True,
+    journal = shown_location(args.db)
+    say(
+        f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}  journal {journal}",
+        event="run",
+        run_id=group.run_id,
+        model=args.model.name,
+        ranks=args.num_ranks,
+        journal=journal,
     )
+    url = f"http://{host}:{bound_port}"
+    say(f"serving on {url} ({scope})", event="serving", url=url, loopback_only=_is_loopback(host))
     service = Service(args, group, control)
     metrics.add(service.metrics, queue_depth=service.queue_depth)
     threading.Thread(
@@ -413,7 +419,7 @@ def serve_http(
         group.close()
         sock.close()
         metrics.close()
-    print(f"stopped run {group.run_id}", file=sys.stderr, flush=True)
+    say(f"stopped run {group.run_id}", event="serve-stopped", out=sys.stderr, run_id=group.run_id)
     # A rank that died or failed while serving (not because the server stopped) fails the run.
     failed = service.failed or any(v.state == "failed" for v in group.views().values())
     return 1 if failed else 0

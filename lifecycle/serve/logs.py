@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
+import json as jsonlib
 import logging
 import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import structlog
 
 LEVELS = ("debug", "info", "warning", "error")
+_JSON_LINES: list[bool] = [False]  # set by configure_logging: --json-logs
 
 
 def configure_logging(*, json: bool, level: str = "info", stream: TextIO | None = None) -> None:
@@ -17,6 +20,7 @@ def configure_logging(*, json: bool, level: str = "info", stream: TextIO | None 
     (a file, a pipe, a log collector: greppable and several times cheaper to render), JSON
     lines with `json`; all to stderr."""
     out = stream or sys.stderr
+    _JSON_LINES[0] = json
     renderer: structlog.typing.Processor
     if json:
         renderer = structlog.processors.JSONRenderer()
@@ -38,3 +42,25 @@ def configure_logging(*, json: bool, level: str = "info", stream: TextIO | None 
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+
+
+def json_lines() -> bool:
+    """Whether --json-logs is on: every line the operator reads is JSON."""
+    return _JSON_LINES[0]
+
+
+def say(text: str, *, event: str, out: TextIO | None = None, **fields: Any) -> None:
+    """One line for the operator: `text` as it is, or, with --json-logs, a JSON object as
+    the logs are (`event`, the text and `fields`), so that every line is JSON there."""
+    stream = out or sys.stdout
+    if _JSON_LINES[0]:
+        record = {
+            "timestamp": datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z"),
+            "level": "error" if event == "error" else "info",
+            "event": event,
+            "text": text,
+            **fields,
+        }
+        text = jsonlib.dumps(record, default=str)
+    stream.write(text + "\n")
+    stream.flush()

@@ -27,6 +27,7 @@ from lifecycle.serve.control import (
     ServiceUnavailable,
 )
 from lifecycle.serve.inflight import RequestFailed, RequestInFlight
+from lifecycle.serve.logs import say
 from lifecycle.serve.metrics import JournalMetrics
 from lifecycle.serve.progress import ProgressPrinter, eta_s, launch_of
 from lifecycle.serve.steps import StepMark
@@ -103,7 +104,7 @@ class Service:
             if self.failure is not None and told is None:
                 # Printed here, not where the failure is seen: the probes must not wait on I/O.
                 told = self.failure
-                print(f"failed: {told}", flush=True)
+                say(f"failed: {told}", event="serve-failed", why=told)
             self._stop.wait(POLL_S)
 
     def _print(self, events: list[StoredEvent]) -> None:

@@ -21,6 +21,7 @@ from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
 from lifecycle.serve.launchtime import LAUNCHED_AT_ENV
+from lifecycle.serve.logs import say
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.steps import StepMark, StepPipes
 from lifecycle.serve.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
@@ -327,15 +328,15 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
         status = Exit.OK if reason is None else Exit.FAILED
         why = reason or "every rank got to ready"
     for line in summary_lines(views, codes, created_at=created_at):
-        print(line, flush=True)
-    print(f"boot: {exit_text(status)}: {why}", flush=True)
+        say(line, event="rank-summary")
+    say(f"boot: {exit_text(status)}: {why}", event="boot-result", exit_status=status, why=why)
     if unjournaled:
-        print(
+        say(
             f"lifecycle: error: journal {shown_location(args.db)} could not be written by rank"
             f" {', '.join(map(str, unjournaled))}: the startup stopped and its record is"
             " incomplete",
-            file=sys.stderr,
-            flush=True,
+            event="error",
+            out=sys.stderr,
         )
     return status
 

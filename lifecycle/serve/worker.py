@@ -39,7 +39,7 @@ from lifecycle.serve.control import (
     Stop,
 )
 from lifecycle.serve.launchtime import launch_walls
-from lifecycle.serve.logs import configure_logging
+from lifecycle.serve.logs import configure_logging, say
 from lifecycle.serve.models import register_model
 
 # RUN_ID_ENV, RankEnv and under_torchrun are re-exported: the launcher, the supervisor and the
@@ -161,9 +161,12 @@ def run_rank_process(
             # Before the session: the ranks may still be joining the group to agree on a run
             # id, which would hold this one until the rendezvous timeout, and no journal is
             # open yet to record the stop in.
-            sys.stderr.write(
+            say(
                 f"lifecycle: rank {ranks.rank}: stopped by {sig.name} before its journal was"
-                " open (the ranks were agreeing on a run id): nothing journaled\n"
+                " open (the ranks were agreeing on a run id): nothing journaled",
+                event="rank-stopped-unjournaled",
+                out=sys.stderr,
+                rank=ranks.rank,
             )
             leave_process(SIGNAL_EXIT_BASE + int(sig))
         os._exit(started[0].shutdown_by_signal(sig))
@@ -191,7 +194,12 @@ def run_rank_process(
     if session.disagreement is not None:
         # Every rank saw the same settings at the rendezvous and fails on them at once: none
         # waits on a peer, so none lingers; bad input, as a flag refused at start is.
-        sys.stderr.write(f"lifecycle: error: rank {ranks.rank}: {session.disagreement}\n")
+        say(
+            f"lifecycle: error: rank {ranks.rank}: {session.disagreement}",
+            event="error",
+            out=sys.stderr,
+            rank=ranks.rank,
+        )
         session.close()
         leave_process_group()
         return Exit.USAGE
@@ -332,7 +340,8 @@ def main() -> int:
         )
     except LifecycleError as exc:
         # One write: the ranks of a launcher share its stderr.
-        sys.stderr.write(f"lifecycle: error: rank {os.environ.get('RANK', '?')}: {exc}\n")
+        rank = os.environ.get("RANK", "?")
+        say(f"lifecycle: error: rank {rank}: {exc}", event="error", out=sys.stderr, rank=rank)
         status = exc.exit_status
     sys.stdout.flush()
     sys.stderr.flush()

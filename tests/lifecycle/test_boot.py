@@ -125,11 +125,14 @@ def test_every_journal_event_is_one_structlog_line(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """With --json-logs at debug level, each journal row appears once as a JSON log line
-    bound to its run id, rank and state."""
+    bound to its run id, rank and state; and every line, the boot's table and its result on
+    stdout included, is JSON."""
     result = lifecycle_cli(
         "boot", "--db", "j.db", "--model", "micro-video", "--json-logs", "--log-level", "debug"
     )
     assert result.returncode == 0, result.stderr
+    said = [json.loads(line) for line in (result.stdout + result.stderr).splitlines()]
+    assert "console" in {line["event"] for line in said}
     lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     events = only_run(tmp_path / "j.db")
     logged = {(line["rank"], line["seq"]): line for line in lines if "seq" in line}

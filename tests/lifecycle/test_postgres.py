@@ -60,6 +60,10 @@ def test_ranks_journal_to_postgres_and_the_password_appears_nowhere(
     )  # fmt: skip
     assert booted.returncode == 0, booted.stderr[-2000:]
     assert "postgresql://lifecycle:***@" in booted.stdout
+    # Every line JSON, the launcher's table, its rank summaries and its result included.
+    said = [json.loads(line) for line in (booted.stdout + booted.stderr).splitlines()]
+    assert [line["exit_status"] for line in said if line["event"] == "boot-result"] == [0]
+    assert len([line for line in said if line["event"] == "rank-summary"]) == 2
     diagnosed = run_cli("replay", ["diagnose", "latest", url, "--json"], cwd=tmp_path)
     assert json.loads(diagnosed.stdout)["outcome"] == "ready"
     said, rows = everything_said(url, tmp_path, booted, diagnosed)
