@@ -224,8 +224,9 @@ HELP = {
     "--port": "port to bind (default: %(default)s)",
     "--request-silence": "a request that makes no denoising step on some rank for this long is"
     " given up, and the server fails (default: --dist-timeout + 120)",
-    "--linger": "after a fatal startup failure, keep serving /liveness (503), /metrics and"
-    " /lifecycle this long, then exit 1 (default: %(default)g)",
+    "--linger": "after a fatal startup failure, or a rank that fails or dies while serving,"
+    " keep serving /liveness (503), /metrics and /lifecycle this long, then exit 1"
+    " (default: %(default)g)",
     "--json-logs": "structlog JSON lines on stderr (default: off: text)",
     "--log-level": "the least severe log line shown (default: %(default)s)",
 }
