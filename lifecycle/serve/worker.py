@@ -187,6 +187,20 @@ def run_rank_process(
     # Steps go to the launcher's console through a pipe of its own, never the journal.
     report = pipe_report(env, lambda: session.machine.state)
     actions = STARTUP_ACTIONS if report is None else counting_actions(report)
+    console = None
+    if mode == "boot" and ranks.rank == 0 and under_torchrun(env):
+        # No launcher of ours prints the table under torchrun: rank 0 prints its own, in
+        # plain lines (the other ranks' processes share the terminal).
+        from lifecycle.serve.console import PlainConsole
+        from lifecycle.serve.progress import ProgressPrinter
+        from lifecycle.store import shown_location
+
+        console = PlainConsole(ProgressPrinter(run_created_at=created_at))
+        console.show(
+            [f"run {run_id}  model {args.model.name}  ranks {ranks.world_size} (torchrun)"
+             f"  journal {shown_location(args.db)}"]
+        )  # fmt: skip
+        recorder.subscribe(console.feed)
     session = RankSession(args, launch, recorder, actions=actions)
     started.append(session)
     watch_dump_signal(lambda: session.dump_ring("signal"))

@@ -275,7 +275,8 @@ def test_faults_also_come_from_the_environment(
 
 def test_torchrun_starts_the_same_entry(tmp_path: Path) -> None:
     """Under torchrun each process is one rank; all ranks share one run id, derived from
-    torchrun's rendezvous id (a UUID under --standalone) in the one form."""
+    torchrun's rendezvous id (a UUID under --standalone) in the one form; rank 0 prints the
+    boot's table."""
     import subprocess
     import sys
 
@@ -293,3 +294,6 @@ def test_torchrun_starts_the_same_entry(tmp_path: Path) -> None:
     for rank_events in ranks.values():
         assert path_of(rank_events) == CALIBRATED
     assert re.fullmatch(r"torchrun-[0-9a-f]{14}", events[0].run_id), events[0].run_id
+    # Rank 0 prints its table, once; no other rank prints one.
+    assert proc.stdout.count(f"run {events[0].run_id}  model micro-video  ranks 2 (torchrun)") == 1
+    assert proc.stdout.count("startup to ready") == 1, proc.stdout
