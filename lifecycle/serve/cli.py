@@ -256,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 host=ns.host,
                 port=ns.port,
                 linger_s=ns.linger,
+                access_log=ns.access_log,
             )
         return boot(args, created_at=created_at, options=options)
     except LifecycleError as exc:

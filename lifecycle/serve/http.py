@@ -37,6 +37,7 @@ from lifecycle.core.config import validate_shape as check_shape
 from lifecycle.core.errors import ConfigError, LifecycleError
 from lifecycle.core.records import Generation
 from lifecycle.core.runid import is_run_id
+from lifecycle.serve.accesslog import AccessLog
 from lifecycle.serve.control import (
     ControlChannel,
     ServiceUnavailable,
@@ -163,7 +164,7 @@ async def _refuse_body(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
-def create_app(service: Service, metrics: Metrics) -> FastAPI:
+def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) -> FastAPI:
     """The FastAPI application; every endpoint reads the service, none touches torch.
 
     The probes are coroutines that take no lock a request holds, so they answer on the event
@@ -172,6 +173,8 @@ def create_app(service: Service, metrics: Metrics) -> FastAPI:
     """
     app = FastAPI(title="lifecycle", version="0.1.0")
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    if access_log:
+        app.add_middleware(AccessLog)  # outermost: it sees refusals by the body limit too
     app.add_exception_handler(RequestValidationError, _refuse_body)
 
     @app.get("/liveness")
@@ -348,6 +351,7 @@ def serve_http(
     host: str,
     port: int,
     linger_s: float,
+    access_log: bool = False,
 ) -> int:
     """Start the ranks, serve HTTP until SIGTERM or SIGINT, then stop the ranks."""
     try:
@@ -386,7 +390,7 @@ def serve_http(
     follower = threading.Thread(target=service.follow, name="journal-follower", daemon=True)
     follower.start()
     config = uvicorn.Config(
-        create_app(service, metrics),
+        create_app(service, metrics, access_log=access_log),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(STOP_GRACE_S),

@@ -60,6 +60,7 @@ def serve(
     host: str,
     port: int,
     linger_s: float = DEFAULT_LINGER_S,
+    access_log: bool = False,
 ) -> int:
     """Boot the ranks as processes of their own and serve HTTP here until SIGTERM, or until
     `linger_s` after a fatal startup failure (then exit 1, so that a pod restarts)."""
@@ -71,7 +72,13 @@ def serve(
     from lifecycle.serve.http import serve_http
 
     return serve_http(
-        args, created_at=created_at, options=options, host=host, port=port, linger_s=linger_s
+        args,
+        created_at=created_at,
+        options=options,
+        host=host,
+        port=port,
+        linger_s=linger_s,
+        access_log=access_log,
     )
 
 

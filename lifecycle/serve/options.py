@@ -174,7 +174,7 @@ def _shape(text: str) -> Shape:
 DEFAULT_MODEL = "tiny-video"
 
 # The settings only `serve` has: a config file of boot that names one is told so.
-SERVE_ONLY = ("host", "port", "linger", "request-silence")
+SERVE_ONLY = ("host", "port", "linger", "request-silence", "access-log")
 
 # The help of each option, by its first flag; every one says its default.
 HELP = {
@@ -227,6 +227,8 @@ HELP = {
     "--linger": "after a fatal startup failure, or a rank that fails or dies while serving,"
     " keep serving /liveness (503), /metrics and /lifecycle this long, then exit 1"
     " (default: %(default)g)",
+    "--access-log": "log one line per HTTP request: method, path, status, seconds, client,"
+    " request id (default: off)",
     "--json-logs": "structlog JSON lines on stderr (default: off: text)",
     "--log-level": "the least severe log line shown (default: %(default)s)",
 }
@@ -292,6 +294,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
         add(server, "--port", type=int, default=8000)
         add(server, "--linger", type=_linger_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS")
         add(server, "--request-silence", type=float, metavar="SECONDS")
+        add(server, "--access-log", action="store_true")
 
     logging = p.add_argument_group("logging")
     add(logging, "--json-logs", action="store_true")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -63,14 +64,16 @@ def test_a_scrape_holds_what_the_readme_lists_and_what_operators_expect(tmp_path
     """Every metric the README's table lists is served with the labels it lists, and every
     lifecycle_ metric served is listed; a /generate is in the duration histogram, the line
     is empty after it, the build and each rank's last heartbeat are there, and the server's
-    own process_* metrics."""
+    own process_* metrics. With --access-log each request is a log line (JSON here)."""
     table = readme_metrics()
     expected = {"lifecycle_build_info", "lifecycle_request_duration_seconds", "process_*",
                 "lifecycle_queue_depth", "lifecycle_heartbeat_timestamp_seconds"}  # fmt: skip
     assert expected <= table.keys()
-    with serve(tmp_path) as served:
+    logs = ("--access-log", "--json-logs", "--log-level", "info")
+    with serve(tmp_path, *logs) as served:
         served.wait_for_health(200, within=120)
-        assert served.client.post("/generate", json=BODY).status_code == 200
+        headers = {"X-Request-ID": "scraped-1"}
+        assert served.client.post("/generate", json=BODY, headers=headers).status_code == 200
         families = {
             f.name: f.samples for f in text_string_to_metric_families(
                 served.client.get("/metrics").text
@@ -105,6 +108,15 @@ def test_a_scrape_holds_what_the_readme_lists_and_what_operators_expect(tmp_path
     assert now - 60 < beat <= now
     memory = families["process_resident_memory_bytes"]
     assert value(memory, "process_resident_memory_bytes") > 2**20
+    # --access-log: one JSON line per HTTP request, as every line is with --json-logs.
+    said = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
+    requests = [line for line in said if line["event"] == "http_request"]
+    generated = [line for line in requests if line["path"] == "/generate"]
+    assert [(g["method"], g["status"], g["request_id"]) for g in generated] == [
+        ("POST", 200, "scraped-1")
+    ]  # fmt: skip
+    assert generated[0]["duration_s"] > 0 and generated[0]["client"].startswith("127.0.0.1:")
+    assert any(r["path"] == "/metrics" and r["status"] == 200 for r in requests)
 
 
 @pytest.mark.slow
