@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypedDict
 
@@ -16,7 +15,7 @@ from lifecycle.core.agreement import (
     first_failed_gate,
     reuse_token,
 )
-from lifecycle.core.config import RankLayout, ServerArgs, Shape, SmokeRequest
+from lifecycle.core.config import ServerArgs, Shape, SmokeRequest
 from lifecycle.core.deadlines import StartupPath, expect, history_key, runs_of
 from lifecycle.core.errors import JournalError
 from lifecycle.core.events import (
@@ -26,8 +25,8 @@ from lifecycle.core.events import (
     RequestStarted,
     WarmupRecord,
 )
-from lifecycle.core.fingerprint import Fingerprint, Reuse, StoredPlan
-from lifecycle.core.gates import RESIDENCY_GATE_INDEX, Platform, evaluate_gates
+from lifecycle.core.fingerprint import Reuse
+from lifecycle.core.gates import RESIDENCY_GATE_INDEX, evaluate_gates
 from lifecycle.core.plan import (
     PROBE_DOES_NOT_FIT,
     Role,
@@ -38,13 +37,11 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
-from lifecycle.core.planner import ResidencyPlan
-from lifecycle.core.records import Generation, GroupMark, RequestResult, shared_fields
+from lifecycle.core.records import Generation, GroupMark, shared_fields
 from lifecycle.core.states import State
-from lifecycle.runtime.comm import Comm
-from lifecycle.runtime.device import MemoryMeter, probe_platform, release_cache
-from lifecycle.runtime.pipeline import Pipeline, build_pipeline
-from lifecycle.runtime.recorder import Recorder
+from lifecycle.runtime.device import probe_platform, release_cache
+from lifecycle.runtime.pipeline import build_pipeline
+from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.request import Generated, run_request
 from lifecycle.runtime.residency import (
     apply_before_rewarm,
@@ -55,41 +52,6 @@ from lifecycle.runtime.residency import (
 )
 
 WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
-
-
-@dataclass
-class RankRuntime:
-    """What the actions of one rank share; filled in as the startup goes."""
-
-    args: ServerArgs
-    layout: RankLayout
-    recorder: Recorder
-    comm: Comm
-    device: torch.device
-    meter: MemoryMeter
-    local_ranks: int
-    pipeline: Pipeline | None = None
-    platform: Platform | None = None
-    plan: WarmupPlan | None = None
-    dropped_buffers: bool = False
-    # The warmup requests' results by role, for the residency planner.
-    measured: dict[Role, RequestResult] = field(default_factory=dict)
-    # The residency planner's state (lifecycle.runtime.residency).
-    fingerprint: Fingerprint | None = None
-    reuse: Reuse | None = None  # the reuse decision at gate-check, and why
-    reused: StoredPlan | None = None  # the verified plan every rank agreed to reuse
-    residency: ResidencyPlan | None = None  # the plan this rank runs, until a rollback
-    residency_failure: str | None = None  # why applying it failed on this rank
-    over_budget_fault: bool = False  # --fault RANK:re-warm:over-budget fired
-
-    @property
-    def decodes(self) -> bool:
-        """Rank 0 decodes and returns the video; the others stop after the DiT."""
-        return self.layout.rank == 0
-
-    @property
-    def calibration_open(self) -> bool:
-        return self.plan is not None and self.plan.calibration_open
 
 
 # -- gate-check ----------------------------------------------------------------------------

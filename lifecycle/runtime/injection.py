@@ -16,7 +16,7 @@ from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder
 
 if TYPE_CHECKING:
-    from lifecycle.runtime.actions import RankRuntime
+    from lifecycle.runtime.rankruntime import RankRuntime
 
 FAULT_EXIT_CODE = 17
 

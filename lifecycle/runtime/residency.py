@@ -47,7 +47,7 @@ from lifecycle.core.records import RequestResult
 from lifecycle.runtime.pipeline import resident
 
 if TYPE_CHECKING:
-    from lifecycle.runtime.actions import RankRuntime
+    from lifecycle.runtime.rankruntime import RankRuntime
 
 
 def stored_plans(history: Sequence[ev.StoredEvent]) -> list[StoredPlan]:

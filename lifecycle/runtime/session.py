@@ -45,7 +45,7 @@ from lifecycle.core.events import (
 from lifecycle.core.machine import LifecycleMachine
 from lifecycle.core.states import TERMINAL_STATES, TRANSITIONS, Edge, State, Trigger, happy_trigger
 from lifecycle.runtime.abort import AbortWatcher, Failure, failure_of, watch_peers
-from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
+from lifecycle.runtime.actions import STARTUP_ACTIONS, Action
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
 from lifecycle.runtime.flightrecorder import FlightDumper, folder_for, turn_on
@@ -58,6 +58,7 @@ from lifecycle.runtime.process_group import (
     measure_clock_offset,
     settings_disagreement,
 )
+from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import leave_process
 

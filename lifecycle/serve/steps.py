@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
     from lifecycle.core.config import Shape
     from lifecycle.core.states import State
-    from lifecycle.runtime.actions import Action, RankRuntime
+    from lifecycle.runtime.actions import Action
     from lifecycle.runtime.pipeline import Pipeline
+    from lifecycle.runtime.rankruntime import RankRuntime
 
 STEPS_FD_ENV = "LIFECYCLE_STEPS_FD"
 # A line is well under PIPE_BUF (4096 bytes), so that each write is whole or not at all.

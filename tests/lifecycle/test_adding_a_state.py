@@ -10,7 +10,8 @@ from lifecycle.core.config import MODEL_PRESETS, ServerArgs
 from lifecycle.core.events import ActionStarted, Transition
 from lifecycle.core.fold import fold_run
 from lifecycle.core.states import TRANSITIONS, Edge, State, Trigger, action_states, mermaid
-from lifecycle.runtime.actions import STARTUP_ACTIONS, RankRuntime
+from lifecycle.runtime.actions import STARTUP_ACTIONS
+from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.session import RankLaunch, RankSession
 from lifecycle.store.journal import Journal

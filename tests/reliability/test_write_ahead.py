@@ -14,7 +14,8 @@ import pytest
 from lifecycle.core.config import MODEL_PRESETS, ServerArgs
 from lifecycle.core.events import ActionStarted
 from lifecycle.core.states import State
-from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, RankRuntime
+from lifecycle.runtime.actions import STARTUP_ACTIONS, Action
+from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.session import RankLaunch, RankSession
 from lifecycle.serve.supervisor import free_port

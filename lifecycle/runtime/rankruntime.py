@@ -1,0 +1,54 @@
+"""What the actions of one rank's startup share (`RankRuntime`): its settings, its place in
+the layout, its recorder, communicator and device, and what the startup has found so far."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lifecycle.core.config import RankLayout, ServerArgs
+from lifecycle.core.fingerprint import Fingerprint, Reuse, StoredPlan
+from lifecycle.core.gates import Platform
+from lifecycle.core.plan import Role, WarmupPlan
+from lifecycle.core.planner import ResidencyPlan
+from lifecycle.core.records import RequestResult
+from lifecycle.runtime.comm import Comm
+from lifecycle.runtime.device import MemoryMeter
+from lifecycle.runtime.pipeline import Pipeline
+from lifecycle.runtime.recorder import Recorder
+
+
+@dataclass
+class RankRuntime:
+    """What the actions of one rank share; filled in as the startup goes."""
+
+    args: ServerArgs
+    layout: RankLayout
+    recorder: Recorder
+    comm: Comm
+    device: torch.device
+    meter: MemoryMeter
+    local_ranks: int
+    pipeline: Pipeline | None = None
+    platform: Platform | None = None
+    plan: WarmupPlan | None = None
+    dropped_buffers: bool = False
+    # The warmup requests' results by role, for the residency planner.
+    measured: dict[Role, RequestResult] = field(default_factory=dict)
+    # The residency planner's state (lifecycle.runtime.residency).
+    fingerprint: Fingerprint | None = None
+    reuse: Reuse | None = None  # the reuse decision at gate-check, and why
+    reused: StoredPlan | None = None  # the verified plan every rank agreed to reuse
+    residency: ResidencyPlan | None = None  # the plan this rank runs, until a rollback
+    residency_failure: str | None = None  # why applying it failed on this rank
+    over_budget_fault: bool = False  # --fault RANK:re-warm:over-budget fired
+
+    @property
+    def decodes(self) -> bool:
+        """Rank 0 decodes and returns the video; the others stop after the DiT."""
+        return self.layout.rank == 0
+
+    @property
+    def calibration_open(self) -> bool:
+        return self.plan is not None and self.plan.calibration_open
