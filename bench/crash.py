@@ -198,7 +198,7 @@ def _diagnose_json(db: Path, run_id: str) -> dict[str, Any]:
     from replay.analysis import analyze
     from replay.diagnose import diagnose
     from replay.load import Journals
-    from replay.render import diagnosis_json
+    from replay.verdictview import diagnosis_json
 
     with Journals.open([str(db)]) as journals:
         run = journals.resolve(run_id)

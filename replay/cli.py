@@ -111,7 +111,7 @@ def _diagnosis(
 
 def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.load import Journals
-    from replay.render import format_runs, runs_json, summarize_run, summarize_settled
+    from replay.runsview import format_runs, runs_json, summarize_run, summarize_settled
 
     with Journals.open(_locations(ns.journals)) as journals:
         now = _now(ns)
@@ -192,7 +192,7 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.flightview import diagnose_lines, flight_json
     from replay.load import Journals
-    from replay.render import diagnosis_json, format_diagnosis
+    from replay.verdictview import diagnosis_json, format_diagnosis
 
     with Journals.open(_locations(ns.journals)) as journals:
         run = journals.resolve(ns.run)

@@ -10,7 +10,8 @@ from typing import Any
 from replay.analysis import analyze, combine
 from replay.diagnose import diagnose
 from replay.load import Journals
-from replay.render import diagnosis_json, summarize_run, summarize_settled
+from replay.runsview import summarize_run, summarize_settled
+from replay.verdictview import diagnosis_json
 
 T0 = 1_800_000_000.0
 

@@ -12,7 +12,8 @@ def test_importing_the_cli_leaves_torch_unimported() -> None:
     """`import replay.cli` and every command module it loads keep torch out of sys.modules."""
     code = (
         "import sys, replay.cli, replay.load, replay.analysis, replay.diagnose, replay.verify,"
-        " replay.trace, replay.diff, replay.render, replay.timeline, replay.summary,"
+        " replay.trace, replay.diff, replay.render, replay.runsview, replay.verdictview,"
+        " replay.timeline, replay.summary,"
         " replay.status, replay.culprits, replay.evidence, replay.liveness, replay.output;"
         " sys.exit(1 if 'torch' in sys.modules else 0)"
     )

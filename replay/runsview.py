@@ -1,0 +1,125 @@
+"""What `replay runs` prints: one summary per run, as a table for people and JSON for
+machines (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lifecycle.store.summaries import Summary
+from replay.diagnose import Diagnosis, Outcome
+from replay.load import RunInfo
+from replay.render import Style, table, when
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    run_id: str
+    started: float
+    host: str
+    world_size: int
+    mode: str
+    path: str
+    skip_reason: str | None
+    outcome: str
+    startup_to_ready_s: float | None
+    command: str | None
+
+
+def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
+    mode = _mode(run)
+    views = diagnosis.analysis.views.values()
+    plans = [v.plan for v in views if v.plan is not None]
+    if any(v.calibrated for v in views) or any(p.skip_reason is None for p in plans):
+        path = "calibrated"
+    elif plans:
+        path = "bounded"
+    else:
+        path = "-"
+    reasons = {v.skip_reason for v in views if v.plan is not None}
+    return RunSummary(
+        run_id=run.run_id,
+        started=run.created_at,
+        host=_hosts(run, [v.run_started.host if v.run_started else None for v in views]),
+        world_size=run.world_size,
+        mode=mode,
+        path=path,
+        skip_reason=next(iter(reasons)) if len(reasons) == 1 else None,
+        outcome=diagnosis.outcome.value,
+        startup_to_ready_s=diagnosis.startup_to_ready_s,
+        command=run.command,
+    )
+
+
+def summarize_settled(run: RunInfo, ranks: Sequence[Summary]) -> RunSummary:
+    """What summarize_run says of a run every rank of which ended healthy, from its ranks'
+    summary rows alone (a test holds the two to each other)."""
+    planned = [s for s in ranks if s.planned]
+    if any(s.calibrated for s in ranks) or any(s.skip_reason is None for s in planned):
+        path = "calibrated"
+    else:
+        path = "bounded" if planned else "-"
+    reasons = {s.skip_reason for s in planned}
+    ready = [s.ready_at for s in ranks if s.ready_at is not None]
+    return RunSummary(
+        run_id=run.run_id,
+        started=run.created_at,
+        host=_hosts(run, [s.host for s in ranks]),
+        world_size=run.world_size,
+        mode=_mode(run),
+        path=path,
+        skip_reason=next(iter(reasons)) if len(reasons) == 1 else None,
+        outcome=Outcome.READY.value,
+        startup_to_ready_s=max(ready) - run.created_at if len(ready) == run.world_size else None,
+        command=run.command,
+    )
+
+
+def _hosts(run: RunInfo, hosts: Sequence[str | None]) -> str:
+    """The hosts a run's ranks ran on, as their run_started events name them, else the run
+    row's; several are listed, rank 0's first."""
+    named = list(dict.fromkeys(h for h in hosts if h))
+    return ",".join(named) if named else run.host
+
+
+def _mode(run: RunInfo) -> str:
+    mode = str(run.config.get("performance_mode", "?"))
+    return mode + " +calibrate" if run.config.get("calibrate") else mode
+
+
+def format_runs(summaries: Sequence[RunSummary], style: Style) -> str:
+    rows = [
+        [
+            s.run_id,
+            when(s.started),
+            s.host,
+            s.world_size,
+            s.mode,
+            s.path,
+            s.skip_reason or "-",
+            style.outcome_cell(s.outcome),
+            "-" if s.startup_to_ready_s is None else f"{s.startup_to_ready_s:.2f}",
+        ]
+        for s in summaries
+    ]
+    headers = ["run", "started", "host", "ranks", "mode", "path"]
+    return table([*headers, "skip reason", "outcome", "ready s"], rows)
+
+
+def runs_json(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
+    return [
+        {
+            "run_id": s.run_id,
+            "started_at": s.started,
+            "host": s.host,
+            "world_size": s.world_size,
+            "mode": s.mode,
+            "path": s.path,
+            "skip_reason": s.skip_reason,
+            "outcome": s.outcome,
+            "startup_to_ready_s": s.startup_to_ready_s,
+            "command": s.command,
+        }
+        for s in summaries
+    ]
