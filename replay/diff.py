@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lifecycle.core.launch import launch_phase
 from lifecycle.core.states import State
 from replay.analysis import RunAnalysis
 from replay.diagnose import Diagnosis
-from replay.launch import launch_phase
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

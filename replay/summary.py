@@ -3,11 +3,11 @@ each rank's note, and the text of a collective mismatch (pure)."""
 
 from __future__ import annotations
 
+from lifecycle.core.launch import launch_phase
 from lifecycle.core.records import Signature
 from replay import evidence as ev
 from replay.analysis import Mismatch, MismatchReason, SplitDisagreement
 from replay.diagnose import Diagnosis, Outcome
-from replay.launch import launch_phase
 from replay.status import PendingInfo, RankVerdict, Status
 
 _MISMATCH_REASONS = {

@@ -17,12 +17,13 @@ from lifecycle.core.events import (
     ResidencyVerified,
     StoredEvent,
 )
+from lifecycle.core.launch import LaunchPhase, launch_phase
 from lifecycle.core.plan import Role
 from lifecycle.core.planner import format_bytes
 from lifecycle.core.text import clean, pad
 from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis
-from replay.launch import LaunchPhase, launch_phase, launch_text
+from replay.launch import launch_text
 from replay.load import RunInfo
 from replay.render import Style, mib, table, when
 

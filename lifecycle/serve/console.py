@@ -133,6 +133,7 @@ class LiveConsole:
         self._lock = threading.Lock()
         self._shown = range(ranks if ranks <= MAX_BARS else 1)
         self._forwarders: list[threading.Thread] = []
+        self._closed = False
         self._progress.start()
 
     def show(self, lines: Iterable[str]) -> None:
@@ -151,6 +152,8 @@ class LiveConsole:
         # One rank booted here reports its steps from its main thread and its heartbeats
         # from another: one bar each, drawn by one at a time.
         with self._lock:
+            if self._closed:  # a late step (a rank's pipe, a heartbeat) draws no bar again
+                return
             self._marks.update(marks)
             for rank in self._shown:
                 status = self.printer.status(rank, self._marks.get(rank))
@@ -233,7 +236,9 @@ class LiveConsole:
         """Print what the ranks' logs still hold, then take the bar away (the lines stay)."""
         for thread in self._forwarders:
             thread.join(timeout=FORWARD_JOIN_S)
-        self._progress.stop()
+        with self._lock:
+            self._closed = True
+            self._progress.stop()
 
 
 def _stderr_is_stdout() -> bool:

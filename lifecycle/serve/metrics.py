@@ -43,10 +43,10 @@ from lifecycle.core.events import (
     ResidencyEvent,
     StoredEvent,
 )
+from lifecycle.core.launch import launch_phase
 from lifecycle.core.plan import Role
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
-from lifecycle.serve.progress import launch_of
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # From a micro model's request on a quiet machine (a tenth of a second) to a video model's at
@@ -170,7 +170,7 @@ def _state_metrics(
             spent[span.state] = spent.get(span.state, 0.0) + (span.duration_s(now=now) or 0.0)
         for name, value in spent.items():
             seconds.add_metric([label, name], value)
-        launch = launch_of(view)
+        launch = launch_phase(view)
         if launch is not None:
             launched.add_metric([label], launch.launch_s)
         entered = view.entered_at(State.READY.value)

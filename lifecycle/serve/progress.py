@@ -22,7 +22,7 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
-from lifecycle.core.fold import MAX_CLOCK_OFFSET_S
+from lifecycle.core.launch import clock_offset
 from lifecycle.core.plan import Role
 from lifecycle.core.records import StateExpectation
 from lifecycle.core.states import State, happy_trigger, next_state
@@ -44,53 +44,6 @@ def format_bytes(value: int | None) -> str:
 
 
 # -- the launch and the time left, from a rank's folded view --------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Launch:
-    """A rank's launch phase, on rank 0's clock (each rank's own clock, aligned to rank 0's at
-    the rendezvous as its events are): from its launcher's process start to its first event,
-    which is `created`."""
-
-    launched_at: float  # the launcher's process start (torchrun's agent's, under torchrun)
-    process_started_at: float | None  # this rank's process start
-    created_at: float  # its first event
-    imports_s: float | None  # from its process start to its first event
-
-    @property
-    def launch_s(self) -> float:
-        return max(0.0, self.created_at - self.launched_at)
-
-    @property
-    def spawn_s(self) -> float | None:
-        """From the launcher's start to this rank's process start."""
-        if self.process_started_at is None:
-            return None
-        return max(0.0, self.process_started_at - self.launched_at)
-
-
-def _offset(clock: ClockAligned | None) -> float:
-    """What to take from a time on a rank's own clock to put it on rank 0's: as the fold moves
-    the events before the alignment (an offset beyond its bound is no offset)."""
-    if clock is None or abs(clock.offset_s) > MAX_CLOCK_OFFSET_S:
-        return 0.0
-    return clock.offset_s
-
-
-def launch_of(view: RankView) -> Launch | None:
-    """The rank's launch phase; None for a rank that did not measure it (run_started version
-    1) or has journaled nothing."""
-    started = view.run_started
-    if started is None or started.launcher_started_wall is None or view.first_wall is None:
-        return None
-    offset = _offset(view.clock)
-    process = started.process_started_wall
-    return Launch(
-        launched_at=started.launcher_started_wall - offset,
-        process_started_at=None if process is None else process - offset,
-        created_at=view.first_wall,
-        imports_s=started.imports_s,
-    )
 
 
 def states_ahead(state: str, *, calibrating: bool) -> tuple[str, ...]:
@@ -197,7 +150,7 @@ class ProgressPrinter:
                 if len(self._started) >= self.ranks:
                     out.extend(self._launch_line())
             case ClockAligned():
-                self._offsets[rank] = _offset(event)
+                self._offsets[rank] = clock_offset(event)
             case Expectations():
                 self._expected[rank] = {s.state: s for s in event.states}
             case Transition():

@@ -14,6 +14,7 @@ from typing import Any
 
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
+from lifecycle.core.launch import launch_phase
 from lifecycle.core.records import Generation
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
@@ -29,7 +30,7 @@ from lifecycle.serve.control import (
 from lifecycle.serve.inflight import RequestFailed, RequestInFlight
 from lifecycle.serve.logs import say
 from lifecycle.serve.metrics import JournalMetrics
-from lifecycle.serve.progress import ProgressPrinter, eta_s, launch_of
+from lifecycle.serve.progress import ProgressPrinter, eta_s
 from lifecycle.serve.steps import StepMark
 from lifecycle.serve.supervisor import POLL_S, RankGroup, ended_unjournaled, exit_text
 from lifecycle.store import shown_location
@@ -326,7 +327,7 @@ def rank_json(
     pending = view.pending
     first_error = view.errors[0] if view.errors else None
     state = "exited" if ended_unjournaled(view, exit_code) else view.state
-    launch = launch_of(view)
+    launch = launch_phase(view)
     ready_at = view.entered_at(State.READY.value)
     return {
         "rank": view.rank,

@@ -188,7 +188,7 @@ def run_rank_process(
     report = pipe_report(env, lambda: session.machine.state)
     actions = STARTUP_ACTIONS if report is None else counting_actions(report)
     console = None
-    if mode == "boot" and ranks.rank == 0 and under_torchrun(env):
+    if mode == "boot" and ranks.rank == 0 and WORKER_ENV not in env:
         # No launcher of ours prints the table under torchrun: rank 0 prints its own, in
         # plain lines (the other ranks' processes share the terminal).
         from lifecycle.serve.console import PlainConsole
