@@ -203,6 +203,14 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
     )
 
 
+def log_level_for(given: str | None, *, json_logs: bool) -> str:
+    """The level asked for; else `info`, or `warning` on a terminal without --json-logs, where
+    the boot's table and bars say what the info lines would and the lines would bury them."""
+    if given is not None:
+        return given
+    return "warning" if sys.stderr.isatty() and not json_logs else "info"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     created_at = time.time()
     ns = parse_command_line(argv)
@@ -223,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = server_args(ns)
     except ConfigError as exc:
         return fail(exc)
+    ns.log_level = log_level_for(ns.log_level, json_logs=ns.json_logs)
     configure_logging(json=ns.json_logs, level=ns.log_level)
     from lifecycle.serve.launchtime import launch_walls
     from lifecycle.serve.worker import under_torchrun

@@ -123,25 +123,29 @@ class LiveConsole:
             TextColumn("{task.fields[expected]}"),
             console=self._console,
             transient=True,
-            refresh_per_second=4,
+            # Redrawn only here, under the lock every write takes: an automatic refresh from
+            # rich's own thread, racing a line printed above the bars as a bar is added, can
+            # leave a stale bar in the terminal's scrollback.
+            auto_refresh=False,
             redirect_stdout=True,
             redirect_stderr=self._logs_here,
         )
         self._marks: dict[int, StepMark] = {}
         self._tasks: dict[int, tuple[TaskID, str]] = {}  # rank: (its bar, the state shown)
-        self._drawn: dict[int, StepMark | None] = {}  # the step mark each bar shows
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # every write to the terminal, and every redraw
         self._shown = range(ranks if ranks <= MAX_BARS else 1)
         self._forwarders: list[threading.Thread] = []
         self._closed = False
         self._progress.start()
 
     def show(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self._console.print(Text(line), soft_wrap=True)
+        with self._lock:
+            for line in lines:
+                self._console.print(Text(line), soft_wrap=True)
 
     def print_log(self, line: str) -> None:
-        self._console.print(Text.from_ansi(line), soft_wrap=True)
+        with self._lock:
+            self._console.print(Text.from_ansi(line), soft_wrap=True)
 
     def feed(self, stored: StoredEvent) -> None:
         self.show(self.printer.feed(stored))
@@ -159,6 +163,7 @@ class LiveConsole:
                 status = self.printer.status(rank, self._marks.get(rank))
                 if status is not None:
                     self._update(status, time.time() if now is None else now)
+            self._progress.refresh()
 
     def _update(self, status: RankStatus, now: float) -> None:
         """A rank's bar: its request's steps when it has one, else its time in the state
@@ -186,12 +191,8 @@ class LiveConsole:
             steps="" if mark is None else f"step {mark.done}/{mark.steps}",
             expected=expected_text(expected),
             known=mark is not None or expected is not None,
-            # Each step drawn as it is made: a step is seconds on a large model, never many
-            # in one refresh.
-            refresh=mark is not None and mark != self._drawn.get(status.rank),
         )
         self._tasks[status.rank] = (task, status.state)
-        self._drawn[status.rank] = mark
 
     def rank_stderr(self, rank: int) -> int | None:
         """A terminal for a rank process's stderr, whose lines are printed above the bar; None

@@ -230,7 +230,8 @@ HELP = {
     "--access-log": "log one line per HTTP request: method, path, status, seconds, client,"
     " request id (default: off)",
     "--json-logs": "structlog JSON lines on stderr (default: off: text)",
-    "--log-level": "the least severe log line shown (default: %(default)s)",
+    "--log-level": "the least severe log line shown (default: info; warning when stderr is a"
+    " terminal, where the table and its bars show the startup)",
 }
 
 
@@ -298,7 +299,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
 
     logging = p.add_argument_group("logging")
     add(logging, "--json-logs", action="store_true")
-    add(logging, "--log-level", choices=LEVELS, default="info")
+    add(logging, "--log-level", choices=LEVELS)
     return {
         flag[2:]: action
         for action in added

@@ -96,8 +96,9 @@ def screen(written: str) -> list[str]:
 
 def test_a_terminal_shows_a_live_bar_with_each_requests_steps(tmp_path: Path) -> None:
     """One rank on a terminal: a bar drawn through each warmup request's steps; the table's
-    lines above it, in order; at the end the bar is gone and the table stays."""
-    status, written = on_a_terminal(["boot", *MICRO, "--log-level", "warning"], cwd=tmp_path)
+    lines above it, in order; at the end the bar is gone and the table stays. No --log-level:
+    on a terminal the info lines stay out of the table's way (warning and above only)."""
+    status, written = on_a_terminal(["boot", *MICRO], cwd=tmp_path)
     assert status == 0, written[-3000:]
     assert BAR in written
     assert re.search(r"bounded-warm .*step [1-4]/4", written), written[-3000:]
@@ -110,12 +111,14 @@ def test_a_terminal_shows_a_live_bar_with_each_requests_steps(tmp_path: Path) ->
         "ready",
     ]  # fmt: skip
     assert "startup to ready" in shown[-1]
+    assert not any("[info" in line for line in shown), shown
 
 
 def test_a_terminal_keeps_the_ranks_logs_above_the_bars(tmp_path: Path) -> None:
     """Two ranks on a terminal: a bar per rank, and each rank's log lines, in their console
     format, printed above the bars with the table rather than through them."""
-    status, written = on_a_terminal(["boot", *MICRO, "--num-ranks", "2"], cwd=tmp_path)
+    args = ["boot", *MICRO, "--num-ranks", "2", "--log-level", "info"]
+    status, written = on_a_terminal(args, cwd=tmp_path)
     assert status == 0, written[-3000:]
     assert re.search(r"rank 0  \S+ ", written) and re.search(r"rank 1  \S+ ", written)
     shown = screen(written)
