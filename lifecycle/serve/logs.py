@@ -39,7 +39,9 @@ def configure_logging(*, json: bool, level: str = "info", stream: TextIO | None 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        # One write per line (message and newline together): the ranks of a launcher share
+        # its stderr, and print()'s two writes let another rank's line in between them.
+        logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
 
