@@ -117,8 +117,10 @@ def test_replay_show_gives_each_rank_its_launch(two_ranks: Booted) -> None:
         launch = rank["launch"]
         created = rank["spans"][0]
         assert created["state"] == "created"
-        assert launch["at_s"] == pytest.approx(0.0, abs=0.001)
-        assert launch["launch_s"] == pytest.approx(created["at_s"], abs=0.001)
+        # Rank 1's times are moved by its measured clock offset, which on one host is the
+        # alignment's noise: milliseconds under load.
+        assert launch["at_s"] == pytest.approx(0.0, abs=0.05)
+        assert launch["launch_s"] == pytest.approx(created["at_s"], abs=0.05)
         assert launch["imports_s"] > 0 and launch["process_started_s"] >= 0
 
 
