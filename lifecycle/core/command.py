@@ -26,6 +26,17 @@ DEFAULT_JOURNAL = "lifecycle.db"
 DEFAULT_JOURNAL_HELP = f"default: ${JOURNAL_ENV}, else {DEFAULT_JOURNAL}"
 
 
+def installed_torch() -> str | None:
+    """torch's version as installed, read from its metadata so that asking never imports
+    torch; None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
 def default_journal(env: Mapping[str, str]) -> str:
     """The journal where no flag or config file names one: $LIFECYCLE_DB if set and not
     empty, else ./lifecycle.db."""

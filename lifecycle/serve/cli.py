@@ -11,7 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from lifecycle.core.command import SHELLS, SIGNAL_EXIT_BASE, Exit, OneLineParser, completion_script
+from lifecycle.core.command import (
+    SHELLS,
+    SIGNAL_EXIT_BASE,
+    Exit,
+    OneLineParser,
+    completion_script,
+    installed_torch,
+)
 from lifecycle.core.config import (
     PeerFailure,
     PerformanceMode,
@@ -73,14 +80,10 @@ class _VersionAction(argparse._VersionAction):
         values: object,
         option_string: str | None = None,
     ) -> NoReturn:
-        from importlib.metadata import PackageNotFoundError, version
-
         from lifecycle import __version__
 
-        try:
-            torch = f"torch {version('torch')}"
-        except PackageNotFoundError:
-            torch = "torch not installed"
+        installed = installed_torch()
+        torch = f"torch {installed}" if installed else "torch not installed"
         print(f"lifecycle {__version__} ({torch}, Python {platform.python_version()})")
         parser.exit()
 

@@ -36,6 +36,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from lifecycle import __version__
+from lifecycle.core.command import installed_torch
 from lifecycle.core.errors import ErrorKind
 from lifecycle.core.events import (
     Error,
@@ -240,7 +241,11 @@ class Metrics:
             "The lifecycle that serves, and the torch and Python it runs with.",
             registry=self.registry,
         ).info(
-            {"version": __version__, "torch": _torch_version(), "python": platform.python_version()}
+            {
+                "version": __version__,
+                "torch": installed_torch() or "none",
+                "python": platform.python_version(),
+            }
         )
         self.request_seconds = Histogram(
             "lifecycle_request_duration_seconds",
@@ -269,13 +274,3 @@ class Metrics:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _torch_version() -> str:
-    """torch's version as installed, read from its metadata (the server never imports torch)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("torch")
-    except PackageNotFoundError:
-        return "none"
