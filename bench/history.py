@@ -222,8 +222,9 @@ def _stall_rows(settings: Settings) -> list[Row]:
             f" 0:bounded-warm:hang; the `stalled` event's wall time less the fault_injected"
             f" one's (the hang's start); the deadline it was held to"
             f" {_maybe(hang.deadline_s)} (bounded-warm's p95 {_maybe(hang.p95_s)} in the"
-            f" history, x{STALL_FACTOR:g}, floor {STALL_FLOOR_S:g} s), plus up to one heartbeat"
-            " interval",
+            f" history, x{STALL_FACTOR:g}, floor {STALL_FLOOR_S:g} s), less the time the boot"
+            " had spent in bounded-warm when the hang began (the heartbeat thread wakes at the"
+            " deadline)",
         ),
         Row(
             figure=f"history: false stalls, healthy {MODEL} boots two at once on 2 cores",

@@ -43,6 +43,7 @@ MODULES = (
     "bench.replay",
     "bench.serving",
     "bench.history",
+    "bench.failfast",
     "bench.scale",
     "bench.diffusers",
 )

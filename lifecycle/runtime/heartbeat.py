@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -24,6 +25,8 @@ MAX_STACK_CHARS = 8000
 # a dozen rows an hour, and within the ten minutes in which `db prune` holds a run to be still
 # written.
 SLOW_BEAT_S = 300.0
+# The thread wakes this long after a state's deadline, so that the state has outlived it.
+DUE_SLACK_S = 0.01
 
 
 def thread_stacks() -> tuple[ThreadStack, ...]:
@@ -112,7 +115,14 @@ class HeartbeatThread:
             self._thread.join(timeout=max(5.0, 2 * self._interval))
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        next_beat = time.monotonic() + self._interval
+        while not self._stop.wait(max(0.0, min(next_beat, self._stall_due()) - time.monotonic())):
+            if time.monotonic() < next_beat:
+                # Woken at the state's deadline between two beats: a stall is journaled when
+                # it is due, not up to an interval later.
+                self._check_state_stall(self._pending)
+                continue
+            next_beat = time.monotonic() + self._interval
             try:
                 self.beat()
             except JournalWriteFailed as exc:
@@ -149,7 +159,6 @@ class HeartbeatThread:
     def beat(self) -> None:
         recorder, machine = self._recorder, self._machine
         state = machine.state
-        entered = machine.entered_mono_ns
         in_state_s = machine.in_state_s()
         pending = self._pending()
         groups = self._groups()
@@ -164,12 +173,29 @@ class HeartbeatThread:
             )
         else:
             recorder.beat_in_place()
-        deadline = self.deadline_s(state)
         if state is State.READY:
             self._check_collective_stall(pending, in_state_s)
-        elif state not in STARTUP_OVER and in_state_s > deadline and self._stalled_entry != entered:
+        else:
+            self._check_state_stall(lambda: pending)
+
+    def _stall_due(self) -> float:
+        """When (monotonic) the current state outlives its deadline; inf when no stall is to
+        come in it (the startup is over, or this stay in the state already stalled)."""
+        machine = self._machine
+        state = machine.state
+        if state in STARTUP_OVER or self._stalled_entry == machine.entered_mono_ns:
+            return math.inf
+        return time.monotonic() + self.deadline_s(state) - machine.in_state_s() + DUE_SLACK_S
+
+    def _check_state_stall(self, pending: Callable[[], PendingCollective | None]) -> None:
+        """One `stalled` event for a stay in a startup state past its deadline."""
+        machine = self._machine
+        state, entered = machine.state, machine.entered_mono_ns
+        in_state_s = machine.in_state_s()
+        deadline = self.deadline_s(state)
+        if state not in STARTUP_OVER and in_state_s > deadline and self._stalled_entry != entered:
             self._stalled_entry = entered
-            self._stall(in_state_s, deadline, pending)
+            self._stall(in_state_s, deadline, pending())
 
     def _journals(
         self, state: State, pending: PendingCollective | None, groups: tuple[GroupMark, ...]
