@@ -26,8 +26,6 @@ class Machine:
     kernel: str
     temp_dir: str
     temp_fs: str
-    commit: str
-    load: str  # the 1-minute load average when the run started and ended
 
     def lines(self) -> list[str]:
         return [
@@ -35,8 +33,6 @@ class Machine:
             f"memory: {self.memory_gib:.1f} GiB",
             f"Python {self.python}, torch {self.torch}, SQLite {self.sqlite}, Linux {self.kernel}",
             f"temporary files (journals): {self.temp_dir} ({self.temp_fs})",
-            f"commit: {self.commit}",
-            f"1-minute load average: {self.load} (other work on the machine shows here)",
         ]
 
 
@@ -105,7 +101,7 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def describe(*, repo: Path, temp_dir: str, load_at_start: float) -> Machine:
+def describe(*, temp_dir: str) -> Machine:
     return Machine(
         cpu=cpu_model(),
         cores=len(os.sched_getaffinity(0)),
@@ -117,6 +113,4 @@ def describe(*, repo: Path, temp_dir: str, load_at_start: float) -> Machine:
         kernel=platform.release(),
         temp_dir=temp_dir,
         temp_fs=filesystem_of(temp_dir),
-        commit=git_commit(repo),
-        load=f"{load_at_start:.2f} at the start, {load_average():.2f} at the end",
     )

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,31 +183,45 @@ def serving_rows(
     request: tuple[int, int, int, int],
     rounds: int,
 ) -> list[Row]:
+    """Two phases, so that no idle server shares the cores with a comparison it is not in:
+    one rank against WanPipeline, then the parallel layouts against one rank."""
     body = _body(request)
-    layouts = {ONE: (), **PARALLEL}
-    progress(f"diffusers: serving tiny-wan on {', '.join(layouts)}; {rounds} rounds")
-    servers: list[WanServer] = []
-    pool: Pool | None = None
+    progress(f"diffusers: serving tiny-wan on {ONE} against {PLAIN}; {rounds} rounds")
+    with _servers(settings, directory, {ONE: ()}, model_args, env) as servers:
+        pool = Pool("bench.wanplain", size=1, workdir=settings.workdir, timeout_s=READY_TIMEOUT_S)
+        try:
+            sides = {ONE: _served(servers[ONE], body), PLAIN: _plain(pool, directory, body)}
+            plain = _interleaved(sides, rounds)
+        finally:
+            pool.close()
+    progress(f"diffusers: serving tiny-wan on {', '.join(PARALLEL)} against {ONE}")
+    with _servers(settings, directory, {ONE: (), **PARALLEL}, model_args, env) as servers:
+        parallel = _interleaved({k: _served(v, body) for k, v in servers.items()}, rounds)
+    return [_generate_row(plain, body, model_args, rounds), *_step_rows(parallel, body, rounds)]
+
+
+@contextlib.contextmanager
+def _servers(
+    settings: Settings,
+    directory: Path,
+    layouts: Mapping[str, Sequence[str]],
+    model_args: Sequence[str],
+    env: Mapping[str, str],
+) -> Iterator[dict[str, WanServer]]:
+    """A server per layout, all started before any is waited for; every one stopped after."""
+    servers: dict[str, WanServer] = {}
     try:
         for label, layout in layouts.items():
-            servers.append(
-                WanServer(
-                    workdir=settings.workdir, label=label.replace(" ", "-"), directory=directory,
-                    args=(*model_args, *layout), env=env,
-                )
+            servers[label] = WanServer(
+                workdir=settings.workdir, label=label.replace(" ", "-"), directory=directory,
+                args=(*model_args, *layout), env=env,
             )  # fmt: skip
-        pool = Pool("bench.wanplain", size=1, workdir=settings.workdir, timeout_s=READY_TIMEOUT_S)
-        for server in servers:
+        for server in servers.values():
             server.wait_ready()
-        sides = {label: _served(s, body) for label, s in zip(layouts, servers, strict=True)}
-        sides[PLAIN] = _plain(pool, directory, body)
-        results = _interleaved(sides, rounds)
+        yield servers
     finally:
-        for server in servers:
+        for server in servers.values():
             server.stop()
-        if pool is not None:
-            pool.close()
-    return [_generate_row(results, body, model_args, rounds), *_step_rows(results, body, rounds)]
 
 
 def _shape(body: Mapping[str, Any]) -> str:
@@ -237,8 +251,8 @@ def _generate_row(
             " whole, the text encoder resident, as WanPipeline runs them); against"
             " WanPipeline.__call__ with the same fields in a warm process"
             " (from_pretrained of the same directory), timed around the call; one warm-up"
-            f" request each, then {rounds} rounds, the order rotated each round with the"
-            " parallel layouts' requests; medians, the ratio is the median of the paired"
+            f" request each, then {rounds} rounds, the order rotated each round, no other"
+            " server running; medians, the ratio is the median of the paired"
             f" ratios (ratio of the medians: {format_ratio(median(served) / median(plain))});"
             f" outputs {'identical' if same else 'DIFFER'} (checksums)"
         ),

@@ -44,3 +44,33 @@ def test_every_benchmark_module_names_one_benchmark_once() -> None:
     names = [b.name for b in benchmarks()]
     assert len(names) == len(MODULES) == len(set(names))
     assert {"overhead", "history", "diffusers"} <= set(names)
+
+
+@pytest.mark.timeout(240)
+def test_an_update_replaces_its_sections_and_keeps_the_others(tmp_path: Path) -> None:
+    """`--only NAME --update` reruns one benchmark and replaces its section in the file, keeping
+    every other section as its last run wrote it; a file without sections is refused, as one
+    line, before anything is measured, and is left as it was."""
+    output = tmp_path / "bench.md"
+    both = ["--quick", "--only", "journal", "--only", "replay", "--output", str(output)]
+    assert run_cli("bench", both, cwd=REPO, timeout=200.0).returncode == 0
+    before = output.read_text(encoding="utf-8")
+    journal_before = before.split("### journal\n")[1].split("### replay\n")[0]
+    again = ["--quick", "--only", "replay", "--update", "--output", str(output)]
+    done = run_cli("bench", again, cwd=REPO, timeout=200.0)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = output.read_text(encoding="utf-8")
+    assert after.split("### journal\n")[1].split("### replay\n")[0] == journal_before
+    replay_after = after.split("### replay\n")[1]
+    assert "--only replay --update --output" in replay_after
+    assert "--only replay --update" not in before
+    assert [name for name in ROW_NAMES if name not in after] == []
+
+    flat = tmp_path / "flat.md"
+    flat.write_text("# Benchmarks\n\n| figure |\n", encoding="utf-8")
+    refused = run_cli("bench", ["--only", "replay", "--update", "--output", str(flat)], cwd=REPO)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"bench: error: cannot update {flat}: it has no Machine or Results section"
+    ]
+    assert flat.read_text(encoding="utf-8") == "# Benchmarks\n\n| figure |\n"
