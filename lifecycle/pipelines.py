@@ -30,11 +30,9 @@ from lifecycle.core.config import (
     NATIVE_BACKEND,
     MemoryModel,
     ModelSpec,
-    Shape,
 )
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.planner import ResidencyOption
-from lifecycle.core.records import Generation, StageRecord
+from lifecycle.core.records import Generation, ResidencyOption, Shape, StageRecord
 from lifecycle.runtime.comm import Comm, RecordedGroup, StagingBuffers, UlyssesAttention
 from lifecycle.runtime.device import MemoryMeter, memory_meter, synchronize
 from lifecycle.runtime.pipeline import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lifecycle.core.launch import launch_phase
+from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.states import State
 from replay.analysis import RunAnalysis
 from replay.diagnose import Diagnosis

@@ -3,7 +3,7 @@ each rank's note, and the text of a collective mismatch (pure)."""
 
 from __future__ import annotations
 
-from lifecycle.core.launch import launch_phase
+from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.records import Signature
 from replay import evidence as ev
 from replay.analysis import Mismatch, MismatchReason, SplitDisagreement

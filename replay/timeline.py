@@ -17,9 +17,9 @@ from lifecycle.core.events import (
     ResidencyVerified,
     StoredEvent,
 )
-from lifecycle.core.launch import LaunchPhase, launch_phase
-from lifecycle.core.plan import Role
+from lifecycle.core.launchphase import LaunchPhase, launch_phase
 from lifecycle.core.planner import format_bytes
+from lifecycle.core.records import Role
 from lifecycle.core.text import clean, pad
 from lifecycle.core.view import RankView
 from replay.analysis import RunAnalysis

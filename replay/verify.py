@@ -22,8 +22,9 @@ from lifecycle.core.gates import (
     calibration_skip_reason,
     evaluate_gates,
 )
-from lifecycle.core.plan import WarmupPlan, WarmupRequest, build_plan, fit_probe
+from lifecycle.core.plan import WarmupPlan, build_plan, fit_probe
 from lifecycle.core.planner import replan, same_plan, verify_time
+from lifecycle.core.records import WarmupRequest
 from lifecycle.core.states import State, Trigger, next_state
 from replay.load import RunInfo
 

@@ -8,8 +8,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from lifecycle.core.config import Shape
-from lifecycle.core.gates import GATES, RESIDENCY_GATE_INDEX, GateOutcome
+from lifecycle.core.gates import GATES, RESIDENCY_GATE_INDEX
+from lifecycle.core.records import GateOutcome, Shape
 
 
 def first_failed_gate(outcomes: Sequence[GateOutcome]) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from lifecycle.core.command import DEFAULT_JOURNAL
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.faults import FaultKind, FaultSpec
+from lifecycle.core.records import Shape
 from lifecycle.core.states import State
 
 
@@ -68,24 +69,6 @@ MAX_RING_CAPACITY = 1 << 22
 # A seed is 64 bits, as torch's generators take it: a larger one would be refused only when
 # the first request is run, well into the startup.
 MAX_SEED = 2**64 - 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Shape:
-    width: int
-    height: int
-    frames: int
-
-    @property
-    def area(self) -> int:
-        return self.width * self.height
-
-    @property
-    def pixels(self) -> int:
-        return self.width * self.height * self.frames
-
-    def __str__(self) -> str:
-        return f"{self.width}x{self.height}x{self.frames}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,20 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lifecycle.core.config import Shape
 from lifecycle.core.errors import classify
-from lifecycle.core.fingerprint import Fingerprint
-from lifecycle.core.gates import GateOutcome, Platform
-from lifecycle.core.plan import ProbeFit, Role, WarmupRequest
-from lifecycle.core.planner import PlannerInput, ResidencyPlan
 from lifecycle.core.records import (
+    Fingerprint,
+    GateOutcome,
     GroupMark,
     PendingCollective,
+    PlannerInput,
+    Platform,
+    ProbeFit,
     RequestResult,
+    ResidencyPlan,
+    Role,
+    Shape,
     Signature,
     StateExpectation,
     ThreadStack,
     TorchGroup,
+    WarmupRequest,
 )
 
 # Nested records (lifecycle.core.records), and the domain values the events below hold (Shape,

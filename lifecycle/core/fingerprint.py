@@ -6,40 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from lifecycle.core.config import ModelSpec, ServerArgs
-from lifecycle.core.planner import ResidencyPlan, format_bytes
+from lifecycle.core.planner import format_bytes
+from lifecycle.core.records import Fingerprint, ResidencyPlan
 
 DEFAULT_BUDGET = "free memory less headroom"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fingerprint:
-    """Everything that may change what a plan measures: a plan verified under one fingerprint
-    is reused only under the same one."""
-
-    model: str
-    model_config: str  # a digest of the model's specification
-    default_shape: str
-    layout: str
-    device: str
-    total_bytes: int
-    torch: str
-    lifecycle: str
-    budget: str  # --memory-budget in bytes, or DEFAULT_BUDGET
-
-    @property
-    def key(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def differences(self, other: Fingerprint) -> tuple[str, ...]:
-        """The fields in which `other` differs from this fingerprint, by name."""
-        return tuple(
-            f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)
-        )
 
 
 def model_digest(model: ModelSpec) -> str:

@@ -14,21 +14,7 @@ from lifecycle.core.config import (
     WarmupMode,
 )
 from lifecycle.core.plan import bounded_shape
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Platform:
-    """What the device can do and hold, probed once at gate-check."""
-
-    device: str  # "cuda" or "cpu"
-    name: str
-    total_bytes: int
-    free_bytes: int
-    peak_source: str | None  # "cuda-allocator", "linux-vmhwm", or None when unmeasurable
-
-    @property
-    def can_measure_peak(self) -> bool:
-        return self.peak_source is not None
+from lifecycle.core.records import GateOutcome, Platform
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,13 +22,6 @@ class Gate:
     name: str
     reason: str  # the skip reason when this gate fails
     passes: Callable[[ServerArgs, Platform], bool]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GateOutcome:
-    name: str
-    passed: bool
-    reason: str
 
 
 RESIDENCY_PLANNER_NOT_AVAILABLE = "residency planner not available"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import StrEnum
 
-from lifecycle.core.config import ModelSpec, ServerArgs, Shape, WarmupMode
+from lifecycle.core.config import ModelSpec, ServerArgs, WarmupMode
+from lifecycle.core.records import ProbeFit, Role, Shape, WarmupRequest, probe_reserve_bytes
 
 # The bounded warmup request: the 480p bucket and 17 frames, as the field's video servers use.
 BOUNDED_WIDTH = 832
@@ -17,33 +17,6 @@ CALIBRATION_STEPS_FLOOR = 4
 GIB = 2**30
 
 PROBE_DOES_NOT_FIT = "probe does not fit in free memory"
-
-
-class Role(StrEnum):
-    BOUNDED = "bounded"
-    PROBE = "probe"
-    REWARM = "rewarm"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WarmupRequest:
-    role: Role
-    shape: Shape
-    steps: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProbeFit:
-    """How the probe shape was fitted to free memory."""
-
-    default: Shape
-    fitted: Shape | None  # None when not even the smallest candidate fits
-    estimated_peak_bytes: int
-    budget_bytes: int
-    free_bytes: int
-    reserve_bytes: int
-    frame_shrinks: int
-    area_shrinks: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,10 +68,6 @@ def bounded_steps(model: ModelSpec, *, calibration_open: bool) -> int:
     if calibration_open:
         steps = min(model.default_steps, max(steps, CALIBRATION_STEPS_FLOOR))
     return steps
-
-
-def probe_reserve_bytes(total_bytes: int) -> int:
-    return max(GIB, total_bytes // 50)
 
 
 def fit_probe(args: ServerArgs, *, free_bytes: int, total_bytes: int) -> ProbeFit:

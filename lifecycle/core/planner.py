@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.plan import probe_reserve_bytes
+from lifecycle.core.records import (
+    ComponentCost,
+    PlannerInput,
+    ResidencyOption,
+    ResidencyPlan,
+    probe_reserve_bytes,
+)
 
 MIB = 2**20
 
@@ -61,68 +67,6 @@ def format_bytes(n: int) -> str:
     if abs(n) >= 2**30:
         return f"{n / 2**30:.2f} GiB"
     return f"{n / MIB:.0f} MiB"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResidencyOption:
-    """One way a component can run, and its expected effect against the reference option."""
-
-    component: str
-    name: str
-    peak_scale: float  # the component's working memory against the reference option's
-    time_scale: float  # the component's time against the reference option's
-    released_bytes: int = 0  # resident bytes given back while the other components run
-    reload_s: float = 0.0  # time added to every request (bringing released weights back)
-    reference: bool = False  # what the pipeline runs with before a plan, and after a rollback
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ComponentCost:
-    """What one request measured of one component: its time and its stage's peak bytes."""
-
-    component: str
-    seconds: float
-    peak_bytes: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlannerInput:
-    """Everything the planner decides from; journaled with the plan, so that `replay verify`
-    can decide again and compare."""
-
-    baseline_bytes: int  # the request's baseline (in use before it started)
-    costs: tuple[ComponentCost, ...]  # measured on the reference options
-    options: tuple[ResidencyOption, ...]
-    total_bytes: int
-    free_bytes: int
-    budget_bytes: int
-
-    @property
-    def headroom_bytes(self) -> int:
-        return probe_reserve_bytes(self.total_bytes)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResidencyPlan:
-    """One option per component, what it is predicted to cost, and why it was chosen."""
-
-    choices: tuple[ResidencyOption, ...]
-    predicted_peak_bytes: int
-    predicted_s: float
-    budget_bytes: int
-    headroom_bytes: int
-    fits: bool
-    reason: str
-
-    @property
-    def plan_id(self) -> str:
-        """A short, stable name: the non-reference choices, or `reference`."""
-        changed = [f"{o.component}={o.name}" for o in self.choices if not o.reference]
-        return ",".join(changed) or "reference"
-
-    @property
-    def changes_residency(self) -> bool:
-        return any(not o.reference for o in self.choices)
 
 
 def components(options: Sequence[ResidencyOption]) -> tuple[str, ...]:

@@ -3,11 +3,12 @@ version bump of every event kind that holds it, and an upcaster)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
 from operator import attrgetter
 from typing import Any
-
-from lifecycle.core.config import Shape
 
 
 def shared_fields(source: Any, cls: type) -> dict[str, Any]:
@@ -121,3 +122,164 @@ class RequestResult:
     baseline_bytes: int | None
     peak_bytes: int | None
     checksum: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    width: int
+    height: int
+    frames: int
+
+    @property
+    def area(self) -> int:
+        return self.width * self.height
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height * self.frames
+
+    def __str__(self) -> str:
+        return f"{self.width}x{self.height}x{self.frames}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Platform:
+    """What the device can do and hold, probed once at gate-check."""
+
+    device: str  # "cuda" or "cpu"
+    name: str
+    total_bytes: int
+    free_bytes: int
+    peak_source: str | None  # "cuda-allocator", "linux-vmhwm", or None when unmeasurable
+
+    @property
+    def can_measure_peak(self) -> bool:
+        return self.peak_source is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateOutcome:
+    name: str
+    passed: bool
+    reason: str
+
+
+class Role(StrEnum):
+    BOUNDED = "bounded"
+    PROBE = "probe"
+    REWARM = "rewarm"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmupRequest:
+    role: Role
+    shape: Shape
+    steps: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeFit:
+    """How the probe shape was fitted to free memory."""
+
+    default: Shape
+    fitted: Shape | None  # None when not even the smallest candidate fits
+    estimated_peak_bytes: int
+    budget_bytes: int
+    free_bytes: int
+    reserve_bytes: int
+    frame_shrinks: int
+    area_shrinks: int
+
+
+def probe_reserve_bytes(total_bytes: int) -> int:
+    """The memory a probe and a plan leave free: 2 % of the device, at least a GiB."""
+    return max(2**30, total_bytes // 50)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyOption:
+    """One way a component can run, and its expected effect against the reference option."""
+
+    component: str
+    name: str
+    peak_scale: float  # the component's working memory against the reference option's
+    time_scale: float  # the component's time against the reference option's
+    released_bytes: int = 0  # resident bytes given back while the other components run
+    reload_s: float = 0.0  # time added to every request (bringing released weights back)
+    reference: bool = False  # what the pipeline runs with before a plan, and after a rollback
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComponentCost:
+    """What one request measured of one component: its time and its stage's peak bytes."""
+
+    component: str
+    seconds: float
+    peak_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerInput:
+    """Everything the planner decides from; journaled with the plan, so that `replay verify`
+    can decide again and compare."""
+
+    baseline_bytes: int  # the request's baseline (in use before it started)
+    costs: tuple[ComponentCost, ...]  # measured on the reference options
+    options: tuple[ResidencyOption, ...]
+    total_bytes: int
+    free_bytes: int
+    budget_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return probe_reserve_bytes(self.total_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyPlan:
+    """One option per component, what it is predicted to cost, and why it was chosen."""
+
+    choices: tuple[ResidencyOption, ...]
+    predicted_peak_bytes: int
+    predicted_s: float
+    budget_bytes: int
+    headroom_bytes: int
+    fits: bool
+    reason: str
+
+    @property
+    def plan_id(self) -> str:
+        """A short, stable name: the non-reference choices, or `reference`."""
+        changed = [f"{o.component}={o.name}" for o in self.choices if not o.reference]
+        return ",".join(changed) or "reference"
+
+    @property
+    def changes_residency(self) -> bool:
+        return any(not o.reference for o in self.choices)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fingerprint:
+    """Everything that may change what a plan measures: a plan verified under one fingerprint
+    is reused only under the same one."""
+
+    model: str
+    model_config: str  # a digest of the model's specification
+    default_shape: str
+    layout: str
+    device: str
+    total_bytes: int
+    torch: str
+    lifecycle: str
+    budget: str  # --memory-budget in bytes, or DEFAULT_BUDGET
+
+    @property
+    def key(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def differences(self, other: Fingerprint) -> tuple[str, ...]:
+        """The fields in which `other` differs from this fingerprint, by name."""
+        return tuple(
+            f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)
+        )

@@ -15,7 +15,7 @@ from lifecycle.core.agreement import (
     first_failed_gate,
     reuse_token,
 )
-from lifecycle.core.config import ServerArgs, Shape, SmokeRequest
+from lifecycle.core.config import ServerArgs, SmokeRequest
 from lifecycle.core.deadlines import StartupPath, expect, history_key, runs_of
 from lifecycle.core.errors import JournalError
 from lifecycle.core.events import (
@@ -29,15 +29,13 @@ from lifecycle.core.fingerprint import Reuse
 from lifecycle.core.gates import RESIDENCY_GATE_INDEX, evaluate_gates
 from lifecycle.core.plan import (
     PROBE_DOES_NOT_FIT,
-    Role,
     WarmupPlan,
-    WarmupRequest,
     bounded_shape,
     bounded_steps,
     build_plan,
     fit_probe,
 )
-from lifecycle.core.records import Generation, GroupMark, shared_fields
+from lifecycle.core.records import Generation, GroupMark, Role, Shape, WarmupRequest, shared_fields
 from lifecycle.core.states import State
 from lifecycle.runtime.device import probe_platform, release_cache
 from lifecycle.runtime.pipeline import build_pipeline

@@ -8,11 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from lifecycle.core.config import RankLayout, ServerArgs
-from lifecycle.core.fingerprint import Fingerprint, Reuse, StoredPlan
-from lifecycle.core.gates import Platform
-from lifecycle.core.plan import Role, WarmupPlan
-from lifecycle.core.planner import ResidencyPlan
-from lifecycle.core.records import RequestResult
+from lifecycle.core.fingerprint import Reuse, StoredPlan
+from lifecycle.core.plan import WarmupPlan
+from lifecycle.core.records import Fingerprint, Platform, RequestResult, ResidencyPlan, Role
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import MemoryMeter
 from lifecycle.runtime.pipeline import Pipeline

@@ -22,15 +22,9 @@ from lifecycle.core.fingerprint import (
     choose_reuse,
     fingerprint,
 )
-from lifecycle.core.gates import Platform
-from lifecycle.core.plan import Role
 from lifecycle.core.planner import (
     MIB,
     Candidate,
-    ComponentCost,
-    PlannerInput,
-    ResidencyOption,
-    ResidencyPlan,
     candidates,
     check_options,
     choose,
@@ -43,7 +37,15 @@ from lifecycle.core.planner import (
     verify_peak,
     verify_time,
 )
-from lifecycle.core.records import RequestResult
+from lifecycle.core.records import (
+    ComponentCost,
+    PlannerInput,
+    Platform,
+    RequestResult,
+    ResidencyOption,
+    ResidencyPlan,
+    Role,
+)
 from lifecycle.runtime.pipeline import resident
 
 if TYPE_CHECKING:

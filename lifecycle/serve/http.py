@@ -31,11 +31,10 @@ from lifecycle.core.config import (
     MAX_SIDE,
     MAX_STEPS,
     ServerArgs,
-    Shape,
 )
 from lifecycle.core.config import validate_shape as check_shape
 from lifecycle.core.errors import ConfigError, LifecycleError
-from lifecycle.core.records import Generation
+from lifecycle.core.records import Generation, Shape
 from lifecycle.core.runid import is_run_id
 from lifecycle.serve.accesslog import AccessLog
 from lifecycle.serve.control import (

@@ -44,8 +44,8 @@ from lifecycle.core.events import (
     ResidencyEvent,
     StoredEvent,
 )
-from lifecycle.core.launch import launch_phase
-from lifecycle.core.plan import Role
+from lifecycle.core.launchphase import launch_phase
+from lifecycle.core.records import Role
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
 

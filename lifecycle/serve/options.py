@@ -19,12 +19,12 @@ from lifecycle.core.config import (
     MODEL_PRESETS,
     PeerFailure,
     PerformanceMode,
-    Shape,
     SmokeRequest,
     WarmupMode,
 )
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.planner import parse_size
+from lifecycle.core.records import Shape
 from lifecycle.serve.configfile import read_document, shown
 from lifecycle.serve.logs import LEVELS
 

@@ -22,9 +22,8 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
-from lifecycle.core.launch import clock_offset
-from lifecycle.core.plan import Role
-from lifecycle.core.records import StateExpectation
+from lifecycle.core.launchphase import clock_offset
+from lifecycle.core.records import Role, StateExpectation
 from lifecycle.core.states import State, happy_trigger, next_state
 from lifecycle.core.view import RankView
 from lifecycle.serve.steps import StepMark
@@ -137,7 +136,9 @@ class ProgressPrinter:
 
     def feed(self, stored: StoredEvent) -> list[str]:
         rank = stored.rank
-        prefix = f"[rank {rank}] " if rank else ""
+        # A rank's own lines name it whenever there are several, rank 0 like the others; the
+        # table's rows are the startup's, on rank 0's clock, and name no rank.
+        prefix = f"[rank {rank}] " if self.ranks > 1 else ""
         progress: list[str] = []  # this rank's own progress: shown for rank 0
         out: list[str] = []  # shown for every rank
         event = stored.event
@@ -159,7 +160,7 @@ class ProgressPrinter:
                     progress.extend(self._launch_line())  # before created, if not yet shown
                 # Ready is announced once for the startup; a rank that fails there says so.
                 if state != State.READY or event.dest == State.FAILED:
-                    line = f"{prefix}  {state:<13} {stored.wall_time - since:8.3f} s"
+                    line = f"  {state:<13} {stored.wall_time - since:8.3f} s"
                     if details:
                         line += "   " + "; ".join(details)
                     progress.append(line)

@@ -14,7 +14,7 @@ from typing import Any
 
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
-from lifecycle.core.launch import launch_phase
+from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.records import Generation
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView

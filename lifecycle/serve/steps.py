@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from lifecycle.core.config import Shape
+    from lifecycle.core.records import Shape
     from lifecycle.core.states import State
     from lifecycle.runtime.actions import Action
     from lifecycle.runtime.pipeline import Pipeline

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lifecycle.core.agreement import agreed_decision, agreed_probe_shape, first_failed_gate
-from lifecycle.core.config import Shape
-from lifecycle.core.gates import GATES, GateOutcome
+from lifecycle.core.gates import GATES
+from lifecycle.core.records import GateOutcome, Shape
 
 shapes = st.builds(
     Shape,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.events import (
+    Error,
     Event,
     Expectations,
     RunStarted,
@@ -169,3 +170,20 @@ def test_off_a_terminal_a_state_that_goes_on_gets_a_line_every_few_seconds() -> 
     assert len(out.getvalue().splitlines()) == len(lines) + 1
     console.steps({0: StepMark(state="probe", done=20, steps=50)}, now=108.0 + PLAIN_EVERY_S)
     assert out.getvalue().splitlines()[-1].startswith("  probe             11.0 s so far, step 20")
+
+
+def _fatal(rank: int) -> StoredEvent:
+    return _event(rank, 103.0, "probe", Error(
+        error_type="RuntimeError", error_kind="unknown", message="boom", traceback="",
+        trigger=None, fatal=True,
+    ))  # fmt: skip
+
+
+def test_with_several_ranks_rank_0s_lines_name_it_like_the_others() -> None:
+    """A rank's own lines (its fault, its error, its failure) name the rank whenever the run
+    has several, rank 0 as much as rank 1; a one-rank run names none."""
+    several = ProgressPrinter(run_created_at=100.0, ranks=2)
+    assert several.feed(_fatal(0)) == ["[rank 0]   error in probe: RuntimeError: boom"]
+    assert several.feed(_fatal(1)) == ["[rank 1]   error in probe: RuntimeError: boom"]
+    alone = ProgressPrinter(run_created_at=100.0, ranks=1)
+    assert alone.feed(_fatal(0)) == ["  error in probe: RuntimeError: boom"]

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.codec import decode, encode
-from lifecycle.core.config import Shape
 from lifecycle.core.errors import CorruptEvent
 from lifecycle.core.events import (
     GateDecided,
@@ -19,8 +18,7 @@ from lifecycle.core.events import (
     RequestStarted,
     WarmupRecord,
 )
-from lifecycle.core.gates import GateOutcome, Platform
-from lifecycle.core.plan import ProbeFit, Role, WarmupRequest
+from lifecycle.core.records import GateOutcome, Platform, ProbeFit, Role, Shape, WarmupRequest
 from lifecycle.store.journal import Journal
 from tests.replay.v1_startup import PLATFORM, calibrated_plan, startup_events, write_startup
 

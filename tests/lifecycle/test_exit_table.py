@@ -15,7 +15,7 @@ import pytest
 from lifecycle.core.command import DEFAULT_JOURNAL, JOURNAL_ENV, Exit, OneLineParser
 from lifecycle.core.errors import ConfigError, JournalError, JournalWriteFailed, LifecycleError
 from replay.exits import AmbiguousRun, ReplayError, ReplayExit, RunNotFound, Usage
-from tests.conftest import one_clear_line, run_cli
+from tests.conftest import REPO, one_clear_line, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {ROOT / "lifecycle/core/command.py", ROOT / "replay/exits.py"}
@@ -104,3 +104,13 @@ def test_a_foreign_file_and_a_bad_config_end_with_the_usage_status(tmp_path: Pat
     )
     assert result.returncode == Exit.USAGE
     assert one_clear_line(result).startswith("lifecycle: error: ")
+
+
+def test_no_two_modules_of_lifecycle_share_a_name() -> None:
+    """A module's file name says which one it is (README, Architecture): no two files of the
+    lifecycle package share one, whatever their folder."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((REPO / "lifecycle").rglob("*.py")):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -18,10 +18,10 @@ from lifecycle.core.config import (
 from lifecycle.core.gates import (
     GATES,
     RESIDENCY_PLANNER_NOT_AVAILABLE,
-    Platform,
     calibration_skip_reason,
     evaluate_gates,
 )
+from lifecycle.core.records import Platform
 
 TINY = MODEL_PRESETS["tiny-video"]
 CPU = Platform(

@@ -7,18 +7,17 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.config import MODEL_PRESETS, MemoryModel, ServerArgs, Shape, WarmupMode
+from lifecycle.core.config import MODEL_PRESETS, MemoryModel, ServerArgs, WarmupMode
 from lifecycle.core.gates import RESIDENCY_PLANNER_NOT_AVAILABLE
 from lifecycle.core.plan import (
     GIB,
     PROBE_DOES_NOT_FIT,
-    Role,
     bounded_shape,
     build_plan,
     fit_probe,
     plan_for,
-    probe_reserve_bytes,
 )
+from lifecycle.core.records import Role, Shape, probe_reserve_bytes
 
 TINY = MODEL_PRESETS["tiny-video"]
 PLENTY = dict(free_bytes=60 * GIB, total_bytes=64 * GIB)

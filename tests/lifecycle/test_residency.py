@@ -15,9 +15,6 @@ from lifecycle.core.faults import FaultKind, parse_fault
 from lifecycle.core.fingerprint import PlanStatus, StoredPlan, choose_reuse, fingerprint
 from lifecycle.core.gates import GATES, RESIDENCY_GATE_INDEX
 from lifecycle.core.planner import (
-    ComponentCost,
-    PlannerInput,
-    ResidencyOption,
     candidates,
     check_options,
     choose,
@@ -28,6 +25,7 @@ from lifecycle.core.planner import (
     verify_peak,
     verify_time,
 )
+from lifecycle.core.records import ComponentCost, PlannerInput, ResidencyOption
 
 MIB = 2**20
 GIB = 2**30

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from lifecycle.core import events as ev
-from lifecycle.core.config import MODEL_PRESETS, Shape
+from lifecycle.core.config import MODEL_PRESETS
+from lifecycle.core.records import Shape
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import LinuxRssMeter
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle.core.codec import encode
-from lifecycle.core.config import ServerArgs, Shape, args_to_json
+from lifecycle.core.config import ServerArgs, args_to_json
 from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
@@ -22,8 +22,9 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
-from lifecycle.core.gates import Platform, calibration_skip_reason, evaluate_gates
-from lifecycle.core.plan import WarmupPlan, WarmupRequest, build_plan, fit_probe
+from lifecycle.core.gates import calibration_skip_reason, evaluate_gates
+from lifecycle.core.plan import WarmupPlan, build_plan, fit_probe
+from lifecycle.core.records import Platform, Shape, WarmupRequest
 from lifecycle.store import Journal, RunRow
 
 T0 = 1_800_000_000.0

@@ -8,10 +8,9 @@ from typing import Any, Protocol
 
 import torch
 
-from lifecycle.core.config import MODEL_PRESETS, ModelSpec, Shape
+from lifecycle.core.config import MODEL_PRESETS, ModelSpec
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.planner import ResidencyOption
-from lifecycle.core.records import StageRecord
+from lifecycle.core.records import ResidencyOption, Shape, StageRecord
 from lifecycle.runtime.comm import Comm
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lifecycle.core.config import Shape
+from lifecycle.core.records import Shape
 from lifecycle.runtime.pipeline.placement import DecoderResidency
 
 if TYPE_CHECKING:

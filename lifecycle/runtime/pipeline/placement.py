@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lifecycle.core.planner import ResidencyOption
+from lifecycle.core.records import ResidencyOption
 
 VAE = "vae"
 TEXT_ENCODER = "text_encoder"

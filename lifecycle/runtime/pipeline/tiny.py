@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lifecycle.core.config import ModelSpec, Shape
-from lifecycle.core.planner import ResidencyOption
+from lifecycle.core.config import ModelSpec
+from lifecycle.core.records import ResidencyOption, Shape
 from lifecycle.runtime.comm import Comm, UlyssesAttention
 from lifecycle.runtime.pipeline.decoder import Decoder, decode_video
 from lifecycle.runtime.pipeline.placement import (
