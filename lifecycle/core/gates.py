@@ -29,8 +29,10 @@ RESIDENCY_GATE = "residency-planner"
 
 
 def _has_synthetic_warmup(args: ServerArgs, platform: Platform) -> bool:
+    """A default shape above the bounded cap leaves a probe something new to measure; within
+    it, only --calibrate asks for one (at the default shape, the bounded request's own)."""
     bounded = bounded_shape(args.model)
-    return bounded.pixels < args.model.default_shape.pixels
+    return args.calibrate or bounded.pixels < args.model.default_shape.pixels
 
 
 GATES: tuple[Gate, ...] = (

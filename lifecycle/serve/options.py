@@ -201,8 +201,9 @@ HELP = {
     " the failed rank and its error), or wait in their next collective until --dist-timeout"
     " (default: %(default)s)",
     "--warmup-mode": "how ranks warm up before ready (default: %(default)s)",
-    "--calibrate": "calibrate even when a verified residency plan could be reused (and on a"
-    " pipeline without residency options: measure only) (default: off)",
+    "--calibrate": "calibrate even when a verified residency plan could be reused or the"
+    " default shape is within the bounded request's (the probe then runs at the default"
+    " shape); on a pipeline without residency options, measure only (default: off)",
     "--memory-budget": "the residency planner's budget per rank, e.g. 600MiB or 2GiB (default:"
     " the device's free memory less max(1 GiB, total / 50) of headroom)",
     "--smoke-request": "run one request at ready; auto: after drop-buffers (default: %(default)s)",

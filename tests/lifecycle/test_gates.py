@@ -21,7 +21,8 @@ from lifecycle.core.gates import (
     calibration_skip_reason,
     evaluate_gates,
 )
-from lifecycle.core.records import Platform
+from lifecycle.core.plan import build_plan, fit_probe
+from lifecycle.core.records import Platform, Role
 
 TINY = MODEL_PRESETS["tiny-video"]
 CPU = Platform(
@@ -49,7 +50,10 @@ FAILING: dict[str, tuple[dict[str, Any], Platform]] = {
     "peak-measurement": ({}, dataclasses.replace(CPU, peak_source=None)),
     "warmup-mode": ({"warmup_mode": WarmupMode.NONE}, CPU),
     "synthetic-warmup": (
-        {"model": model(default_width=832, default_height=480, default_frames=17)},
+        {
+            "calibrate": False,
+            "model": model(default_width=832, default_height=480, default_frames=17),
+        },
         CPU,
     ),
     "residency-planner": ({"calibrate": False, "model": model(declares_residency=False)}, CPU),
@@ -112,7 +116,7 @@ def test_a_verified_plan_to_reuse_skips_the_probe_unless_calibrate_is_given() ->
 
 def test_calibrate_passes_the_planner_gate_and_only_it() -> None:
     """--calibrate opens calibration (a pipeline without options then only measures), yet
-    does not override any earlier gate."""
+    does not override any earlier gate but the synthetic warmup's (below)."""
     assert calibration_skip_reason(ServerArgs(calibrate=True), CPU) is None
     plain = ServerArgs(calibrate=True, model=model(declares_residency=False))
     assert calibration_skip_reason(plain, CPU) is None
@@ -124,3 +128,23 @@ def test_the_first_failing_gate_decides() -> None:
     """With several gates failing, the reason is the earliest one's."""
     args = ServerArgs(max_batch_size=2, warmup_mode=WarmupMode.NONE, enable_cache_dit=True)
     assert calibration_skip_reason(args, CPU) == "cache-DiT enabled"
+
+
+def test_calibrate_calibrates_a_model_whose_default_shape_is_within_the_bounded_cap() -> None:
+    """A default shape no larger than the bounded request skips calibration in auto mode, but
+    --calibrate asks for it: the probe then runs at the default shape."""
+    small = model(default_width=832, default_height=480, default_frames=17)
+    assert (
+        calibration_skip_reason(ServerArgs(model=small), CPU)
+        == EXPECTED_REASONS["synthetic-warmup"]
+    )
+    asked = ServerArgs(model=small, calibrate=True)
+    assert calibration_skip_reason(asked, CPU) is None
+    fit = fit_probe(asked, free_bytes=CPU.free_bytes, total_bytes=CPU.total_bytes)
+    assert fit.fitted == small.default_shape
+    roles = [(r.role, r.shape) for r in build_plan(asked, skip_reason=None, fit=fit).requests]
+    assert roles == [
+        (Role.BOUNDED, small.default_shape),
+        (Role.PROBE, small.default_shape),
+        (Role.REWARM, small.default_shape),
+    ]
