@@ -15,7 +15,10 @@ _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7
 
 def clean(text: object, *, keep_newlines: bool = False) -> str:
     """Journal text made safe to print: no escape sequences, no control characters."""
-    value = _ESCAPES.sub("", str(text))
+    value = str(text)
+    if value.isascii() and value.isprintable():  # most cells of a long table: nothing to do
+        return value
+    value = _ESCAPES.sub("", value)
     if not keep_newlines:
         value = value.replace("\n", " ").replace("\t", " ")
     return value
@@ -24,6 +27,8 @@ def clean(text: object, *, keep_newlines: bool = False) -> str:
 def display_width(text: str) -> int:
     """The terminal cells `text` (clean, unstyled) takes: two for a wide character, none for a
     combining one."""
+    if text.isascii() and text.isprintable():
+        return len(text)
     width = wcswidth(text)
     # -1: a character wcwidth cannot measure; clean text has none, but never pad by a negative.
     return width if width >= 0 else len(text)

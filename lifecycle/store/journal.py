@@ -177,24 +177,32 @@ class Journal:
             command,
         ).order_by(runs.c.created_at, runs.c.run_id)
         out: list[RunRow] = []
+        # Runs started with the same flags hold the same config text: each text is decoded
+        # once, and its runs share the (read-only) result.
+        decoded: dict[str, object] = {}
         try:
             with self.engine.connect() as conn:
                 for row in conn.execute(stmt):
-                    run = self._run_row(row)
+                    run = self._run_row(row, decoded)
                     if run is not None:
                         out.append(run)
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location, opened=True) from None
         return out
 
-    def _run_row(self, row: Any) -> RunRow | None:
+    def _run_row(self, row: Any, decoded: dict[str, object]) -> RunRow | None:
         """One `runs` row, or None (and a line in malformed_rows) when its columns do not hold
         what a run needs: a journal damaged or written by hand is read for what it holds."""
         run_id, created_at, host, world_size, config, version, launched = row
-        try:
-            parsed = json.loads(config) if isinstance(config, str) else config
-        except (ValueError, RecursionError):
-            parsed = None
+        if not isinstance(config, str):
+            parsed = config
+        elif config in decoded:
+            parsed = decoded[config]
+        else:
+            try:
+                parsed = decoded[config] = json.loads(config)
+            except (ValueError, RecursionError):
+                parsed = None
         if not isinstance(parsed, dict):
             self.malformed_rows.append(f"run {run_id}: config is not a JSON object")
             parsed = {}
