@@ -18,6 +18,7 @@ from lifecycle.core.events import (
     StoredEvent,
 )
 from lifecycle.core.launchphase import LaunchPhase, launch_phase
+from lifecycle.core.phrases import reuse_text
 from lifecycle.core.planner import format_bytes
 from lifecycle.core.records import Role
 from lifecycle.core.text import clean, pad
@@ -216,7 +217,7 @@ def residency_text(step: ResidencyEvent) -> str:
             return (
                 f"planned {plan.plan_id}, peak {format_bytes(plan.predicted_peak_bytes)}"
                 f" predicted, budget {format_bytes(plan.budget_bytes)}{fits};"
-                f" not reused: {step.reuse}"
+                f" not reused: {reuse_text(step.reuse)}"
             )
         case ResidencyApplied():
             reused = "" if step.reused_from is None else f" (reused from run {step.reused_from})"

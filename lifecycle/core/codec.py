@@ -20,6 +20,7 @@ from lifecycle.core.upcasters import (
     upcast_request_finished_v1_to_v2,
     upcast_request_started_v1_to_v2,
     upcast_request_started_v2_to_v3,
+    upcast_residency_planned_v1_to_v2,
     upcast_residency_verified_v1_to_v2,
     upcast_run_started_v1_to_v2,
     upcast_warmup_record_v1_to_v2,
@@ -39,6 +40,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("heartbeat", 1): upcast_heartbeat_v1_to_v2,
     ("request_finished", 1): upcast_request_finished_v1_to_v2,
     ("residency_verified", 1): upcast_residency_verified_v1_to_v2,
+    ("residency_planned", 1): upcast_residency_planned_v1_to_v2,
     ("run_started", 1): upcast_run_started_v1_to_v2,
 }
 

@@ -16,6 +16,7 @@ from lifecycle.core.records import (
     ProbeFit,
     RequestResult,
     ResidencyPlan,
+    ReuseDecision,
     Role,
     Shape,
     Signature,
@@ -313,11 +314,12 @@ class ResidencyEvent(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResidencyPlanned(ResidencyEvent):
     """The planner's decision after the probe, with the inputs it decided from; `reuse` says
-    why no earlier plan was reused."""
+    why no earlier plan was reused (a code and its facts; version 1 held a sentence)."""
 
     kind: ClassVar[str] = "residency_planned"
+    version: ClassVar[int] = 2
     given: PlannerInput
-    reuse: str
+    reuse: ReuseDecision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

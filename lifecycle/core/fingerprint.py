@@ -6,12 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from lifecycle.core.config import ModelSpec, ServerArgs
-from lifecycle.core.planner import format_bytes
-from lifecycle.core.records import Fingerprint, ResidencyPlan
+from lifecycle.core.phrases import reuse_text
+from lifecycle.core.records import (
+    Fingerprint,
+    ResidencyPlan,
+    ReuseCode,
+    ReuseDecision,
+)
 
 DEFAULT_BUDGET = "free memory less headroom"
 
@@ -58,10 +64,23 @@ class StoredPlan:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reuse:
-    """The reuse decision: the plan to apply (None: calibrate) and why, in words."""
+    """The reuse decision: the plan to apply (None: calibrate) and why, as a code with its
+    facts (`reason` puts it into words)."""
 
     stored: StoredPlan | None
-    reason: str
+    decision: ReuseDecision
+
+    @property
+    def reason(self) -> str:
+        return reuse_text(self.decision)
+
+
+def _about(code: ReuseCode, stored: StoredPlan, **facts: Any) -> ReuseDecision:
+    """A decision about `stored`: the code with the plan and the run that made it."""
+    return ReuseDecision(
+        code=code.value, model=stored.fingerprint.model, plan_id=stored.plan.plan_id,
+        run_id=stored.run_id, **facts,
+    )  # fmt: skip
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -85,42 +104,29 @@ def choose_reuse(mine: Fingerprint, stored: Sequence[StoredPlan], *, budget_byte
     if ended:
         newest = ended[0]
         if newest.status is PlanStatus.ROLLED_BACK:
-            return Reuse(
-                stored=None,
-                reason=f"plan {newest.plan.plan_id} rolled back in run {newest.run_id}"
-                f" ({newest.note}); it is not reused",
-            )
+            rolled_back = _about(ReuseCode.ROLLED_BACK, newest, note=newest.note)
+            return Reuse(stored=None, decision=rolled_back)
         needed = newest.plan.predicted_peak_bytes + newest.plan.headroom_bytes
         if needed > budget_bytes:
-            return Reuse(
-                stored=None,
-                reason=f"plan {newest.plan.plan_id} from run {newest.run_id} needs"
-                f" {format_bytes(needed)} with headroom, more than the budget of"
-                f" {format_bytes(budget_bytes)} now",
+            over = _about(
+                ReuseCode.OVER_BUDGET, newest, needed_bytes=needed, budget_bytes=budget_bytes
             )
-        return Reuse(
-            stored=newest,
-            reason=f"verified residency plan {newest.plan.plan_id} from run"
-            f" {newest.verified_in or newest.run_id}",
-        )
+            return Reuse(stored=None, decision=over)
+        reused = _about(ReuseCode.REUSED, newest)
+        verified_in = newest.verified_in or newest.run_id
+        return Reuse(stored=newest, decision=replace(reused, run_id=verified_in))
     if same:
-        return Reuse(
-            stored=None,
-            reason=f"plan {same[0].plan.plan_id} from run {same[0].run_id} never verified",
-        )
+        return Reuse(stored=None, decision=_about(ReuseCode.NEVER_VERIFIED, same[0]))
     if not stored:
-        return Reuse(stored=None, reason=f"no residency plan for {mine.model} yet")
+        none_yet = ReuseDecision(code=ReuseCode.NO_PLAN.value, model=mine.model)
+        return Reuse(stored=None, decision=none_yet)
     newest = stored[0]
     theirs = newest.fingerprint
     if _version(theirs.lifecycle) > _version(mine.lifecycle):
-        return Reuse(
-            stored=None,
-            reason=f"plan {newest.plan.plan_id} from run {newest.run_id} was made by lifecycle"
-            f" {theirs.lifecycle}, newer than this {mine.lifecycle}",
-        )
-    changed = ", ".join(mine.differences(theirs))
-    return Reuse(
-        stored=None,
-        reason=f"no plan for this fingerprint: the newest for {mine.model}"
-        f" (run {newest.run_id}) differs in {changed}",
-    )
+        newer = _about(
+            ReuseCode.NEWER_LIFECYCLE, newest, lifecycle=theirs.lifecycle,
+            own_lifecycle=mine.lifecycle,
+        )  # fmt: skip
+        return Reuse(stored=None, decision=newer)
+    differs = _about(ReuseCode.FINGERPRINT_DIFFERS, newest, differs=mine.differences(theirs))
+    return Reuse(stored=None, decision=differs)

@@ -283,3 +283,41 @@ class Fingerprint:
         return tuple(
             f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)
         )
+
+
+class ReuseCode(StrEnum):
+    """Why a startup reuses a verified residency plan, or why it does not."""
+
+    REUSED = "reused"  # the verified plan of `run_id` is reused
+    NOT_EVERY_RANK = "not-every-rank"  # this rank found it, some rank did not
+    CALIBRATE_ASKED = "calibrate-asked"  # it could have been reused; --calibrate said no
+    ROLLED_BACK = "rolled-back"  # the newest plan rolled back (`note`: why)
+    OVER_BUDGET = "over-budget"  # it needs more than today's budget
+    NEVER_VERIFIED = "never-verified"
+    NOT_REPLANNED = "not-replanned"  # its journaled inputs do not decide it (edited, forged)
+    NEWER_LIFECYCLE = "newer-lifecycle"  # made by a newer lifecycle (`lifecycle`)
+    FINGERPRINT_DIFFERS = "fingerprint-differs"  # the newest plan's fingerprint (`differs`)
+    NO_PLAN = "no-plan"  # no plan for the model yet
+    NO_OPTIONS = "no-options"  # the pipeline declares no residency options
+    UNREADABLE = "unreadable"  # the journal's plans (or a plan's inputs) could not be read
+    BAD_OPTIONS = "bad-options"  # the declared options cannot be planned with (`note`)
+    NO_MEMORY = "no-memory"  # the probe measured no memory
+    NO_DECISION = "no-decision"  # no reuse decision was made
+    TEXT = "text"  # a journal from before codes: its sentence, in `note`
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReuseDecision:
+    """The reuse decision as the journal keeps it: a code and the facts it needs; the CLI and
+    replay put it into words (core/phrases.py)."""
+
+    code: str  # a ReuseCode value
+    model: str = ""
+    plan_id: str = ""
+    run_id: str = ""  # the run whose plan it is (that verified it, when reused)
+    note: str = ""
+    needed_bytes: int = 0
+    budget_bytes: int = 0
+    lifecycle: str = ""  # the lifecycle version that made the plan
+    own_lifecycle: str = ""  # and this startup's, where they differ
+    differs: tuple[str, ...] = ()  # the fingerprint's fields that differ

@@ -139,3 +139,12 @@ def upcast_run_started_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
         "process_started_wall": None,
         "imports_s": None,
     }
+
+
+def upcast_residency_planned_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 of `residency_planned` journals why no plan was reused as a code and its
+    facts; version 1's sentence is kept whole, under the code `text`."""
+    reuse = payload.get("reuse")
+    if not isinstance(reuse, str):
+        return payload  # for the decoder to refuse
+    return {**payload, "reuse": {"code": "text", "note": reuse}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TypedDict
 
@@ -35,7 +36,15 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
-from lifecycle.core.records import Generation, GroupMark, Role, Shape, WarmupRequest, shared_fields
+from lifecycle.core.records import (
+    Generation,
+    GroupMark,
+    ReuseCode,
+    Role,
+    Shape,
+    WarmupRequest,
+    shared_fields,
+)
 from lifecycle.core.states import State
 from lifecycle.runtime.device import probe_platform, release_cache
 from lifecycle.runtime.pipeline import build_pipeline
@@ -85,7 +94,8 @@ def decide_path(rt: RankRuntime) -> None:
     if reused:
         rt.reused = reuse.stored
     elif reusing is not None:
-        rt.reuse = Reuse(stored=None, reason=f"{reuse.reason}, but not every rank found it")
+        not_every = replace(reuse.decision, code=ReuseCode.NOT_EVERY_RANK.value)
+        rt.reuse = Reuse(stored=None, decision=not_every)
     rt.recorder.record(
         GateDecided(
             gates=outcomes,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,6 +45,8 @@ from lifecycle.core.records import (
     RequestResult,
     ResidencyOption,
     ResidencyPlan,
+    ReuseCode,
+    ReuseDecision,
     Role,
 )
 from lifecycle.runtime.pipeline import resident
@@ -96,11 +99,13 @@ def find_reuse(rt: RankRuntime, platform: Platform) -> Reuse:
         lifecycle=__version__,
     )
     if not args.model.declares_residency:
-        return Reuse(stored=None, reason=f"{args.model.name} declares no residency options")
+        no_options = ReuseDecision(code=ReuseCode.NO_OPTIONS.value, model=args.model.name)
+        return Reuse(stored=None, decision=no_options)
     try:
         history = rt.recorder.residency_history(args.model.name)
     except JournalError as exc:
-        return Reuse(stored=None, reason=f"the journal's plans could not be read: {exc}")
+        unreadable = ReuseDecision(code=ReuseCode.UNREADABLE.value, note=str(exc))
+        return Reuse(stored=None, decision=unreadable)
     reuse = choose_reuse(
         rt.fingerprint, stored_plans(history), budget_bytes=budget_for(rt, platform)
     )
@@ -117,9 +122,8 @@ def _replanned(rt: RankRuntime, stored: StoredPlan, reuse: Reuse) -> Reuse:
     try:
         planned = rt.recorder.planned_inputs(origin)
     except JournalError as exc:
-        return Reuse(
-            stored=None, reason=f"the inputs of run {origin}'s plan could not be read: {exc}"
-        )
+        unreadable = ReuseDecision(code=ReuseCode.UNREADABLE.value, run_id=origin, note=str(exc))
+        return Reuse(stored=None, decision=unreadable)
     given = {s.rank: s.event.given for s in planned if isinstance(s.event, ev.ResidencyPlanned)}
     decided: ResidencyPlan | None = None
     if set(given) == set(range(rt.args.num_ranks)):
@@ -135,11 +139,8 @@ def _replanned(rt: RankRuntime, stored: StoredPlan, reuse: Reuse) -> Reuse:
             None,
         )
     if decided is None or not same_plan(stored.plan, decided):
-        return Reuse(
-            stored=None,
-            reason=f"plan {stored.plan.plan_id} from run {origin} is not the plan its journaled"
-            " inputs decide; it is not reused",
-        )
+        forged = replace(reuse.decision, code=ReuseCode.NOT_REPLANNED.value)
+        return Reuse(stored=None, decision=forged)
     return reuse
 
 
@@ -186,7 +187,8 @@ def plan_after_probe(rt: RankRuntime) -> None:
         return  # --calibrate on a pipeline without options: the probe only measures
     problem = check_options(options)
     if problem is not None or probe.baseline_bytes is None:
-        rt.reuse = Reuse(stored=None, reason=problem or "the probe measured no memory")
+        why = ReuseDecision(code=ReuseCode.BAD_OPTIONS.value, note=problem) if problem else None
+        rt.reuse = Reuse(stored=None, decision=why or ReuseDecision(code=ReuseCode.NO_MEMORY.value))
         return
     given = PlannerInput(
         baseline_bytes=probe.baseline_bytes,
@@ -198,9 +200,13 @@ def plan_after_probe(rt: RankRuntime) -> None:
     )
     plan = plan_residency(given, agreed=_agree_candidates(rt, candidates(given)))
     rt.residency = plan
-    reuse = rt.reuse.reason if rt.reuse is not None else "no reuse decision"
+    reuse = (
+        rt.reuse.decision
+        if rt.reuse is not None
+        else ReuseDecision(code=ReuseCode.NO_DECISION.value)
+    )
     if rt.args.calibrate and rt.reuse is not None and rt.reuse.stored is not None:
-        reuse = f"--calibrate asked for a calibration; {reuse} could have been reused"
+        reuse = replace(reuse, code=ReuseCode.CALIBRATE_ASKED.value)
     rt.recorder.record(ev.ResidencyPlanned(fingerprint=fp, given=given, plan=plan, reuse=reuse))
 
 

@@ -23,6 +23,7 @@ from lifecycle.core.events import (
     WarmupRecord,
 )
 from lifecycle.core.launchphase import clock_offset
+from lifecycle.core.phrases import reuse_text
 from lifecycle.core.records import Role, StateExpectation
 from lifecycle.core.states import State, happy_trigger, next_state
 from lifecycle.core.view import RankView
@@ -195,7 +196,7 @@ class ProgressPrinter:
                 details.append(
                     f"{verdict} {plan.plan_id}: peak {format_bytes(plan.predicted_peak_bytes)}"
                     f" predicted, budget {format_bytes(plan.budget_bytes)} (not reused:"
-                    f" {event.reuse})"
+                    f" {reuse_text(event.reuse)})"
                 )
             case ResidencyApplied() if event.reused_from is not None:
                 details.append(f"applied {event.plan.plan_id}")

@@ -17,6 +17,8 @@ from lifecycle.core.events import (
     WarmupRecord,
 )
 from lifecycle.core.fold import fold_run
+from lifecycle.core.phrases import reuse_text
+from lifecycle.core.records import ReuseCode, ReuseDecision
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed, file_digest, make_newer_journal
 
@@ -93,7 +95,8 @@ def test_auto_mode_calibrates_once_then_reuses_the_verified_plan(
     ]
     planned = next(e.event for e in events if isinstance(e.event, ResidencyPlanned))
     assert planned.plan.fits and planned.plan.changes_residency
-    assert planned.reuse == "no residency plan for tiny-video yet"
+    assert planned.reuse == ReuseDecision(code=ReuseCode.NO_PLAN, model="tiny-video")
+    assert reuse_text(planned.reuse) == "no residency plan for tiny-video yet"
     (verified,) = [e.event for e in events if isinstance(e.event, ResidencyVerified)]
     assert verified.measured_bytes <= verified.plan.budget_bytes
     (drop,) = [e for e in events if isinstance(e.event, BuffersDropped)]

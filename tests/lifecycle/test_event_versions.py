@@ -16,9 +16,24 @@ from lifecycle.core.events import (
     Heartbeat,
     PlanBuilt,
     RequestStarted,
+    ResidencyPlanned,
     WarmupRecord,
 )
-from lifecycle.core.records import GateOutcome, Platform, ProbeFit, Role, Shape, WarmupRequest
+from lifecycle.core.phrases import reuse_text
+from lifecycle.core.records import (
+    Fingerprint,
+    GateOutcome,
+    PlannerInput,
+    Platform,
+    ProbeFit,
+    ResidencyOption,
+    ResidencyPlan,
+    ReuseCode,
+    ReuseDecision,
+    Role,
+    Shape,
+    WarmupRequest,
+)
 from lifecycle.store.journal import Journal
 from tests.replay.v1_startup import PLATFORM, calibrated_plan, startup_events, write_startup
 
@@ -165,3 +180,34 @@ def test_a_version_2_request_start_reads_with_no_negative_prompt_guidance_or_see
         request_id="r1", source="http", shape=Shape(width=64, height=64, frames=5), steps=2,
         prompt_chars=5, negative_prompt_chars=0, guidance_scale=None, seed=None,
     )  # fmt: skip
+
+
+def test_a_version_1_residency_plan_keeps_its_sentence_under_the_text_code() -> None:
+    """Version 1 of residency_planned journaled why no plan was reused as a sentence; it reads
+    as version 2's decision with the code `text` and that sentence, which replay and the
+    console show as it was. Version 2 journals a code with its facts, not words."""
+    option = ResidencyOption(component="vae", name="whole", peak_scale=1.0, time_scale=1.0,
+                             reference=True)  # fmt: skip
+    event = ResidencyPlanned(
+        fingerprint=Fingerprint(
+            model="m", model_config="c", default_shape="8x8x1", layout="ranks=1", device="cpu",
+            total_bytes=1, torch="2", lifecycle="0", budget="b",
+        ),
+        plan=ResidencyPlan(
+            choices=(option,), predicted_peak_bytes=1, predicted_s=1.0, budget_bytes=2,
+            headroom_bytes=0, fits=True, reason="fits",
+        ),
+        given=PlannerInput(
+            baseline_bytes=0, costs=(), options=(option,), total_bytes=1, free_bytes=1,
+            budget_bytes=2,
+        ),
+        reuse=ReuseDecision(code=ReuseCode.NEVER_VERIFIED, model="m", plan_id="p", run_id="r"),
+    )  # fmt: skip
+    payload = json.loads(encode(event))
+    assert payload["reuse"]["code"] == "never-verified" and payload["reuse"]["plan_id"] == "p"
+    assert reuse_text(event.reuse) == "plan p from run r never verified"
+    sentence = "plan p from run r never verified"
+    old = decode("residency_planned", 1, json.dumps({**payload, "reuse": sentence}))
+    assert isinstance(old, ResidencyPlanned)
+    assert old.reuse == ReuseDecision(code="text", note=sentence)
+    assert reuse_text(old.reuse) == sentence

@@ -14,7 +14,8 @@ import torch
 
 from lifecycle.core import events as ev
 from lifecycle.core.config import MODEL_PRESETS
-from lifecycle.core.records import Shape
+from lifecycle.core.phrases import reuse_text
+from lifecycle.core.records import ReuseCode, Shape
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import LinuxRssMeter
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
@@ -81,7 +82,10 @@ def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reuse
     second = runs_of(tmp_path / "j.db")[1]
     assert path(second) == CALIBRATED
     (planned,) = [e for e in of(second, ev.ResidencyPlanned) if e.rank == 0]
-    assert "rolled back in run" in planned.event.reuse and "it is not reused" in planned.event.reuse
+    assert planned.event.reuse.code == ReuseCode.ROLLED_BACK
+    assert planned.event.reuse.run_id == runs_of(tmp_path / "j.db")[0][0].run_id
+    said = reuse_text(planned.event.reuse)
+    assert "rolled back in run" in said and "it is not reused" in said
 
     reused = lifecycle_cli(*common)
     assert reused.returncode == 0, reused.stderr
@@ -118,7 +122,8 @@ def test_a_budget_nothing_fits_keeps_the_reference_residency_and_is_not_reused(
     again = lifecycle_cli(*args)
     assert again.returncode == 0, again.stderr
     (replanned,) = of(runs_of(tmp_path / "j.db")[1], ev.ResidencyPlanned)
-    assert replanned.event.reuse.endswith("never verified")
+    assert replanned.event.reuse.code == ReuseCode.NEVER_VERIFIED
+    assert reuse_text(replanned.event.reuse).endswith("never verified")
 
 
 @pytest.mark.slow
@@ -137,9 +142,14 @@ def test_calibrate_and_a_new_budget_calibrate_again_and_say_why(
     _, second, third = runs_of(tmp_path / "j.db")
     assert path(second) == CALIBRATED and path(third) == CALIBRATED
     (planned,) = of(second, ev.ResidencyPlanned)
-    assert planned.event.reuse.startswith("--calibrate asked for a calibration; verified")
+    assert planned.event.reuse.code == ReuseCode.CALIBRATE_ASKED
+    assert reuse_text(planned.event.reuse).startswith("--calibrate asked for a calibration; ")
     (other,) = of(third, ev.ResidencyPlanned)
-    assert other.event.reuse.endswith(f"(run {second[0].run_id}) differs in budget")
+    assert (other.event.reuse.code, other.event.reuse.differs) == (
+        ReuseCode.FINGERPRINT_DIFFERS,
+        ("budget",),
+    )
+    assert reuse_text(other.event.reuse).endswith(f"(run {second[0].run_id}) differs in budget")
     verified = lifecycle_cli("boot", "--db", "j.db", "--model", "micro-video")
     assert "calibration skipped: verified residency plan" in verified.stdout
     from tests.conftest import run_cli
@@ -264,7 +274,8 @@ def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
     second = runs_of(tmp_path / "j.db")[1]
     assert path(second) == CALIBRATED
     (replanned,) = of(second, ev.ResidencyPlanned)
-    assert replanned.event.reuse == (
+    assert replanned.event.reuse.code == ReuseCode.NOT_REPLANNED
+    assert reuse_text(replanned.event.reuse) == (
         f"plan vae={forged.name} from run"
         f" {first[0].run_id} is not the plan its journaled inputs decide; it is not reused"
     )
