@@ -76,6 +76,44 @@ def _summary_update(table: Table, columns: tuple[str, ...], dialect: Dialect) ->
     return _Statement(stmt, dialect)
 
 
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    """Every statement a writer runs, compiled for one driver: once a process, not once a
+    writer (compiling them took most of opening a writer)."""
+
+    events_insert: str
+    events_positional: bool
+    events_order: tuple[str, ...]
+    summary_insert: _Statement
+    summary_update: _Statement
+    checkpoint_insert: _Statement
+    checkpoint_update: _Statement
+    history_insert: _Statement
+    beat_update: _Statement
+
+
+_COMPILED: dict[tuple[str, str, str], _Statements] = {}
+
+
+def _statements(dialect: Dialect) -> _Statements:
+    key = (dialect.name, str(dialect.driver), str(dialect.paramstyle))
+    found = _COMPILED.get(key)
+    if found is None:
+        compiled = events.insert().compile(dialect=dialect)
+        found = _COMPILED[key] = _Statements(
+            events_insert=str(compiled),
+            events_positional=bool(compiled.positional),
+            events_order=tuple(compiled.positiontup or ()),
+            summary_insert=_Statement(rank_summaries.insert(), dialect),
+            summary_update=_summary_update(rank_summaries, SUMMARY_COLUMNS, dialect),
+            checkpoint_insert=_Statement(rank_checkpoints.insert(), dialect),
+            checkpoint_update=_summary_update(rank_checkpoints, _CHECKPOINT, dialect),
+            history_insert=_Statement(startup_history.insert(), dialect),
+            beat_update=_summary_update(rank_summaries, ("last_heartbeat_wall",), dialect),
+        )
+    return found
+
+
 def collective_columns(event: Event) -> tuple[str | None, int | None, str | None]:
     """The columns that index a collective record: its group, sequence number and op."""
     if isinstance(event, CollectiveStarted | CollectiveFinished):
@@ -110,9 +148,9 @@ class RankWriter:
             self._conn = engine.connect()
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self._location, opened=True) from None
-        compiled = events.insert().compile(dialect=engine.dialect)
-        self._positional = bool(compiled.positional)
-        self._order = tuple(compiled.positiontup or ())
+        compiled = _statements(engine.dialect)
+        self._positional = compiled.events_positional
+        self._order = compiled.events_order
         try:
             existing = self._conn.execute(
                 select(events.c.seq)
@@ -120,7 +158,7 @@ class RankWriter:
                 .limit(1)
             ).first()
             self._conn.rollback()
-            self._appender = backend.appender(self._conn, str(compiled))
+            self._appender = backend.appender(self._conn, compiled.events_insert)
         except DATABASE_ERRORS as exc:
             self._conn.close()
             raise journal_error(exc, self._location, opened=True) from None
@@ -137,13 +175,12 @@ class RankWriter:
         self._beat_wall: float | None = None
         self._closed = False
         self.write_s = 0.0  # time spent committing appends, for the shutdown record
-        dialect = engine.dialect
-        self._summary_insert = _Statement(rank_summaries.insert(), dialect)
-        self._summary_update = _summary_update(rank_summaries, SUMMARY_COLUMNS, dialect)
-        self._checkpoint_insert = _Statement(rank_checkpoints.insert(), dialect)
-        self._checkpoint_update = _summary_update(rank_checkpoints, _CHECKPOINT, dialect)
-        self._history_insert = _Statement(startup_history.insert(), dialect)
-        self._beat_update = _summary_update(rank_summaries, ("last_heartbeat_wall",), dialect)
+        self._summary_insert = compiled.summary_insert
+        self._summary_update = compiled.summary_update
+        self._checkpoint_insert = compiled.checkpoint_insert
+        self._checkpoint_update = compiled.checkpoint_update
+        self._history_insert = compiled.history_insert
+        self._beat_update = compiled.beat_update
         self._fold = after or RankFold(run_id=run_id, rank=rank)
         # Going on from earlier events: the first append takes a checkpoint.
         self._fold_seq = -1 if after is None else -CHECKPOINT_EVERY
