@@ -15,8 +15,9 @@ import structlog
 from bench.stats import Paired, interleave, median
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
-from lifecycle.core.config import MODEL_PRESETS, ServerArgs, SmokeRequest
+from lifecycle.core.config import ServerArgs, SmokeRequest
 from lifecycle.core.events import Event, StoredEvent
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.plan import WarmupPlan
 from lifecycle.core.states import State
 from lifecycle.runtime.recorder import Recorder

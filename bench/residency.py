@@ -33,7 +33,7 @@ def _decode_once(name: str, width: int, height: int, frames: int) -> dict[str, f
     before decoding (VmHWM) and seconds, the better of two."""
     import torch
 
-    from lifecycle.core.config import MODEL_PRESETS
+    from lifecycle.core.modelspec import MODEL_PRESETS
     from lifecycle.core.records import Shape
     from lifecycle.runtime.comm import Comm
     from lifecycle.runtime.device import LinuxRssMeter

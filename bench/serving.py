@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, verdict
-from lifecycle.core.config import MODEL_PRESETS, ModelSpec
+from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
 
 if TYPE_CHECKING:
     from lifecycle.runtime.comm import Comm

@@ -23,16 +23,16 @@ spec and the rank's `Comm` and returns a `Pipeline`. The library adapters of
 
 from __future__ import annotations
 
-from lifecycle.core.config import (
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.modelspec import (
     DIFFUSERS_BACKEND,
     DIFFUSERS_COMPONENTS_BACKEND,
-    MAX_STEPS,
     NATIVE_BACKEND,
     MemoryModel,
     ModelSpec,
 )
-from lifecycle.core.errors import ConfigError
 from lifecycle.core.records import Generation, ResidencyOption, Shape, StageRecord
+from lifecycle.core.validation import MAX_STEPS
 from lifecycle.runtime.comm import Comm, RecordedGroup, StagingBuffers, UlyssesAttention
 from lifecycle.runtime.device import MemoryMeter, memory_meter, synchronize
 from lifecycle.runtime.pipeline import (

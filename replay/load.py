@@ -9,11 +9,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from lifecycle.core.checkpoint import FOLD_VERSION, restore
-from lifecycle.core.config import MAX_RANKS
 from lifecycle.core.errors import CorruptEvent, JournalError
 from lifecycle.core.events import RunStarted, StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
+from lifecycle.core.validation import MAX_RANKS
 from lifecycle.core.view import RankView
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from lifecycle.core.config import MODEL_PRESETS
 from lifecycle.core.events import ActionStarted
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.pipeline import Pipeline
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline

@@ -1,4 +1,6 @@
-"""The server configuration (a frozen `ServerArgs`), model presets, and their validation."""
+"""The server configuration: a frozen `ServerArgs` (checked by core/validation.py on creation),
+its modes, its JSON form as the run row keeps it, and the fault it injects where (models and
+their presets are core/modelspec.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import Any
 from lifecycle.core.command import DEFAULT_JOURNAL
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.faults import FaultKind, FaultSpec
-from lifecycle.core.records import Shape
+from lifecycle.core.modelspec import MODEL_PRESETS, MemoryModel, ModelSpec
 from lifecycle.core.states import State
+from lifecycle.core.validation import validate
 
 
 class PerformanceMode(StrEnum):
@@ -45,132 +48,17 @@ class SmokeRequest(StrEnum):
     OFF = "off"
 
 
-VISUAL_TASKS = frozenset({"text-to-video", "image-to-video", "text-to-image", "image-to-image"})
-
-# Hard limits on one request; a server refuses anything outside them with a clear reason.
-MAX_SIDE = 4096
 REQUEST_MARGIN_S = 120.0  # a request's silence allowed past --dist-timeout, by default
-MAX_FRAMES = 257
-MAX_STEPS = 200
-MAX_RANKS = 64
-MAX_PROMPT_CHARS = 4096
 # A startup not ready after this long is failed: long enough for a large model's load and a
 # probe at full shape behind a 600 s collective timeout, short enough that a rank hung outside
 # any collective (which nothing else would end) does not hold its device for good.
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
 
-MIN_MEMORY_BUDGET = 64 * 2**20
 # After a fatal startup failure `lifecycle serve` stays up this long (a scrape of /metrics, a
 # read of /lifecycle), then exits 1.
 DEFAULT_LINGER_S = 60.0
 DEFAULT_RING_CAPACITY = 65536
-MAX_RING_CAPACITY = 1 << 22
-# A seed is 64 bits, as torch's generators take it: a larger one would be refused only when
-# the first request is run, well into the startup.
-MAX_SEED = 2**64 - 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryModel:
-    """Linear estimate of the memory one request needs beyond what is already in use: a fixed
-    workspace, plus so much per latent token, plus so much per output pixel.
-
-    The built-in models' coefficients come from two peaks that `lifecycle boot --calibrate`
-    measured on CPU (linux-vmhwm, growth over the baseline before the request): 117 MiB for
-    832x480x17 (520 tokens) and 330 MiB for 1280x720x81 (5040 tokens). The uint8 video is
-    3 bytes a pixel; the DiT's activations about 4 KiB a token.
-    """
-
-    fixed_bytes: int
-    bytes_per_token: int
-    bytes_per_pixel: int
-
-    def estimate(self, *, tokens: int, pixels: int) -> int:
-        return self.fixed_bytes + self.bytes_per_token * tokens + self.bytes_per_pixel * pixels
-
-
-# What runs a model (`ModelSpec.backend`): the lifecycle's own code or a plug-in's (NATIVE); a
-# diffusers pipeline run as one opaque call (DIFFUSERS: the field's "diffusers backend" gate
-# closes calibration for it); a diffusers pipeline whose components the adapter drives.
-NATIVE_BACKEND = "native"
-DIFFUSERS_BACKEND = "diffusers"
-DIFFUSERS_COMPONENTS_BACKEND = "diffusers-components"
-LIBRARY_BACKENDS = frozenset({DIFFUSERS_BACKEND, DIFFUSERS_COMPONENTS_BACKEND})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelSpec:
-    """What the gates and the planner need to know of a model; the pipeline brings the rest."""
-
-    name: str
-    task: str
-    default_width: int
-    default_height: int
-    default_frames: int
-    default_steps: int
-    frame_multiple: int = 4  # valid frame counts are 1 + frame_multiple * k
-    spatial_multiple: int = 16  # width and height are multiples of this
-    pixels_per_token_side: int = 64  # VAE and patch compression, per spatial side
-    frames_per_latent: int = 4
-    attention_heads: int = 4
-    supports_residency_calibration: bool = True
-    backend: str = NATIVE_BACKEND
-    realtime_adapter: bool = False
-    # Whether its pipeline declares residency options for the planner (a plug-in opts in).
-    declares_residency: bool = False
-    default_guidance_scale: float = 5.0  # a request's classifier-free guidance unless given
-    # Where a library's pipeline is loaded from (a diffusers directory), and a digest of its
-    # configs and weight files: part of the spec, so that new weights are a new fingerprint.
-    source: str | None = None
-    source_digest: str = ""
-    memory: MemoryModel = field(
-        default_factory=lambda: MemoryModel(fixed_bytes=0, bytes_per_token=0, bytes_per_pixel=0)
-    )
-
-    @property
-    def default_shape(self) -> Shape:
-        return Shape(
-            width=self.default_width, height=self.default_height, frames=self.default_frames
-        )
-
-    def tokens(self, shape: Shape) -> int:
-        """Latent tokens the DiT attends over for one branch of a request of this shape."""
-        side = self.pixels_per_token_side
-        latent_frames = (shape.frames - 1) // self.frames_per_latent + 1
-        return latent_frames * (-(-shape.height // side)) * (-(-shape.width // side))
-
-    def estimated_peak_bytes(self, shape: Shape) -> int:
-        return self.memory.estimate(tokens=self.tokens(shape), pixels=shape.pixels)
-
-
-TINY_MEMORY = MemoryModel(fixed_bytes=96 * 2**20, bytes_per_token=4 * 2**10, bytes_per_pixel=3)
-
-MODEL_PRESETS: dict[str, ModelSpec] = {
-    # The field's video models default to 1280x720x81; tiny-video keeps that request shape and
-    # compresses hard enough that a calibrated startup fits on two CPU cores.
-    "tiny-video": ModelSpec(
-        name="tiny-video",
-        task="text-to-video",
-        default_width=1280,
-        default_height=720,
-        default_frames=81,
-        default_steps=50,
-        declares_residency=True,
-        memory=TINY_MEMORY,
-    ),
-    # The same architecture at a small default request, for quick multi-rank runs.
-    "micro-video": ModelSpec(
-        name="micro-video",
-        task="text-to-video",
-        default_width=512,
-        default_height=288,
-        default_frames=33,
-        default_steps=20,
-        declares_residency=True,
-        memory=TINY_MEMORY,
-    ),
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,120 +112,6 @@ class ServerArgs:
         """After ready, a collective pending this long is a stall: the ring is written while
         the process-group timeout still has three quarters to run."""
         return max(0.5, self.dist_timeout_s / 4)
-
-
-def validate(args: ServerArgs) -> None:
-    """Raise ConfigError naming the first field that is out of range or inconsistent."""
-    if args.cfg_parallel not in (1, 2):
-        raise ConfigError(
-            f"--cfg-parallel must be 1 or 2, not {args.cfg_parallel}", field="cfg_parallel"
-        )
-    if not 1 <= args.ulysses <= MAX_RANKS:
-        raise ConfigError(f"--ulysses must be 1..{MAX_RANKS}, not {args.ulysses}", field="ulysses")
-    if not 1 <= args.num_ranks <= MAX_RANKS:
-        raise ConfigError(
-            f"--num-ranks must be 1..{MAX_RANKS}, not {args.num_ranks}", field="num_ranks"
-        )
-    if not 0 <= args.flight_recorder_entries <= MAX_RING_CAPACITY:
-        raise ConfigError(
-            f"--flight-recorder must be 0..{MAX_RING_CAPACITY} entries,"
-            f" not {args.flight_recorder_entries}",
-            field="flight_recorder_entries",
-        )
-    if not 16 <= args.ring_capacity <= MAX_RING_CAPACITY:
-        raise ConfigError(
-            f"--ring-size must be 16..{MAX_RING_CAPACITY} records, not {args.ring_capacity}",
-            field="ring_capacity",
-        )
-    if args.num_ranks != args.cfg_parallel * args.ulysses:
-        raise ConfigError(
-            f"--num-ranks {args.num_ranks} must equal --cfg-parallel {args.cfg_parallel}"
-            f" x --ulysses {args.ulysses}",
-            field="num_ranks",
-        )
-    if args.model.attention_heads % args.ulysses:
-        raise ConfigError(
-            f"--ulysses {args.ulysses} must divide the {args.model.attention_heads} attention"
-            f" heads of {args.model.name}",
-            field="ulysses",
-        )
-    if args.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(
-            f"--device must be auto, cpu or cuda, not {args.device!r}", field="device"
-        )
-    if args.request_silence_s is not None and not 0 < args.request_silence_s <= 86400:
-        raise ConfigError(
-            f"--request-silence must be in (0, 86400] seconds, not {args.request_silence_s}",
-            field="request_silence_s",
-        )
-    if not 0 < args.dist_timeout_s <= 86400:
-        raise ConfigError(
-            f"--dist-timeout must be in (0, 86400] seconds, not {args.dist_timeout_s}",
-            field="dist_timeout_s",
-        )
-    if not 0.01 <= args.heartbeat_interval_s <= 3600:
-        raise ConfigError(
-            f"--heartbeat-interval must be in [0.01, 3600] seconds, not"
-            f" {args.heartbeat_interval_s}",
-            field="heartbeat_interval_s",
-        )
-    if not 0 < args.state_deadline_s <= 86400:
-        raise ConfigError(
-            f"--state-deadline must be in (0, 86400] seconds, not {args.state_deadline_s}",
-            field="state_deadline_s",
-        )
-    if not 0 < args.startup_timeout_s <= 7 * 86400:
-        raise ConfigError(
-            f"--startup-timeout must be in (0, 604800] seconds, not {args.startup_timeout_s}",
-            field="startup_timeout_s",
-        )
-    if args.max_batch_size < 1:
-        raise ConfigError(
-            f"--max-batch-size must be at least 1, not {args.max_batch_size}",
-            field="max_batch_size",
-        )
-    if args.memory_budget_bytes is not None and args.memory_budget_bytes < MIN_MEMORY_BUDGET:
-        raise ConfigError(
-            f"--memory-budget must be at least 64MiB, not {args.memory_budget_bytes} bytes",
-            field="memory_budget_bytes",
-        )
-    if not 0 <= args.seed <= MAX_SEED:
-        shown = str(args.seed) if args.seed.bit_length() <= 128 else "a larger number"
-        raise ConfigError(f"--seed must be an integer in 0..{MAX_SEED}, not {shown}", field="seed")
-    placed: dict[tuple[int, str], FaultSpec] = {}
-    for fault in args.faults:
-        if fault.rank >= args.num_ranks:
-            raise ConfigError(
-                f"bad fault spec {fault}: rank {fault.rank} is outside 0..{args.num_ranks - 1}",
-                field="faults",
-            )
-        first = placed.setdefault((fault.rank, fault.where), fault)
-        if first is not fault:
-            # Only one fault fires on entering a state; a second would be dropped unseen.
-            where = f"state {fault.state.value!r}" if fault.request is None else fault.where
-            raise ConfigError(
-                f"bad fault spec {fault}: rank {fault.rank} already has fault {first} in"
-                f" {where} (one fault per rank and state, or request)",
-                field="faults",
-            )
-    validate_shape(args.model, args.model.default_shape, args.model.default_steps)
-
-
-def validate_shape(model: ModelSpec, shape: Shape, steps: int) -> None:
-    """Raise ConfigError unless a request of this shape and steps is one the model can run."""
-    m = model.spatial_multiple
-    for name, side in (("width", shape.width), ("height", shape.height)):
-        if not m <= side <= MAX_SIDE or side % m:
-            raise ConfigError(
-                f"{name} must be a multiple of {m} in {m}..{MAX_SIDE}, not {side}", field=name
-            )
-    if not 1 <= shape.frames <= MAX_FRAMES or (shape.frames - 1) % model.frame_multiple:
-        raise ConfigError(
-            f"frames must be 1 + {model.frame_multiple}k in 1..{MAX_FRAMES}, not {shape.frames}",
-            field="frames",
-        )
-    if not 1 <= steps <= MAX_STEPS:
-        raise ConfigError(f"steps must be in 1..{MAX_STEPS}, not {steps}", field="steps")
 
 
 def args_to_json(args: ServerArgs) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from lifecycle.core.config import ModelSpec, ServerArgs
+from lifecycle.core.config import ServerArgs
+from lifecycle.core.modelspec import ModelSpec
 from lifecycle.core.phrases import reuse_text
 from lifecycle.core.records import (
     Fingerprint,

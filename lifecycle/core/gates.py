@@ -5,14 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lifecycle.core.config import (
-    DIFFUSERS_BACKEND,
-    VISUAL_TASKS,
-    DisaggRole,
-    PerformanceMode,
-    ServerArgs,
-    WarmupMode,
-)
+from lifecycle.core.config import DisaggRole, PerformanceMode, ServerArgs, WarmupMode
+from lifecycle.core.modelspec import DIFFUSERS_BACKEND, VISUAL_TASKS
 from lifecycle.core.plan import bounded_shape
 from lifecycle.core.records import GateOutcome, Platform
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lifecycle.core.config import ModelSpec, ServerArgs, WarmupMode
+from lifecycle.core.config import ServerArgs, WarmupMode
+from lifecycle.core.modelspec import ModelSpec
 from lifecycle.core.records import ProbeFit, Role, Shape, WarmupRequest, probe_reserve_bytes
 
 # The bounded warmup request: the 480p bucket and 17 frames, as the field's video servers use.

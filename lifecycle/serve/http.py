@@ -24,18 +24,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lifecycle.core.config import (
-    MAX_FRAMES,
-    MAX_PROMPT_CHARS,
-    MAX_SEED,
-    MAX_SIDE,
-    MAX_STEPS,
-    ServerArgs,
-)
-from lifecycle.core.config import validate_shape as check_shape
+from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import ConfigError, LifecycleError
 from lifecycle.core.records import Generation, Shape
 from lifecycle.core.runid import is_run_id
+from lifecycle.core.validation import MAX_FRAMES, MAX_PROMPT_CHARS, MAX_SEED, MAX_SIDE, MAX_STEPS
+from lifecycle.core.validation import validate_shape as check_shape
 from lifecycle.serve.accesslog import AccessLog
 from lifecycle.serve.control import (
     ControlChannel,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from lifecycle.core.config import DIFFUSERS_BACKEND, LIBRARY_BACKENDS, MODEL_PRESETS, ModelSpec
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.modelspec import DIFFUSERS_BACKEND, LIBRARY_BACKENDS, MODEL_PRESETS, ModelSpec
 from lifecycle.serve.options import DEFAULT_MODEL
 
 TINY_WAN = "tiny-wan"

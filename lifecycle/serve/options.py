@@ -15,16 +15,16 @@ from lifecycle.core.config import (
     DEFAULT_LINGER_S,
     DEFAULT_RING_CAPACITY,
     DEFAULT_STARTUP_TIMEOUT_S,
-    MAX_SEED,
-    MODEL_PRESETS,
     PeerFailure,
     PerformanceMode,
     SmokeRequest,
     WarmupMode,
 )
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.planner import parse_size
 from lifecycle.core.records import Shape
+from lifecycle.core.validation import MAX_SEED
 from lifecycle.serve.configfile import read_document, shown
 from lifecycle.serve.logs import LEVELS
 

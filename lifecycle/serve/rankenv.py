@@ -6,9 +6,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lifecycle.core.config import MAX_RANKS
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.runid import checked_run_id
+from lifecycle.core.validation import MAX_RANKS
 
 # torchrun sets all four for every rank, and the launcher for each rank process it spawns.
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -14,7 +14,7 @@ from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
 
 from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
-from lifecycle.core.config import PeerFailure, ServerArgs, args_from_json, validate_shape
+from lifecycle.core.config import PeerFailure, ServerArgs, args_from_json
 from lifecycle.core.errors import (
     LifecycleError,
     RequestAborted,
@@ -24,6 +24,7 @@ from lifecycle.core.errors import (
 from lifecycle.core.records import shared_fields
 from lifecycle.core.runid import checked_run_id
 from lifecycle.core.states import State
+from lifecycle.core.validation import validate_shape
 from lifecycle.runtime.signals import (
     block_shutdown_signals,
     leave_process,

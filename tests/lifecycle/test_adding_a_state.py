@@ -6,9 +6,10 @@ import time
 from enum import StrEnum
 from pathlib import Path
 
-from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import ActionStarted, Transition
 from lifecycle.core.fold import fold_run
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.states import TRANSITIONS, Edge, State, Trigger, action_states, mermaid
 from lifecycle.runtime.actions import STARTUP_ACTIONS
 from lifecycle.runtime.rankruntime import RankRuntime

@@ -7,20 +7,14 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.config import (
-    MODEL_PRESETS,
-    DisaggRole,
-    ModelSpec,
-    PerformanceMode,
-    ServerArgs,
-    WarmupMode,
-)
+from lifecycle.core.config import DisaggRole, PerformanceMode, ServerArgs, WarmupMode
 from lifecycle.core.gates import (
     GATES,
     RESIDENCY_PLANNER_NOT_AVAILABLE,
     calibration_skip_reason,
     evaluate_gates,
 )
+from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
 from lifecycle.core.plan import build_plan, fit_probe
 from lifecycle.core.records import Platform, Role
 

@@ -7,8 +7,9 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.config import MODEL_PRESETS, MemoryModel, ServerArgs, WarmupMode
+from lifecycle.core.config import ServerArgs, WarmupMode
 from lifecycle.core.gates import RESIDENCY_PLANNER_NOT_AVAILABLE
+from lifecycle.core.modelspec import MODEL_PRESETS, MemoryModel
 from lifecycle.core.plan import (
     GIB,
     PROBE_DOES_NOT_FIT,

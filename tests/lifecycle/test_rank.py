@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import IllegalTransition
 from lifecycle.core.events import ActionStarted, Error, Transition
 from lifecycle.core.fold import fold_run
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.states import ACTION_STATES, State, Trigger
 from lifecycle.runtime.actions import STARTUP_ACTIONS
 from lifecycle.runtime.pipeline import register_pipeline

@@ -9,11 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lifecycle.core.agreement import agreed_gate, agreed_rollback, reuse_token
-from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import ConfigError, FaultSpecError
 from lifecycle.core.faults import FaultKind, parse_fault
 from lifecycle.core.fingerprint import PlanStatus, StoredPlan, choose_reuse, fingerprint
 from lifecycle.core.gates import GATES, RESIDENCY_GATE_INDEX
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.planner import (
     candidates,
     check_options,

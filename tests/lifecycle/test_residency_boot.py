@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lifecycle.core import events as ev
-from lifecycle.core.config import MODEL_PRESETS
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.phrases import reuse_text
 from lifecycle.core.records import ReuseCode, Shape
 from lifecycle.runtime.comm import Comm

@@ -13,8 +13,9 @@ from lifecycle.core.agreement import (
     settings_digest,
     shared_settings,
 )
-from lifecycle.core.config import MODEL_PRESETS, ServerArgs, WarmupMode, args_to_json
+from lifecycle.core.config import ServerArgs, WarmupMode, args_to_json
 from lifecycle.core.faults import parse_fault
+from lifecycle.core.modelspec import MODEL_PRESETS
 
 
 def settings_of(**changes: object) -> dict[str, object]:

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent, Transition
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.states import State, Trigger
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.session import RankLaunch, RankSession

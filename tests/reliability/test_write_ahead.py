@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import ActionStarted
+from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.states import State
 from lifecycle.runtime.actions import STARTUP_ACTIONS, Action
 from lifecycle.runtime.rankruntime import RankRuntime

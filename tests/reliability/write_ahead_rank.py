@@ -45,7 +45,8 @@ def _install(db: str, rank: int) -> None:
 
 
 def main() -> int:
-    from lifecycle.core.config import MODEL_PRESETS, ServerArgs
+    from lifecycle.core.config import ServerArgs
+    from lifecycle.core.modelspec import MODEL_PRESETS
     from lifecycle.serve.worker import run_rank_process
 
     db, out = sys.argv[1], sys.argv[2]

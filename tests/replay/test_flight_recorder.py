@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from lifecycle.core import safepickle
-from lifecycle.core.config import MODEL_PRESETS
+from lifecycle.core.modelspec import MODEL_PRESETS
 from tests.conftest import REPO, Completed, run_cli
 
 if TYPE_CHECKING:
-    from lifecycle.core.config import ModelSpec
+    from lifecycle.core.modelspec import ModelSpec
     from lifecycle.runtime.comm import Comm
     from lifecycle.runtime.pipeline import Pipeline
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from lifecycle.core.config import MODEL_PRESETS
+from lifecycle.core.modelspec import MODEL_PRESETS
 from tests.conftest import REPO, Completed, run_cli, wait_until
 
 if TYPE_CHECKING:
-    from lifecycle.core.config import ModelSpec
+    from lifecycle.core.modelspec import ModelSpec
     from lifecycle.runtime.comm import Comm
     from lifecycle.runtime.pipeline import Pipeline
 

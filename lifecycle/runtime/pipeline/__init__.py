@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 import torch
 
-from lifecycle.core.config import MODEL_PRESETS, ModelSpec
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
 from lifecycle.core.records import ResidencyOption, Shape, StageRecord
 from lifecycle.runtime.comm import Comm
 

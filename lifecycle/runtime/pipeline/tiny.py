@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lifecycle.core.config import ModelSpec
+from lifecycle.core.modelspec import ModelSpec
 from lifecycle.core.records import ResidencyOption, Shape
 from lifecycle.runtime.comm import Comm, UlyssesAttention
 from lifecycle.runtime.pipeline.decoder import Decoder, decode_video
