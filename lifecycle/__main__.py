@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
+from lifecycle.serve.cli import entry
 
-from lifecycle.serve.cli import main
-
-sys.exit(main())
+entry()

@@ -68,8 +68,21 @@ class Journal:
         if revision == EMPTY:
             engine.dispose()
             raise NotAJournal(location=backend.location, reason="an empty database")
+        # A reader's connections come and go; one held open (and read through once) keeps
+        # a SQLite journal's WAL index mapped, so that once every writer has closed, no
+        # connection rebuilds it by reading the whole WAL (a launcher's final reads took a
+        # tenth of a second each after its ranks had exited).
+        keeper = backend.keeper(engine)
+        if keeper is not None:
+            cursor = keeper.cursor()
+            try:
+                cursor.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            finally:
+                cursor.close()
         # Reading never writes, so an older revision of our own is read as it is.
-        return cls(backend=backend, engine=engine, writable=False, revision=revision)
+        return cls(
+            backend=backend, engine=engine, writable=False, revision=revision, keeper=keeper
+        )
 
     @classmethod
     def open_for_write(cls, location: str, *, upgrade: bool = False) -> Journal:
