@@ -195,10 +195,10 @@ def check(
 
 def _diagnose_json(db: Path, run_id: str) -> dict[str, Any]:
     """`replay diagnose --json`, called in process (what the command prints, as a dict)."""
-    from replay.analysis import analyze
-    from replay.diagnose import diagnose
     from replay.load import Journals
-    from replay.verdictview import diagnosis_json
+    from replay.verdict.analysis import analyze
+    from replay.verdict.diagnose import diagnose
+    from replay.views.diagnosis import diagnosis_json
 
     with Journals.open([str(db)]) as journals:
         run = journals.resolve(run_id)

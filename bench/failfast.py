@@ -52,10 +52,10 @@ def _query(db: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
 
 
 def _culprit(db: Path) -> int | None:
-    from replay.analysis import analyze
-    from replay.diagnose import diagnose
     from replay.load import Journals
-    from replay.verdictview import diagnosis_json
+    from replay.verdict.analysis import analyze
+    from replay.verdict.diagnose import diagnose
+    from replay.views.diagnosis import diagnosis_json
 
     with Journals.open([str(db)]) as journals:
         run = journals.resolve("latest")

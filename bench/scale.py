@@ -21,12 +21,12 @@ BOOT_TIMEOUT_S = 180.0
 RUNS_RUN_PREFIX = "bench-runs-"
 
 # The diagnosis as `replay diagnose` made it before summaries: every event of every rank
-# folded (replay.analysis.analyze), then judged. It reports its VmHWM as bench.replay does.
+# folded (replay.verdict.analysis.analyze), then judged. It reports its VmHWM as bench.replay does.
 _FULL_FOLD = """
 import re, sys, time
-from replay.analysis import analyze
-from replay.diagnose import diagnose
-from replay.liveness import dead_ranks
+from replay.verdict.analysis import analyze
+from replay.verdict.diagnose import diagnose
+from replay.verdict.liveness import dead_ranks
 from replay.load import Journals
 try:
     with Journals.open(sys.argv[1:]) as journals:
@@ -79,7 +79,7 @@ def diagnose_rows(settings: Settings) -> list[Row]:
             ratio=format_ratio(seconds[large] / fold.seconds),
             target=verdict(f"< {DIAGNOSE_TARGET_S:g} s", met=seconds[large] < DIAGNOSE_TARGET_S),
             how=f"{how}. Baseline: the same journal's every event folded by"
-            f" replay.analysis.analyze over Journals.events, then diagnose(), in a child"
+            f" replay.verdict.analysis.analyze over Journals.events, then diagnose(), in a child"
             f" process, one run (the verdict as made before summaries)",
         ),
         Row(
@@ -222,7 +222,8 @@ def cold_start_row(settings: Settings) -> Row:
     on_help = _torch_modules(["-m", "replay", "--help"], cwd=cwd)
     # What the commands of a verdict import, besides --help's parser.
     on_verdict = _torch_modules(
-        ["-c", "import replay.cli, replay.load, replay.diagnose, replay.analysis"], cwd=cwd
+        ["-c", "import replay.cli, replay.load, replay.verdict.diagnose, replay.verdict.analysis"],
+        cwd=cwd,
     )
     value = median(help_s)
     baseline = median(bare_s)

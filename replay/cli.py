@@ -20,9 +20,9 @@ from replay.parser import parse_args
 
 if TYPE_CHECKING:
     from lifecycle.core.view import RankView
-    from replay.diagnose import Diagnosis
-    from replay.flightjoin import FlightFacts
+    from replay.flight.join import FlightFacts
     from replay.load import Journals, RunInfo
+    from replay.verdict.diagnose import Diagnosis
 
 
 def _now(ns: argparse.Namespace) -> float:
@@ -30,7 +30,7 @@ def _now(ns: argparse.Namespace) -> float:
 
 
 def _style(out: IO[str]) -> Any:
-    from replay.render import Style
+    from replay.views.render import Style
 
     # https://no-color.org: NO_COLOR present and not empty turns colour off.
     return Style(color=out.isatty() and not os.environ.get("NO_COLOR"))
@@ -69,8 +69,8 @@ def _flight(
 ) -> FlightFacts | None:
     """The run's Flight Recorder dumps joined with it; a dump that cannot be read is one
     warning line, and the rest is read without it."""
-    from replay.flight import dumps_for
-    from replay.flightjoin import join
+    from replay.flight.dumps import dumps_for
+    from replay.flight.join import join
 
     if folder is not None and not os.path.isdir(folder):
         raise Usage(f"--flight-recorder {folder}: no such folder")
@@ -93,9 +93,9 @@ def _diagnosis(
     """The run's verdict, from each rank's summary and the events after it: the same verdict
     as from every event, at the cost of what the summaries hold (see Journals.views). With
     `flight`, joined with the Flight Recorder's dumps (in `flight_dir`, else as journaled)."""
-    from replay.analysis import combine
-    from replay.diagnose import diagnose
-    from replay.liveness import dead_ranks, live_ranks
+    from replay.verdict.analysis import combine
+    from replay.verdict.diagnose import diagnose
+    from replay.verdict.liveness import dead_ranks, live_ranks
 
     views = journals.views(run, check=check)
     analysis = combine(run, views)
@@ -111,7 +111,7 @@ def _diagnosis(
 
 def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.load import Journals
-    from replay.runsview import format_runs, runs_json, summarize_run, summarize_settled
+    from replay.views.runs import format_runs, runs_json, summarize_run, summarize_settled
 
     with Journals.open(_locations(ns.journals)) as journals:
         now = _now(ns)
@@ -134,10 +134,10 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from replay.analysis import analyze, combine
-    from replay.flightview import entries_json, rank_lines
+    from replay.flight.view import entries_json, rank_lines
     from replay.load import Journals
-    from replay.timeline import (
+    from replay.verdict.analysis import analyze, combine
+    from replay.views.timeline import (
         event_line,
         format_at,
         format_header,
@@ -190,9 +190,9 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from replay.flightview import diagnose_lines, flight_json
+    from replay.flight.view import diagnose_lines, flight_json
     from replay.load import Journals
-    from replay.verdictview import diagnosis_json, format_diagnosis
+    from replay.views.diagnosis import diagnosis_json, format_diagnosis
 
     with Journals.open(_locations(ns.journals)) as journals:
         run = journals.resolve(ns.run)
@@ -231,11 +231,11 @@ def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_trace(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from replay.analysis import combine
-    from replay.flightview import trace_events
+    from replay.flight.view import trace_events
     from replay.load import Journals
     from replay.output import trace_target, write_replacing
-    from replay.trace import build_trace
+    from replay.verdict.analysis import combine
+    from replay.views.trace import build_trace
 
     locations = _locations(ns.journals)
     target = None if ns.output == "-" else trace_target(ns.output, locations)

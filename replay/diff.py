@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.states import State
-from replay.analysis import RunAnalysis
-from replay.diagnose import Diagnosis
+from replay.verdict.analysis import RunAnalysis
+from replay.verdict.diagnose import Diagnosis
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,7 +126,7 @@ def verdict(a: RunProfile, b: RunProfile) -> str:
 
 def format_diff(a: RunProfile, b: RunProfile) -> str:
     from lifecycle.core.text import clean
-    from replay.render import mib, table
+    from replay.views.render import mib, table
 
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f} s"

@@ -21,7 +21,7 @@ from lifecycle.core.deadlines import (
 )
 from lifecycle.core.text import clean
 from replay.load import RunInfo
-from replay.render import Style, table
+from replay.views.render import Style, table
 
 # A run regressed when a state, or its startup, took more than this many times the median of
 # the same key's runs before it (once there are MIN_RUNS of them)...

@@ -80,9 +80,7 @@ class Journal:
             finally:
                 cursor.close()
         # Reading never writes, so an older revision of our own is read as it is.
-        return cls(
-            backend=backend, engine=engine, writable=False, revision=revision, keeper=keeper
-        )
+        return cls(backend=backend, engine=engine, writable=False, revision=revision, keeper=keeper)
 
     @classmethod
     def open_for_write(cls, location: str, *, upgrade: bool = False) -> Journal:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from replay.analysis import analyze, combine
-from replay.diagnose import diagnose
 from replay.load import Journals
-from replay.runsview import summarize_run, summarize_settled
-from replay.verdictview import diagnosis_json
+from replay.verdict.analysis import analyze, combine
+from replay.verdict.diagnose import diagnose
+from replay.views.diagnosis import diagnosis_json
+from replay.views.runs import summarize_run, summarize_settled
 
 T0 = 1_800_000_000.0
 

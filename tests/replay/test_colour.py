@@ -16,8 +16,8 @@ import pytest
 from wcwidth import wcswidth
 
 from lifecycle.core.events import Error, RunStarted
-from replay.render import Style, table
-from replay.runsview import RunSummary, format_runs
+from replay.views.render import Style, table
+from replay.views.runs import RunSummary, format_runs
 from tests.conftest import REPO
 from tests.replay.builder import AS_WRITTEN, T0, JournalBuilder
 

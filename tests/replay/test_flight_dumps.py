@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from lifecycle.core import safepickle
 from lifecycle.core.config import ServerArgs
 from lifecycle.runtime.flightrecorder import BUFFER_ENV, folder_for, turn_on
-from replay.flight import MAX_ENTRIES, BadDump, parse, read_files
+from replay.flight.dumps import MAX_ENTRIES, BadDump, parse, read_files
 
 _scalars = (
     st.none()
@@ -231,7 +231,7 @@ def test_a_time_past_a_float_is_a_bad_entry_not_a_crash() -> None:
 _READ_FIFO = """
 import os, sys
 from pathlib import Path
-from replay.flight import read_files
+from replay.flight.dumps import read_files
 fifo = Path(sys.argv[1])
 os.mkfifo(fifo)
 print(read_files([(fifo, 1)]).problems[0])
@@ -252,7 +252,7 @@ def test_a_fifo_given_as_a_dump_is_refused_without_waiting_for_a_writer(tmp_path
 _PARSE_EMPTY_LISTS = """
 import resource
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-from replay.flight import BadDump, parse
+from replay.flight.dumps import BadDump, parse
 data = b'{"version": "2.10", "entries": [' + b",".join([b"[]"] * 9_000_000) + b"]}"
 try:
     parse(data, rank=0, path="d.json")

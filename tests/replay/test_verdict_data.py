@@ -20,11 +20,11 @@ from lifecycle.core.events import (
     Shutdown,
     Stalled,
 )
-from replay.analysis import analyze
 from replay.cli import main
-from replay.diagnose import Diagnosis, diagnose
-from replay.evidence import Code
 from replay.load import Journals
+from replay.verdict.analysis import analyze
+from replay.verdict.diagnose import Diagnosis, diagnose
+from replay.verdict.evidence import Code
 from tests.replay.builder import (
     AS_WRITTEN,
     T0,

@@ -23,10 +23,10 @@ from lifecycle.core.planner import format_bytes
 from lifecycle.core.records import Role
 from lifecycle.core.text import clean, pad
 from lifecycle.core.view import RankView
-from replay.analysis import RunAnalysis
-from replay.launch import launch_text
 from replay.load import RunInfo
-from replay.render import Style, mib, table, when
+from replay.verdict.analysis import RunAnalysis
+from replay.views.launch import launch_text
+from replay.views.render import Style, mib, table, when
 
 
 def format_header(run: RunInfo, style: Style) -> str:

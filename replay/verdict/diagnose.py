@@ -10,9 +10,11 @@ from lifecycle.core.errors import ErrorKind, recorded_kind
 from lifecycle.core.records import shared_fields
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
-from replay.analysis import GroupEvidence, Mismatch, RunAnalysis
-from replay.culprits import hang_culprits, late_arrivals
-from replay.endings import (
+from replay.exits import ReplayExit
+from replay.flight.join import FlightFacts, in_flight
+from replay.verdict.analysis import GroupEvidence, Mismatch, RunAnalysis
+from replay.verdict.culprits import hang_culprits, late_arrivals
+from replay.verdict.endings import (
     Findings,
     aborted_while_waiting,
     broken_by_stop,
@@ -20,7 +22,7 @@ from replay.endings import (
     killed_together,
     stuck_when_killed,
 )
-from replay.evidence import (
+from replay.verdict.evidence import (
     AbortedBy,
     Blocked,
     ConnectionBroke,
@@ -37,9 +39,7 @@ from replay.evidence import (
     StoppedBySignal,
     WaitEnd,
 )
-from replay.exits import ReplayExit
-from replay.flightjoin import FlightFacts, in_flight
-from replay.status import (
+from replay.verdict.status import (
     RankVerdict,
     Status,
     blocked,

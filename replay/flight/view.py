@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from replay.analysis import RunAnalysis
-from replay.flight import FlightEntry
-from replay.flightjoin import FlightFacts, FlightStuck, JoinedEntry
+from replay.flight.dumps import FlightEntry
+from replay.flight.join import FlightFacts, FlightStuck, JoinedEntry
 from replay.load import RunInfo
+from replay.verdict.analysis import RunAnalysis
 
 FLIGHT_TID = 5
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lifecycle.core.text import clean, display_width
-from replay.diagnose import Outcome
+from replay.verdict.diagnose import Outcome
 
 
 @dataclass(frozen=True, slots=True)

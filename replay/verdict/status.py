@@ -9,8 +9,8 @@ from enum import StrEnum
 from lifecycle.core.errors import COLLECTIVE_KINDS
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
-from replay.analysis import RunAnalysis
-from replay.evidence import CutOff, FirstError
+from replay.verdict.analysis import RunAnalysis
+from replay.verdict.evidence import CutOff, FirstError
 
 # A wait in a collective is a hang only once it outlasts this many heartbeat intervals (and
 # HANG_FLOOR_S): a shorter one is a peer that is behind, or whose start is not journaled yet.

@@ -8,11 +8,11 @@ from enum import StrEnum
 from typing import Any
 
 from lifecycle.core.text import clean
-from replay.diagnose import Diagnosis
-from replay.evidence import Evidence, FirstError
-from replay.render import Style, table
-from replay.status import PendingInfo, RankVerdict
-from replay.summary import mismatch_reason, purpose_text, rank_note, signature_text, summary
+from replay.verdict.diagnose import Diagnosis
+from replay.verdict.evidence import Evidence, FirstError
+from replay.verdict.status import PendingInfo, RankVerdict
+from replay.verdict.summary import mismatch_reason, purpose_text, rank_note, signature_text, summary
+from replay.views.render import Style, table
 
 
 def format_diagnosis(d: Diagnosis, style: Style) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.records import Signature
-from replay import evidence as ev
-from replay.analysis import Mismatch, MismatchReason, SplitDisagreement
-from replay.diagnose import Diagnosis, Outcome
-from replay.status import PendingInfo, RankVerdict, Status
+from replay.verdict import evidence as ev
+from replay.verdict.analysis import Mismatch, MismatchReason, SplitDisagreement
+from replay.verdict.diagnose import Diagnosis, Outcome
+from replay.verdict.status import PendingInfo, RankVerdict, Status
 
 _MISMATCH_REASONS = {
     MismatchReason.OPS: "different ops",

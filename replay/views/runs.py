@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lifecycle.store.summaries import Summary
-from replay.diagnose import Diagnosis, Outcome
 from replay.load import RunInfo
-from replay.render import Style, table, when
+from replay.verdict.diagnose import Diagnosis, Outcome
+from replay.views.render import Style, table, when
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,6 +1,6 @@
 """Flight Recorder entries joined with the journal: each entry placed in the lifecycle state
 its rank was in, and the collectives a rank entered that a member of its group never did
-(pure: the dumps are read by `replay.flight`)."""
+(pure: the dumps are read by `replay.flight.dumps`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from lifecycle.core.fold import MAX_CLOCK_OFFSET_S
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
-from replay.analysis import RunAnalysis
-from replay.flight import FlightDump, FlightDumps, FlightEntry
-from replay.status import PendingInfo, RankVerdict, Status
+from replay.flight.dumps import FlightDump, FlightDumps, FlightEntry
+from replay.verdict.analysis import RunAnalysis
+from replay.verdict.status import PendingInfo, RankVerdict, Status
 
 # The purpose of a collective the lifecycle did not record (a pipeline's own).
 UNRECORDED = "unrecorded"

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lifecycle.core.errors import COLLECTIVE_KINDS
-from replay.analysis import RunAnalysis
-from replay.evidence import BrokenByStop, EndedAtTimeout, RankEvidence
-from replay.status import RankVerdict, Status, stop_signal, stuck
+from replay.verdict.analysis import RunAnalysis
+from replay.verdict.evidence import BrokenByStop, EndedAtTimeout, RankEvidence
+from replay.verdict.status import RankVerdict, Status, stop_signal, stuck
 
 # What each rank's verdict rests on, as it is found; ranks' lists grow as peers testify.
 Findings = dict[int, list[RankEvidence]]

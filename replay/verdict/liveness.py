@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from replay.analysis import RunAnalysis
+    from replay.verdict.analysis import RunAnalysis
 
 # A process that started this long after a rank's first event cannot be that rank: its pid
 # was reused. The slack covers the whole seconds of /proc/stat's boot time.

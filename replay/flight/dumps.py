@@ -107,7 +107,7 @@ def rank_of(path: Path) -> int | None:
 
 def parse(data: bytes, *, rank: int, path: str) -> FlightDump:
     """One rank's dump from its bytes; BadDump says what is wrong with it."""
-    # replay.render reaches this module through the verdict it renders: imported when used.
+    # replay.views.render reaches this module through the verdict it renders: imported when used.
     from lifecycle.core.text import clean
 
     def text(value: Any) -> str:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from lifecycle.core.errors import ErrorKind
-from replay.analysis import Mismatch, RunAnalysis
-from replay.evidence import LateArrival
-from replay.status import RankVerdict, Status, blocked
+from replay.verdict.analysis import Mismatch, RunAnalysis
+from replay.verdict.evidence import LateArrival
+from replay.verdict.status import RankVerdict, Status, blocked
 
 
 def wait_roots(verdicts: dict[int, RankVerdict], missing: tuple[int, ...]) -> list[int]:

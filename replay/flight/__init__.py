@@ -1,0 +1,1 @@
+"""PyTorch Flight Recorder dumps: read, joined with the journal, shown."""

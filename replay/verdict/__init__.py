@@ -1,0 +1,1 @@
+"""The verdict: what a run's events say happened, as facts (pure)."""

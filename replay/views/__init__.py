@@ -1,0 +1,1 @@
+"""What replay prints: text for people and JSON for machines (pure)."""
