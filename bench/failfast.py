@@ -99,9 +99,14 @@ def _once(workdir: Path, index: int) -> Ended:
         float(json.loads(str(data))["learned_after_s"])
         for (data,) in _query(db, "SELECT data FROM events WHERE kind = 'aborted'")
     ]
-    ended = len(lasts) == RANKS and all(
-        json.loads(str(data)).get("dest") in ENDINGS for _, _, data in lasts
-    )
+    # Closed: every rank journaled its end (a transition to failed); a heartbeat or a dump
+    # may still follow it.
+    ended_ranks = {
+        rank
+        for rank, data in _query(db, "SELECT rank, data FROM events WHERE kind = 'transition'")
+        if json.loads(str(data)).get("dest") in ENDINGS
+    }
+    ended = ended_ranks == set(range(RANKS))
     return Ended(
         exited_s=exited - fault_at,
         last_event_s=max(float(at) for _, at, _ in lasts) - fault_at,

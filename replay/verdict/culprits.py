@@ -24,7 +24,15 @@ def wait_roots(verdicts: dict[int, RankVerdict], missing: tuple[int, ...]) -> li
                 roots.append(rank)
             continue
         if not blocked(verdict):
-            if rank not in roots:
+            failed = verdict.aborted_by if verdict.aborted else None
+            by = verdicts.get(failed) if failed is not None and failed != rank else None
+            if failed is not None and by is not None and not blocked(by):
+                # Stopped by the agreed abort before it reached the collective, for a failure
+                # of the named rank's own (not a wait): another victim of that failure, not
+                # why the waiter waited. (Aborted by a rank whose wait broke, it stays the
+                # root: it is what that rank waited for.)
+                frontier.append(failed)
+            elif rank not in roots:
                 roots.append(rank)
             continue
         assert verdict.pending is not None
