@@ -31,8 +31,9 @@ class Benchmark:
     measure: Callable[[Settings], Sequence[Row]]
 
 
-# The modules whose `BENCHMARK` the runner runs, in table order. A new benchmark is a module
-# with a `BENCHMARK = Benchmark(...)` and one line here.
+# The benchmarks the runner runs, in table order: a module's `BENCHMARK`, or `MODULE:NAME` for
+# another of its Benchmarks. A new benchmark is a module with a `BENCHMARK = Benchmark(...)`
+# and one line here.
 MODULES = (
     "bench.overhead",
     "bench.journal",
@@ -46,6 +47,8 @@ MODULES = (
     "bench.failfast",
     "bench.scale",
     "bench.diffusers",
+    "bench.diffusers:SERVING",
+    "bench.diffusers:RESIDENCY",
 )
 
 _REGISTERED: list[Benchmark] = []
@@ -62,10 +65,11 @@ def register(benchmark: Benchmark) -> Benchmark:
 def _builtin() -> tuple[Benchmark, ...]:
     # Imported on demand so that `python -m bench --help` stays light.
     found = []
-    for name in MODULES:
-        benchmark = importlib.import_module(name).BENCHMARK
+    for entry in MODULES:
+        name, _, attr = entry.partition(":")
+        benchmark = getattr(importlib.import_module(name), attr or "BENCHMARK")
         if not isinstance(benchmark, Benchmark):
-            raise TypeError(f"{name}.BENCHMARK is not a Benchmark")
+            raise TypeError(f"{entry} is not a Benchmark")
         found.append(benchmark)
     return tuple(found)
 
