@@ -141,7 +141,11 @@ def test_replay_diff_and_runs_count_from_the_launch(two_ranks: Booted) -> None:
     assert printed is not None
     assert row["startup_to_ready_s"] == pytest.approx(float(printed[1]), abs=0.01)
     diagnose = run_cli("replay", ["diagnose", "latest", "j.db"], cwd=two_ranks.cwd)
-    assert f"every rank reached ready in {printed[1]} s from the launch" in diagnose.stdout
+    said = re.search(r"every rank reached ready in (\d+\.\d+) s from the launch", diagnose.stdout)
+    assert said is not None, diagnose.stdout
+    # The boot's console and replay each round the same startup to two decimals; where it
+    # falls on a half hundredth they may print neighbours (24.33 and 24.32).
+    assert float(said[1]) == pytest.approx(float(printed[1]), abs=0.011)
 
 
 def test_under_torchrun_the_launch_is_the_agents_start(tmp_path: Path) -> None:
