@@ -20,6 +20,11 @@ MAX_LAUNCH_S = 86_400.0
 # The launcher began before its ranks; /proc gives start times in clock ticks, so a value
 # this much after the rank's own start is still taken (two readings of one tick apart).
 START_SLACK_S = 0.05
+# A process that began longer than this before the lifecycle's entry ran another program
+# first, which exec'd this one (`bash -c "pip install . && lifecycle boot"` execs its last
+# command in its own process): its start is not this program's launch, and the entry is taken
+# instead. Starting Python and importing the command line, before torch, takes seconds.
+PRE_ENTRY_MAX_S = 30.0
 # How torchrun's agent appears in its command line: the console script, or the module.
 TORCHRUN_NAMES = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
@@ -81,9 +86,11 @@ def launch_walls(env: Mapping[str, str], *, entered_at: float) -> tuple[float, f
     group is a new run, launched when the agent started its processes again, which is this
     process's own start. Otherwise this process is its own launcher (`lifecycle boot` with
     one rank). `entered_at` (time.time() at the entry) stands in for a start /proc does not
-    give.
+    give, or gives from before an exec (PRE_ENTRY_MAX_S).
     """
     process = process_started_wall() or entered_at
+    if entered_at - process > PRE_ENTRY_MAX_S:
+        process = entered_at
     launcher = _launcher_from_env(env, process=process)
     if launcher is None and under_torchrun(env) and env.get(RESTART_COUNT_ENV, "0") == "0":
         parent = os.getppid()
