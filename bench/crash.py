@@ -176,7 +176,7 @@ def check(
         quiet_until = (mine[-1].wall_time if mine else 0.0) + 0.6
         while time.time() < quiet_until:
             time.sleep(0.05)
-        doc = _diagnose_json(db, run.run_id)
+        doc = diagnose_json(db, run.run_id)
         outcome = doc["outcome"]
         culprits = tuple(doc["culprit_ranks"])
         verdict = next((r for r in doc["ranks"] if r["rank"] == victim), None)
@@ -193,7 +193,7 @@ def check(
     )  # fmt: skip
 
 
-def _diagnose_json(db: Path, run_id: str) -> dict[str, Any]:
+def diagnose_json(db: Path, run_id: str) -> dict[str, Any]:
     """`replay diagnose --json`, called in process (what the command prints, as a dict)."""
     from replay.load import Journals
     from replay.verdict.analysis import analyze

@@ -8,14 +8,14 @@ import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from bench.crash import diagnose_json
+from bench.history import query
 from bench.stats import median
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
@@ -43,24 +43,8 @@ class Ended:
     code: int
 
 
-def _query(db: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30.0)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
 def _culprit(db: Path) -> int | None:
-    from replay.load import Journals
-    from replay.verdict.analysis import analyze
-    from replay.verdict.diagnose import diagnose
-    from replay.views.diagnosis import diagnosis_json
-
-    with Journals.open([str(db)]) as journals:
-        run = journals.resolve("latest")
-        doc = diagnosis_json(diagnose(analyze(run, journals.events(run)), now=time.time()))
-    ranks = doc["culprit_ranks"]
+    ranks = diagnose_json(db, "latest")["culprit_ranks"]
     return ranks[0] if len(ranks) == 1 else None
 
 
@@ -85,25 +69,25 @@ def _once(workdir: Path, index: int) -> Ended:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10.0)
-    faults = _query(db, "SELECT wall_time FROM events WHERE kind = 'fault_injected' AND rank = ?",
+    faults = query(db, "SELECT wall_time FROM events WHERE kind = 'fault_injected' AND rank = ?",
                     FAILED_RANK)  # fmt: skip
     if not faults:
         raise BenchError(f"rank {FAILED_RANK} journaled no fault_injected event (see {log})")
     fault_at = float(faults[0][0])
-    lasts = _query(
+    lasts = query(
         db,
         "SELECT e.rank, e.wall_time, e.data FROM events e WHERE e.seq ="
         " (SELECT max(seq) FROM events x WHERE x.run_id = e.run_id AND x.rank = e.rank)",
     )
     learned = [
         float(json.loads(str(data))["learned_after_s"])
-        for (data,) in _query(db, "SELECT data FROM events WHERE kind = 'aborted'")
+        for (data,) in query(db, "SELECT data FROM events WHERE kind = 'aborted'")
     ]
     # Closed: every rank journaled its end (a transition to failed); a heartbeat or a dump
     # may still follow it.
     ended_ranks = {
         rank
-        for rank, data in _query(db, "SELECT rank, data FROM events WHERE kind = 'transition'")
+        for rank, data in query(db, "SELECT rank, data FROM events WHERE kind = 'transition'")
         if json.loads(str(data)).get("dest") in ENDINGS
     }
     ended = ended_ranks == set(range(RANKS))

@@ -81,7 +81,8 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10.0)
 
 
-def _query(db: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
+def query(db: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    """Rows of `sql` from the SQLite journal `db`, read-only."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30.0)
     try:
         return conn.execute(sql, params).fetchall()
@@ -92,7 +93,7 @@ def _query(db: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
 def _run_ids(db: Path) -> list[str]:
     if not db.exists():
         return []
-    return [str(r) for (r,) in _query(db, "SELECT run_id FROM runs ORDER BY created_at")]
+    return [str(r) for (r,) in query(db, "SELECT run_id FROM runs ORDER BY created_at")]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,11 +118,11 @@ def _paired(db: Path, pairs: int, log: Path) -> Paired:
     new = [r for r in _run_ids(db) if r not in before]
     stalls, closest, closest_state, learned = 0, 0.0, "-", 0
     for run_id in new:
-        (stalled,) = _query(
+        (stalled,) = query(
             db, "SELECT COUNT(*) FROM events WHERE run_id = ? AND kind = 'stalled'", run_id
         )
         stalls += int(stalled[0])
-        expected = _query(
+        expected = query(
             db, "SELECT data FROM events WHERE run_id = ? AND kind = 'expectations'", run_id
         )
         deadlines = {
@@ -137,7 +138,7 @@ def _paired(db: Path, pairs: int, log: Path) -> Paired:
 
 
 def _durations(db: Path, run_id: str) -> dict[str, float]:
-    rows = _query(db, "SELECT durations FROM startup_history WHERE run_id = ?", run_id)
+    rows = query(db, "SELECT durations FROM startup_history WHERE run_id = ?", run_id)
     spent: dict[str, float] = {}
     for (text,) in rows:
         for state, seconds in json.loads(str(text)).items():
@@ -163,7 +164,7 @@ def _hang(db: Path, log: Path) -> Hang:
         while time.monotonic() < deadline:
             new = [r for r in _run_ids(db) if r not in before]
             if new:
-                stalled = _query(
+                stalled = query(
                     db,
                     "SELECT s.wall_time, s.data, f.wall_time FROM events s JOIN events f"
                     " ON f.run_id = s.run_id AND f.kind = 'fault_injected'"
@@ -185,7 +186,7 @@ def _hang(db: Path, log: Path) -> Hang:
 
 
 def _p95(db: Path, run_id: str, state: str) -> float | None:
-    rows = _query(db, "SELECT data FROM events WHERE run_id = ? AND kind = 'expectations'", run_id)
+    rows = query(db, "SELECT data FROM events WHERE run_id = ? AND kind = 'expectations'", run_id)
     for (data,) in rows:
         for expected in json.loads(str(data))["states"]:
             if expected["state"] == state:
@@ -305,7 +306,7 @@ def _idle_and_lookup(settings: Settings) -> list[Row]:
         time.sleep(max(0.0, window - (time.time() - began)))
         ended = time.time()
         size_after = _file_bytes(db)
-        rows = _query(
+        rows = query(
             db,
             f"SELECT kind, {ROW_BYTES} FROM events WHERE run_id = ? AND wall_time > ?"
             " AND wall_time <= ?",
@@ -313,7 +314,7 @@ def _idle_and_lookup(settings: Settings) -> list[Row]:
             began,
             ended,
         )
-        (beat,) = _query(
+        (beat,) = query(
             db, "SELECT last_heartbeat_wall FROM rank_summaries WHERE run_id = ?", run_id
         )
         with urllib.request.urlopen(f"{url}/lifecycle", timeout=10.0) as response:
@@ -321,7 +322,7 @@ def _idle_and_lookup(settings: Settings) -> list[Row]:
     age = answer["ranks"][0]["last_heartbeat_age_s"]
     if beat[0] is None or time.time() - float(beat[0]) > 5.0:
         raise BenchError(f"the idle server's heartbeat did not keep its summary row: {beat}")
-    (heartbeat_bytes,) = _query(
+    (heartbeat_bytes,) = query(
         db, f"SELECT AVG({ROW_BYTES}) FROM events WHERE run_id = ? AND kind = 'heartbeat'", run_id
     )
     beat_bytes = float(heartbeat_bytes[0])
