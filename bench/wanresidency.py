@@ -214,6 +214,14 @@ def encoder_once(encoder: str) -> dict[str, Any]:
     gc.collect()
     after = meter.current_bytes() or 0
     offloaded_s = min(encode_s() for _ in range(3))
+
+    def reload_s() -> float:
+        started = time.perf_counter()
+        with adapter.residency.text_encoder_in_use():
+            pass
+        return time.perf_counter() - started
+
+    reloads = [reload_s() for _ in range(5)]
     declared = next(o for o in chosen if o.name == OFFLOADED)
     encoder_module = adapter.pipe.text_encoder
     return {
@@ -222,6 +230,7 @@ def encoder_once(encoder: str) -> dict[str, Any]:
         "resident_s": resident_s,
         "offloaded_s": offloaded_s,
         "reload_s": declared.reload_s,
+        "measured_reload_s": sorted(reloads)[len(reloads) // 2],
         "parameter_bytes": sum(p.numel() * p.element_size() for p in encoder_module.parameters()),
     }
 
@@ -311,16 +320,24 @@ def _encoder_rows(encoder: str) -> list[Row]:
             " a file and freed)",
         ),
         compared_seconds(
+            figure=f"residency (Wan): text encoder offloaded, reload, {encoder}",
+            value_s=m["measured_reload_s"],
+            baseline_s=reload_s,
+            baseline_note=" declared",
+            target=verdict(
+                f"within {TOLERANCE:.0%}", met=_within(m["measured_reload_s"], reload_s)
+            ),
+            how=f"the weights of {what} read back from their file and written out again"
+            " (WanResidency.text_encoder_in_use around nothing), the median of 5; declared"
+            " from a round trip of the same calls measured at the adapter's start",
+        ),
+        compared_seconds(
             figure=f"residency (Wan): text encoder offloaded, encode time, {encoder}",
             value_s=m["offloaded_s"],
             baseline_s=m["resident_s"],
             value_note=" offloaded",
             baseline_note=" resident",
-            target=verdict(
-                f"declared reload {reload_s:.3f} s within {TOLERANCE:.0%} of the"
-                f" {extra_s:.3f} s added",
-                met=_within(extra_s, reload_s),
-            ),
+            target=f"reported ({extra_s:+.3f} s)",
             how=f"encode_prompt of the warmup prompt with {what}, the better of 3 each;"
             " offloaded: the weights read back from the file, the prompt encoded, the weights"
             " written out again",

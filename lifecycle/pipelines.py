@@ -42,7 +42,7 @@ from lifecycle.runtime.pipeline import (
     ResidentPipeline,
     register_pipeline,
 )
-from lifecycle.runtime.pipeline.placement import Offloader
+from lifecycle.runtime.pipeline.placement import Offloader, reload_seconds
 
 __all__ = [
     "DIFFUSERS_BACKEND",
@@ -68,5 +68,6 @@ __all__ = [
     "UlyssesAttention",
     "memory_meter",
     "register_pipeline",
+    "reload_seconds",
     "synchronize",
 ]

@@ -100,7 +100,7 @@ class Journals:
                 continue
             for row in rows:
                 held = merged.setdefault(row.run_id, [])
-                if held and row.config != held[0][0].config:
+                if held and not _same_settings(row.config, held[0][0].config):
                     self.problems.append(
                         f"{journal.location}: run {row.run_id} has a different config than"
                         f" in {held[0][1].location}; using the first"
@@ -396,3 +396,11 @@ def _restored(summary: Summary | None, run_id: str, rank: int) -> RankFold | Non
     if (fold.run_id, fold.rank, fold.last_seq) != (run_id, rank, summary.fold_seq):
         return None
     return fold
+
+
+def _same_settings(config: dict[str, object], other: dict[str, object]) -> bool:
+    """Whether two journals' copies of a run's settings agree, but for the journal each was
+    written to: the nodes of a run under torchrun may each keep their own file."""
+    return {k: v for k, v in config.items() if k != "db"} == {
+        k: v for k, v in other.items() if k != "db"
+    }

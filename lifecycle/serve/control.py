@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lifecycle.core.errors import LifecycleError
 from lifecycle.core.records import Generation, StageRecord
@@ -29,6 +29,7 @@ class Hello:
     """A rank process connected; the first message on its link."""
 
     rank: int
+    host: str = ""  # its host's name (under torchrun, where ranks may be on several)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,13 +116,23 @@ class ServiceUnavailable(LifecycleError):
         self.retry_after_s = retry_after_s
 
 
+class Line(Protocol):
+    """What a rank's link reads and writes: a spawned rank's connection, or under torchrun
+    the line rank 0's server keeps to each rank (lifecycle.serve.crossnode)."""
+
+    def send(self, obj: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
 @dataclass
 class RankLink:
     """The control connection to one rank process."""
 
-    connection: Connection
+    connection: Connection | Line
     ready: threading.Event = field(default_factory=threading.Event)
     alive: bool = True
+    gone: str = "closed its control connection"  # why it is not alive, after the rank
 
     def send(self, message: ToRank) -> bool:
         """Send `message`; False when the rank's end is gone."""
@@ -150,14 +161,17 @@ def _bound_io(sock: socket.socket, seconds: float) -> None:
 
 
 class ControlChannel:
-    """A loopback listener the rank processes connect to, authenticated by a random key."""
+    """A loopback listener the rank processes connect to, authenticated by a random key; or,
+    under torchrun, links attached to the ranks' lines (`attach`) and no listener."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, listen: bool = True) -> None:
         self.authkey = secrets.token_bytes(32)
-        self._listening = socket.create_server(("127.0.0.1", 0))
-        self._listening.settimeout(ACCEPT_POLL_S)
-        host, port = self._listening.getsockname()[:2]
-        self.host, self.port = str(host), int(port)
+        self.host, self.port = "", 0
+        if listen:
+            self._listening = socket.create_server(("127.0.0.1", 0))
+            self._listening.settimeout(ACCEPT_POLL_S)
+            host, port = self._listening.getsockname()[:2]
+            self.host, self.port = str(host), int(port)
         self.links: dict[int, RankLink] = {}
         self._lock = threading.Lock()
         self._request: RequestInFlight | None = None
@@ -198,22 +212,28 @@ class ControlChannel:
                 connection.close()
                 return
             _bound_io(sock, 0)  # a rank's link is read for as long as the rank lives
+        if not self.attach(hello.rank, connection):
+            connection.close()
+
+    def attach(self, rank: int, connection: Connection | Line) -> bool:
+        """Link `rank` through `connection` and read it; False when the rank has a link."""
         link = RankLink(connection=connection)
         with self._lock:
-            if hello.rank in self.links:
-                connection.close()
-                return
-            self.links[hello.rank] = link
+            if rank in self.links:
+                return False
+            self.links[rank] = link
         threading.Thread(
-            target=self._read, args=(hello.rank, link), name=f"rank-{hello.rank}-link",
-            daemon=True,
-        ).start()  # fmt: skip
+            target=self._read, args=(rank, link), name=f"rank-{rank}-link", daemon=True
+        ).start()
+        return True
 
     def _read(self, rank: int, link: RankLink) -> None:
         while True:
             try:
                 message = link.connection.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError) as exc:
+                if isinstance(exc, EOFError) and str(exc):
+                    link.gone = str(exc)
                 link.alive = False
                 with self._lock:
                     request = self._request
@@ -268,7 +288,7 @@ class ControlInbox:
 
     def __init__(
         self,
-        control: Connection,
+        control: Connection | Line,
         *,
         on_dump: Callable[[str], object],
         on_given_up: Callable[[GivenUp], object],

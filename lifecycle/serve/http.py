@@ -195,7 +195,7 @@ def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) 
     async def dump(request: Request) -> dict[str, Any]:
         """Every rank writes its ring of collective records to the journal (loopback only)."""
         client = request.client.host if request.client else ""
-        if not _is_loopback(client):
+        if not is_loopback(client):
             raise HTTPException(status_code=403, detail="/debug/dump answers loopback only")
         return {"ranks": service.dump()}
 
@@ -267,7 +267,7 @@ def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) 
     return app
 
 
-class _Server(uvicorn.Server):
+class HttpServer(uvicorn.Server):
     """uvicorn, minus its re-raising of SIGTERM/SIGINT after shutdown (the launcher still has
     its rank processes to stop and journal when the HTTP server is done), and telling the
     service first thing when it shuts down, so that a running request is answered rather
@@ -275,9 +275,10 @@ class _Server(uvicorn.Server):
 
     received: list[int]
 
-    def __init__(self, config: uvicorn.Config, *, service: Service) -> None:
+    def __init__(self, config: uvicorn.Config, *, service: Service, signals: bool = True) -> None:
         super().__init__(config)
         self.service = service
+        self.signals = signals  # False: run on a thread, where the process's owner has them
         self.received = []
         self.lingered: str | None = None  # why it stopped after a failure, on its own
 
@@ -287,6 +288,9 @@ class _Server(uvicorn.Server):
             self.received.append(signum)
             self.handle_exit(signum, frame)
 
+        if not self.signals:
+            yield
+            return
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
@@ -308,7 +312,7 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def _exit_after_failure(server: _Server, service: Service, linger_s: float) -> None:
+def exit_after_failure(server: HttpServer, service: Service, linger_s: float) -> None:
     """Once the ranks failed for good, serve /liveness (503), /metrics and /lifecycle for
     `linger_s` more, then stop the server: `serve` exits 1 and a pod restarts."""
     while not server.should_exit:
@@ -321,7 +325,7 @@ def _exit_after_failure(server: _Server, service: Service, linger_s: float) -> N
         time.sleep(POLL_S)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -329,7 +333,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -348,7 +352,7 @@ def serve_http(
 ) -> int:
     """Start the ranks, serve HTTP until SIGTERM or SIGINT, then stop the ranks."""
     try:
-        sock = _bind(host, port)
+        sock = bind(host, port)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", field="port") from None
     bound_port = sock.getsockname()[1]
@@ -362,7 +366,7 @@ def serve_http(
     )
     metrics = Metrics()
     group = RankGroup(args, created_at=created_at, spec=spec, env=metrics.rank_env())
-    scope = "loopback only" if _is_loopback(host) else "REACHABLE FROM OTHER HOSTS"
+    scope = "loopback only" if is_loopback(host) else "REACHABLE FROM OTHER HOSTS"
     journal = shown_location(args.db)
     say(
         f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}  journal {journal}",
@@ -373,7 +377,7 @@ def serve_http(
         journal=journal,
     )
     url = f"http://{host}:{bound_port}"
-    say(f"serving on {url} ({scope})", event="serving", url=url, loopback_only=_is_loopback(host))
+    say(f"serving on {url} ({scope})", event="serving", url=url, loopback_only=is_loopback(host))
     service = Service(args, group, control)
     metrics.add(service.metrics, queue_depth=service.queue_depth)
     threading.Thread(
@@ -388,9 +392,9 @@ def serve_http(
         access_log=False,
         timeout_graceful_shutdown=int(STOP_GRACE_S),
     )
-    server = _Server(config, service=service)
+    server = HttpServer(config, service=service)
     threading.Thread(
-        target=_exit_after_failure, args=(server, service, linger_s), name="linger", daemon=True
+        target=exit_after_failure, args=(server, service, linger_s), name="linger", daemon=True
     ).start()
     try:
         server.run(sockets=[sock])

@@ -63,11 +63,18 @@ def serve(
     access_log: bool = False,
 ) -> int:
     """Boot the ranks as processes of their own and serve HTTP here until SIGTERM, or until
-    `linger_s` after a fatal startup failure (then exit 1, so that a pod restarts)."""
+    `linger_s` after a fatal startup failure (then exit 1, so that a pod restarts). Under
+    torchrun this process is one rank of the group, and rank 0 serves HTTP."""
     if under_torchrun(os.environ):
-        raise ConfigError(
-            "lifecycle serve starts its own rank processes; under torchrun use lifecycle boot",
-            field="command",
+        from lifecycle.serve.nodeserve import serve_under_torchrun
+
+        return serve_under_torchrun(
+            args,
+            created_at=created_at,
+            host=host,
+            port=port,
+            linger_s=linger_s,
+            access_log=access_log,
         )
     from lifecycle.serve.http import serve_http
 

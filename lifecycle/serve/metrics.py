@@ -65,9 +65,11 @@ class JournalMetrics(Collector):
         views: Callable[[], dict[int, RankView]],
         ended: Callable[[], set[int]],
         created_at: float,
+        hosts: Callable[[], dict[int, str]] = dict,
     ) -> None:
         self._views = views
         self._ended = ended
+        self._hosts = hosts
         self._created_at = created_at
         self._lock = threading.Lock()
         self._requests: Counter[tuple[int, str]] = Counter()
@@ -121,6 +123,14 @@ class JournalMetrics(Collector):
         for rank, (plan_id, status) in sorted(residency.items()):
             plan.add_metric([str(rank), plan_id, status], 1)
         yield plan
+        placed = GaugeMetricFamily(
+            "lifecycle_rank_info",
+            "Each rank and the host it runs on (1), as the rank said at its start.",
+            labels=["rank", "host"],
+        )
+        for rank, host in sorted(self._hosts().items()):
+            placed.add_metric([str(rank), host], 1)
+        yield placed
 
 
 def _state_metrics(

@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
@@ -32,7 +32,7 @@ from lifecycle.serve.logs import say
 from lifecycle.serve.metrics import JournalMetrics
 from lifecycle.serve.progress import ProgressPrinter, eta_s
 from lifecycle.serve.steps import StepMark
-from lifecycle.serve.supervisor import POLL_S, RankGroup, ended_unjournaled, exit_text
+from lifecycle.serve.supervisor import POLL_S, ended_unjournaled, exit_text
 from lifecycle.store import shown_location
 
 # /generate requests that may wait behind the running one; more are refused with 503 at once,
@@ -43,6 +43,28 @@ RETRY_AFTER_S = 5
 # progress (a denoising step, its reply) for that long plus this margin is stuck in its own
 # compute. The bound is on silence, not on the request's length: a large request that keeps
 # stepping is never cut short.
+
+
+class Ranks(Protocol):
+    """The ranks a Service serves with: spawned here (RankGroup), or under torchrun on any
+    number of hosts (lifecycle.serve.nodeserve.NodeRanks)."""
+
+    run_id: str
+    created_at: float
+
+    def poll(self) -> list[StoredEvent]: ...
+
+    def views(self) -> dict[int, RankView]: ...
+
+    def steps(self) -> dict[int, StepMark]: ...
+
+    def exit_codes(self) -> list[int | None]: ...
+
+    def announce_ended(self) -> None: ...
+
+    def lost(self) -> dict[int, str]: ...
+
+    def hosts(self) -> dict[int, str]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +78,7 @@ class Reply:
 class Service:
     """What the endpoints read and do: the ranks, their folded journal, their control links."""
 
-    def __init__(self, args: ServerArgs, group: RankGroup, control: ControlChannel) -> None:
+    def __init__(self, args: ServerArgs, group: Ranks, control: ControlChannel) -> None:
         self.args = args
         self.group = group
         self.control = control
@@ -73,7 +95,10 @@ class Service:
         self.printer = ProgressPrinter(run_created_at=group.created_at, ranks=args.num_ranks)
         self.console = PlainConsole(self.printer)
         self.metrics = JournalMetrics(
-            views=self.views_now, ended=self.ended_ranks, created_at=group.created_at
+            views=self.views_now,
+            ended=self.ended_ranks,
+            created_at=group.created_at,
+            hosts=group.hosts,
         )
         self.failed_at: float | None = None  # monotonic time of the first failure
 
@@ -150,13 +175,16 @@ class Service:
         was not stopping has failed, whatever its journal last said (SIGKILL leaves nothing)."""
         if self.stopping is not None or self.failure is not None:
             return
+        for rank, why in sorted(self.group.lost().items()):
+            self.fail(f"rank {rank} lost: {why}")
+            return
         for rank, code in enumerate(self.group.exit_codes()):
             if code is not None:
                 self.fail(f"rank {rank} process ended: {exit_text(code)}")
                 return
         for rank, link in sorted(self.control.snapshot().items()):
             if not link.alive:
-                self.fail(f"rank {rank} closed its control connection")
+                self.fail(f"rank {rank} {link.gone}")
                 return
 
     def dump(self) -> list[int]:
@@ -188,13 +216,17 @@ class Service:
             codes = list(self.exit_codes)
             failure = self.failure
             steps = dict(self.steps)
+        hosts = self.group.hosts()
         return {
             "run_id": self.group.run_id,
             "status": status,
             "healthy": healthy,
             "failure": failure,
             "ranks": [
-                rank_json(view, now=now, exit_code=_at(codes, r), step=steps.get(r))
+                {
+                    **rank_json(view, now=now, exit_code=_at(codes, r), step=steps.get(r)),
+                    "host": hosts.get(r),
+                }
                 for r, view in views.items()
             ],
         }

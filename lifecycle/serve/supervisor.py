@@ -166,6 +166,13 @@ class RankGroup:
     def views(self) -> dict[int, RankView]:
         return {rank: fold.view() for rank, fold in self._folds.items()}
 
+    def lost(self) -> dict[int, str]:
+        """Ranks lost without a word: none here, where each is a process of this one's."""
+        return {}
+
+    def hosts(self) -> dict[int, str]:
+        return dict.fromkeys(self._folds, socket.gethostname())
+
     def exit_codes(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
 

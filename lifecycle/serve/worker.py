@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
@@ -34,11 +34,13 @@ from lifecycle.runtime.signals import (
 from lifecycle.serve.control import (
     ControlInbox,
     Hello,
+    Line,
     Progress,
     Ready,
     Result,
     Stop,
 )
+from lifecycle.serve.crossnode import RankBridge
 from lifecycle.serve.launchtime import launch_walls
 from lifecycle.serve.logs import configure_logging, say
 from lifecycle.serve.models import register_model
@@ -51,6 +53,7 @@ from lifecycle.serve.rankenv import named_run_id
 from lifecycle.serve.rankenv import under_torchrun as under_torchrun  # noqa: PLC0414
 
 if TYPE_CHECKING:
+    from lifecycle.runtime.recorder import Recorder
     from lifecycle.runtime.session import RankSession
 
 # This module is the entry of rank processes and is imported by the launcher: it imports
@@ -140,10 +143,14 @@ def run_rank_process(
     mode: str,
     env: Mapping[str, str],
     created_at: float,
-    control: Connection | None = None,
+    control: Connection | Line | None = None,
+    on_journal: Callable[[str, Recorder], object] | None = None,
+    leave: Callable[[int], None] = leave_process,
 ) -> int:
     """One rank from start to exit; returns the process exit status. `created_at` is
-    time.time() at the process's entry."""
+    time.time() at the process's entry; `on_journal(run_id, recorder)` is called once the
+    rank's journal is open, before its first event; `leave(status)` ends the process from
+    another thread (an agreed abort, a startup timeout)."""
     from lifecycle.runtime.actions import STARTUP_ACTIONS
     from lifecycle.runtime.process_group import leave_process_group
     from lifecycle.runtime.recorder import Recorder, clock_for
@@ -176,6 +183,8 @@ def run_rank_process(
     run_id = _agreed_run_id(env, created_at, ranks, args)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
     recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank), clock=clock)
+    if on_journal is not None:
+        on_journal(run_id, recorder)
     launched_at, process_started_at = launch_walls(env, entered_at=created_at)
     launch = RankLaunch(
         run_id=run_id,
@@ -202,7 +211,7 @@ def run_rank_process(
              f"  journal {shown_location(args.db)}"]
         )  # fmt: skip
         recorder.subscribe(console.feed)
-    session = RankSession(args, launch, recorder, actions=actions)
+    session = RankSession(args, launch, recorder, actions=actions, leave=leave)
     started.append(session)
     watch_dump_signal(lambda: session.dump_ring("signal"))
     state = session.boot()
@@ -239,7 +248,7 @@ def run_rank_process(
 PEER_STOP_GRACE_S = 2.0
 
 
-def _serve(session: RankSession, control: Connection) -> None:
+def _serve(session: RankSession, control: Connection | Line) -> None:
     """Answer the launcher's requests until it says stop or the rank fails."""
     from lifecycle.core.errors import CollectiveError, CollectiveTimeout
     from lifecycle.runtime.actions import generate
@@ -256,6 +265,8 @@ def _serve(session: RankSession, control: Connection) -> None:
         ),
     )
     session.serve_collectives_from_ring()
+    if isinstance(control, RankBridge):
+        control.join_control_group()  # every rank at once, as it enters its serve loop
     inbox.send(Ready(rank=rank))
     served = 0
     while True:

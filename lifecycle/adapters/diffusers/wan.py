@@ -201,7 +201,7 @@ class WanAdapter:
     # -- residency ---------------------------------------------------------------------------
 
     def residency_options(self, shape: Shape) -> tuple[ResidencyOption, ...]:
-        return wan_options(self.pipe, shape, self.residency.tiling)
+        return wan_options(self.pipe, shape, self.residency.tiling, self.comm.device.type)
 
     def apply_residency(self, choices: Sequence[ResidencyOption]) -> None:
         self.residency.apply(choices)

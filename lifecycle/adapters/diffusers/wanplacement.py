@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from lifecycle.pipelines import Offloader, ResidencyOption, Shape
+from lifecycle.pipelines import Offloader, ResidencyOption, Shape, reload_seconds
 
 VAE, TEXT_ENCODER = "vae", "text_encoder"
 WHOLE, TILED = "whole", "tiled"
@@ -44,11 +44,12 @@ VIDEO_COPIES = 1.25
 ASSEMBLY_COPIES = 3.0
 # A decoder call's fixed cost, as the pixels it could have decoded in that time: a tiled decode
 # makes a call per tile and latent frame where a whole one makes one per latent frame. Fitted
-# to tiled/whole decode times on CPU (same command): tiny-wan's VAE 3.4 at 128x128x17 and 2.2 at
-# 256x256x17, the Wan 2.1 VAE's 2.8-3.2 at 128x128x5 and 1.8-2.0 at 256x256x5 (9 tiles covering
-# 1.56 frames each time); this predicts 3.05 and 2.0.
-CALL_PIXELS = 64 * 64
-HOST_BYTES_PER_S = 1e9  # writing an offloaded encoder out and reading it back
+# to tiled/whole decode times on a quiet 2-core CPU (same command, 9 tiles covering 1.56
+# frames each time): tiny-wan's VAE 1.80 at 256x256x17 and 1.60 at 832x480x17, the Wan 2.1
+# VAE's 1.78-1.95 at 256x256x5; this predicts 1.79, 1.60 and 1.79. Two threads sharing the
+# cores with another process slow the many small calls of a tiled decode far more (3.3-3.9
+# measured at 256x256x17 under load): the declaration is for a machine the server has alone.
+CALL_PIXELS = 45 * 45
 
 
 Tiling = tuple[int, int, int, int]  # tile height, tile width, stride height, stride width
@@ -130,7 +131,9 @@ def _vae_tiled(vae: Any, shape: Shape, tiling: Tiling) -> ResidencyOption:
     )
 
 
-def wan_options(pipe: Any, shape: Shape, tiling: Tiling) -> tuple[ResidencyOption, ...]:
+def wan_options(
+    pipe: Any, shape: Shape, tiling: Tiling, device: str
+) -> tuple[ResidencyOption, ...]:
     """Every option of the Wan adapter, with its expected effect at `shape`."""
     encoder = pipe.text_encoder
     encoder_bytes = sum(p.numel() * p.element_size() for p in encoder.parameters())
@@ -146,7 +149,7 @@ def wan_options(pipe: Any, shape: Shape, tiling: Tiling) -> tuple[ResidencyOptio
             peak_scale=1.0,
             time_scale=1.0,
             released_bytes=encoder_bytes,
-            reload_s=2 * encoder_bytes / HOST_BYTES_PER_S,
+            reload_s=reload_seconds(encoder_bytes, device),
         ),
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,7 +39,12 @@ DECODE_EACH_FURTHER_FRAME = 2.2
 # CUDA (not measured: no GPU here) batching frames is faster and tiles redo the borders.
 _FRAMES_TIME = {"cpu": {4: 0.95, 0: 1.24}, "cuda": {4: 0.9, 0: 0.8}}  # 0: all latent frames
 _TILES_TIME = {"cpu": 0.45, "cuda": 1.1}
-HOST_BYTES_PER_S = 1e9  # writing an offloaded encoder out and reading it back
+# Offloading on CPU writes the weights to a file and reads them back: its cost is measured
+# once per process, by a round trip of this many bytes at most through the same calls (a file
+# of the encoder's own size when it is smaller), and scaled to the encoder's bytes: the rate
+# depends on the machine's disk and page cache (a round trip of 16 to 768 MiB ran at 0.34 to
+# 0.85 GB/s on the 2-core VM the benchmarks ran on, where 1 GB/s had been assumed).
+ROUND_TRIP_PROBE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +97,7 @@ def options_for(
             peak_scale=1.0,
             time_scale=1.0,
             released_bytes=encoder_bytes,
-            reload_s=2 * encoder_bytes / HOST_BYTES_PER_S,
+            reload_s=reload_seconds(encoder_bytes, kind),
         ),
     )
 
@@ -110,6 +116,40 @@ class DecoderResidency:
             return cls(frames_at_once=1, tiles=2)
         count = name.removeprefix("frames-")
         return cls(frames_at_once=0 if count == "all" else int(count), tiles=1)
+
+
+_round_trips: dict[int, float] = {}
+
+
+def reload_seconds(nbytes: int, device: str) -> float:
+    """The time an offloaded module of `nbytes` adds to each use: written out and read back
+    (on CPU, measured; on CUDA, host memory both ways at PCIe's ~16 GB/s, not measured)."""
+    if nbytes <= 0:
+        return 0.0
+    if device == "cuda":
+        return 2 * nbytes / 16e9
+    probe = min(nbytes, ROUND_TRIP_PROBE_BYTES)
+    if probe not in _round_trips:
+        _round_trips[probe] = _round_trip_s(probe)
+    return _round_trips[probe] * nbytes / probe
+
+
+def _round_trip_s(nbytes: int) -> float:
+    """One offload and restore of `nbytes` of float weights, as Offloader does them; the
+    better of two (the first pays for the file system's first touch)."""
+    module = nn.Module()
+    module.weight = nn.Parameter(torch.zeros(max(1, nbytes // 4)), requires_grad=False)
+    offloader = Offloader(module, torch.device("cpu"))
+    best = float("inf")
+    try:
+        for _ in range(2):
+            started = time.perf_counter()
+            offloader.offload()
+            offloader.restore()
+            best = min(best, time.perf_counter() - started)
+    finally:
+        offloader.close()
+    return best
 
 
 class Offloader:

@@ -1,0 +1,334 @@
+"""`lifecycle serve` under torchrun, on one host or several: every process is a rank of the
+group, and global rank 0 also answers HTTP, as the single-host server does, with the same
+Service behind the same endpoints. Its ranks are reached through lifecycle.serve.crossnode
+(torchrun's store and a gloo group) instead of spawned processes' connections, and their
+views are folded from the events each rank sends there, whatever journal each node writes.
+
+A rank lost without a word (its process killed, its host gone) is found by its beat stopping
+or by rank 0's next broadcast failing; rank 0 then fails the server (/liveness 503), announces
+the loss in the rendezvous store as the launcher announces a rank process that ended (every
+rank aborts at once), and exits 1 after --linger, so that torchrun's agents restart the group.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lifecycle.core.command import Exit
+from lifecycle.core.config import PeerFailure, ServerArgs
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.events import StoredEvent
+from lifecycle.core.fold import RankFold
+from lifecycle.core.view import RankView
+from lifecycle.serve.control import ControlChannel, FromRank, Hello
+from lifecycle.serve.crossnode import Broadcaster, RankBridge, RankLine, StoreReader, Up
+from lifecycle.serve.logs import say
+from lifecycle.serve.rankenv import RankEnv
+from lifecycle.serve.steps import StepMark
+from lifecycle.store.summaries import with_latest_heartbeat
+
+STOP_SERVER_S = 10.0  # how long the HTTP server gets to answer what it is answering
+
+
+class NodeRanks:
+    """Every rank of a torchrun serve as rank 0's server knows them: each rank's events as
+    they arrive, folded; its host; and whether it was lost."""
+
+    def __init__(self, args: ServerArgs, *, run_id: str, created_at: float, store: Any) -> None:
+        self.args = args
+        self.run_id = run_id
+        self.created_at = created_at
+        self._store = store  # for announcing a lost rank to the others
+        self._folds = {r: RankFold(run_id=run_id, rank=r) for r in range(args.num_ranks)}
+        self._lock = threading.Lock()
+        self._arrived: list[StoredEvent] = []
+        self._beats: dict[int, float] = {}
+        self._hosts: dict[int, str] = {}
+        self._lost: dict[int, str] = {}
+        self._announced: set[int] = set()
+
+    # -- fed by the readers ---------------------------------------------------------------------
+
+    def arrive(self, stored: StoredEvent) -> None:
+        with self._lock:
+            self._arrived.append(stored)
+
+    def beat(self, rank: int) -> None:
+        with self._lock:
+            self._beats[rank] = time.time()
+
+    def hello(self, hello: Hello) -> None:
+        with self._lock:
+            self._hosts[hello.rank] = hello.host
+
+    def lose(self, rank: int, why: str) -> None:
+        with self._lock:
+            host = self._hosts.get(rank)
+            self._lost.setdefault(rank, f"{why} (host {host})" if host else why)
+
+    # -- what the Service reads ----------------------------------------------------------------
+
+    def poll(self) -> list[StoredEvent]:
+        with self._lock:
+            arrived, self._arrived = self._arrived, []
+            beats = dict(self._beats)
+        new = []
+        for stored in arrived:
+            fold = self._folds.get(stored.rank)
+            if fold is not None and stored.seq > fold.last_seq:
+                fold.apply(stored)
+                new.append(stored)
+        for rank, wall in beats.items():
+            with_latest_heartbeat(self._folds[rank], wall)
+        new.sort(key=lambda s: s.wall_time)
+        return new
+
+    def views(self) -> dict[int, RankView]:
+        return {rank: fold.view() for rank, fold in self._folds.items()}
+
+    def steps(self) -> dict[int, StepMark]:
+        return {}
+
+    def exit_codes(self) -> list[int | None]:
+        return [None] * self.args.num_ranks  # other hosts' processes: not ours to see
+
+    def lost(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._lost)
+
+    def hosts(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._hosts)
+
+    def announce_ended(self) -> None:
+        """Announce each lost rank in the rendezvous store, as the launcher announces a rank
+        process that ended: its peers abort at once instead of waiting on it."""
+        if self.args.on_peer_failure is not PeerFailure.ABORT:
+            return
+        from lifecycle.runtime.abort import Failure, announce
+
+        for rank, why in self.lost().items():
+            if rank in self._announced:
+                continue
+            self._announced.add(rank)
+            failure = Failure(
+                rank=rank,
+                error_type="RankLost",
+                error_kind="peer-gone",
+                message=f"rank {rank} lost: {why}",
+                state=self._folds[rank].state,
+                wall=time.time(),
+                announced_by="launcher",
+            )
+            try:
+                announce(self._store, self.run_id, failure)
+            except RuntimeError:
+                return  # the store is gone: every rank's watcher sees that itself
+
+
+class Front:
+    """Rank 0's HTTP server and the lines to every rank, started once the run is named."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        *,
+        env: Mapping[str, str],
+        sock: socket.socket,
+        url: str,
+        linger_s: float,
+        access_log: bool,
+    ) -> None:
+        self.args = args
+        self.env = env
+        self.sock = sock
+        self.url = url
+        self.linger_s = linger_s
+        self.access_log = access_log
+        self.bridge = RankBridge(0, deliver=self._from_rank_0, on_group=self._control_group)
+        self.broadcaster = Broadcaster(on_broken=self._broken)
+        self.lines: dict[int, RankLine] = {}
+        self.readers: list[StoreReader] = []
+        self.ranks: NodeRanks | None = None
+        self.server: Any = None
+        self._serving: threading.Thread | None = None
+        self._leaving = threading.Lock()
+
+    def start(self, run_id: str, recorder: Any) -> None:
+        """Called once rank 0's journal is open: follow every rank and serve HTTP."""
+        import uvicorn
+
+        from lifecycle.runtime.abort import store_client
+        from lifecycle.serve.http import HttpServer, create_app, exit_after_failure
+        from lifecycle.serve.metrics import Metrics
+        from lifecycle.serve.service import Service
+
+        world = self.args.num_ranks
+        ranks = self.ranks = NodeRanks(
+            self.args,
+            run_id=run_id,
+            created_at=recorder.clock.wall(),
+            store=store_client(self.env, world_size=world),
+        )
+        control = ControlChannel(listen=False)
+        for rank in range(world):
+            line = self.lines[rank] = RankLine(rank, self._sender(rank))
+            control.attach(rank, line)
+        for rank in range(1, world):
+            reader = StoreReader(
+                store_client(self.env, world_size=world),
+                run_id=run_id,
+                rank=rank,
+                on_message=self._arrival(rank),
+                on_beat=ranks.beat,
+                on_lost=self._lose,
+            )
+            self.readers.append(reader)
+            reader.start()
+        recorder.subscribe(self.bridge.record)
+        self.bridge.hello()
+        service = self.service = Service(self.args, ranks, control)
+        metrics = Metrics()
+        metrics.add(service.metrics, queue_depth=service.queue_depth)
+        threading.Thread(target=service.follow, name="journal-follower", daemon=True).start()
+        config = uvicorn.Config(
+            create_app(service, metrics, access_log=self.access_log),
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=int(STOP_SERVER_S),
+        )
+        server = self.server = HttpServer(config, service=service, signals=False)
+        self._serving = threading.Thread(
+            target=server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True
+        )
+        self._serving.start()
+        threading.Thread(
+            target=exit_after_failure, args=(server, service, self.linger_s), name="linger",
+            daemon=True,
+        ).start()  # fmt: skip
+        say(f"serving on {self.url} (rank 0 of {world})", event="serving", url=self.url)
+
+    # -- the lines -----------------------------------------------------------------------------
+
+    def _sender(self, rank: int) -> Any:
+        if rank == 0:
+            return self.bridge.put
+        return lambda message: self.broadcaster.send((rank,), message)
+
+    def _arrival(self, rank: int) -> Callable[[Up], None]:
+        return lambda item: self._arrive(rank, item)
+
+    def _from_rank_0(self, item: Up) -> None:
+        self._arrive(0, item)
+
+    def _arrive(self, rank: int, item: Up) -> None:
+        ranks = self.ranks
+        if ranks is None:
+            return
+        if isinstance(item, StoredEvent):
+            ranks.arrive(item)
+        elif isinstance(item, Hello):
+            ranks.hello(item)
+        else:
+            reply: FromRank = item
+            self.lines[rank].reply(reply)
+
+    def _control_group(self, group: Any) -> None:
+        self.broadcaster.start(group, frozenset(range(1, self.args.num_ranks)))
+
+    def _lose(self, rank: int, why: str) -> None:
+        if self.ranks is not None:
+            self.ranks.lose(rank, why)
+        self.lines[rank].close(why)
+
+    def _broken(self, why: str) -> None:
+        """A broadcast failed: some rank is gone. Its beat says which; until then the lines
+        to the other ranks are closed (nothing reaches them any more)."""
+        for rank, line in self.lines.items():
+            if rank != 0:
+                line.close(why)
+        say(f"serve: {why}", event="control-broken", why=why, out=sys.stderr)
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def leave(self, status: int) -> None:
+        """Rank 0's session ends the process from another thread (an agreed abort, a startup
+        timeout): keep answering /liveness (503) for --linger first."""
+        with self._leaving:
+            self.finish(status)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+
+    def finish(self, status: int) -> int:
+        """Rank 0's rank has ended with `status`: a failure is served for --linger, then the
+        HTTP server stops."""
+        server, serving = self.server, self._serving
+        if server is None or serving is None:
+            return status
+        if status != Exit.OK:
+            self.service.fail(f"rank 0 ended: exit status {status}")
+            serving.join(self.linger_s + STOP_SERVER_S)
+        server.should_exit = True
+        serving.join(STOP_SERVER_S)
+        self.broadcaster.close()
+        for reader in self.readers:
+            reader.close()
+        return Exit.FAILED if self.service.failed else status
+
+
+def serve_under_torchrun(
+    args: ServerArgs,
+    *,
+    created_at: float,
+    host: str,
+    port: int,
+    linger_s: float,
+    access_log: bool,
+) -> int:
+    """This process's rank of `serve` under torchrun; rank 0 also answers HTTP."""
+    from lifecycle.runtime.abort import store_client
+    from lifecycle.serve.http import bind
+    from lifecycle.serve.worker import run_rank_process
+
+    env = os.environ
+    ranks = RankEnv.from_env(env)
+    if ranks.world_size != args.num_ranks:
+        raise ConfigError(
+            f"torchrun started {ranks.world_size} ranks but --num-ranks is {args.num_ranks}",
+            field="num_ranks",
+        )
+    if ranks.rank != 0:
+        bridge = RankBridge(ranks.rank)
+
+        def publish(run_id: str, recorder: Any) -> None:
+            recorder.subscribe(bridge.record)
+            bridge.publish(store_client(env, world_size=ranks.world_size), run_id)
+
+        status = run_rank_process(
+            args, mode="serve", env=env, created_at=created_at, control=bridge, on_journal=publish
+        )
+        bridge.close()
+        return status
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", field="port") from None
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    front = Front(args, env=env, sock=sock, url=url, linger_s=linger_s, access_log=access_log)
+    status = run_rank_process(
+        args,
+        mode="serve",
+        env=env,
+        created_at=created_at,
+        control=front.bridge,
+        on_journal=front.start,
+        leave=front.leave,
+    )
+    return front.finish(status)

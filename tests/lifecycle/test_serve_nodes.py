@@ -1,0 +1,214 @@
+"""`lifecycle serve` under torchrun across nodes (README: Serving across nodes): two real
+torchrun agents on 127.0.0.1 with a c10d rendezvous, each a "node" with one rank and its own
+journal file, serve as one server from global rank 0; a request runs on both; the node of
+rank 1 killed (its agent and its rank, SIGKILL) turns /liveness 503, rank 0's serve exits 1
+after --linger, and `replay diagnose` over both journals names rank 1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+from lifecycle.core.events import RequestFinished, RunStarted, StoredEvent
+from lifecycle.core.records import StageRecord
+from lifecycle.serve.control import Progress, Result
+from lifecycle.serve.crossnode import from_wire, to_wire
+from lifecycle.serve.supervisor import free_port
+from lifecycle.store.journal import Journal
+
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
+
+READY_WITHIN_S = 240.0
+LIVENESS_WITHIN_S = 30.0  # a bound on the wait, not a measure (bench/nodes.py measures it)
+LINGER_S = 2
+
+
+def _events(db: Path) -> list[StoredEvent]:
+    journal = Journal.open_for_read(str(db))
+    try:
+        (run,) = journal.runs()
+        return list(journal.read(run_id=run.run_id))
+    finally:
+        journal.close()
+
+
+def _wait_for_port(port: int, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1.0):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listened on 127.0.0.1:{port} within {within:.0f} s")
+
+
+class Nodes:
+    """Two torchrun agents, one rank each, as two nodes of one host."""
+
+    def __init__(self, tmp_path: Path, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.dirs = [tmp_path / "node0", tmp_path / "node1"]
+        self.agents: list[subprocess.Popen[str]] = []
+        self.logs: list[IO[str]] = []
+        rdzv_port = free_port()
+        endpoint = f"127.0.0.1:{rdzv_port}"
+        rdzv_id = uuid.uuid4().hex[:12]
+        for node, folder in enumerate(self.dirs):
+            if node == 1:
+                # As a leader pod does: node 0's agent hosts the rendezvous, and joined first
+                # (c10d numbers the nodes by their agents' pids), it runs global rank 0.
+                _wait_for_port(rdzv_port)
+            folder.mkdir()
+            self.logs.append((folder / "out.txt").open("w"))
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                 "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id, "--max-restarts", "0",
+                 "-m", "lifecycle", "serve", "--model", "micro-video", "--num-ranks", "2",
+                 "--port", str(port), "--db", f"node{node}.db", "--linger", str(LINGER_S),
+                 "--log-level", "warning"],
+                cwd=folder, stdout=self.logs[-1],
+                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+            )  # fmt: skip
+            self.agents.append(agent)
+        self.client = httpx.Client(base_url=self.url, timeout=120.0)
+
+    def db(self, node: int) -> Path:
+        return self.dirs[node] / f"node{node}.db"
+
+    def get(self, path: str) -> httpx.Response | None:
+        try:
+            return self.client.get(path)
+        except httpx.TransportError:
+            return None
+
+    def wait_for(
+        self, path: str, status: int, *, within: float, serving: int | None = None
+    ) -> float:
+        """Poll `path` until it answers `status` (while the agents, or the one of index
+        `serving`, run); the seconds it took."""
+        started = time.monotonic()
+        watched = self.agents if serving is None else [self.agents[serving]]
+        while time.monotonic() - started < within:
+            ended = [a.returncode for a in watched if a.poll() is not None]
+            response = self.get(path)
+            if response is not None and response.status_code == status:
+                return time.monotonic() - started
+            if ended and response is None:
+                raise AssertionError(f"an agent exited ({ended}) before {path} answered {status}")
+            time.sleep(0.1)
+        raise AssertionError(f"{path} never answered {status} within {within:.0f} s")
+
+    def node_of_rank(self, rank: int) -> int:
+        for node in (0, 1):
+            if any(s.rank == rank for s in _events(self.db(node))):
+                return node
+        raise AssertionError(f"no journal holds rank {rank}")
+
+    def pid_of_rank(self, rank: int) -> int:
+        events = _events(self.db(self.node_of_rank(rank)))
+        return next(s.event.pid for s in events if isinstance(s.event, RunStarted))
+
+    def close(self) -> None:
+        self.client.close()
+        for agent in self.agents:
+            if agent.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(agent.pid, signal.SIGTERM)
+        for agent in self.agents:
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait(timeout=10)
+        for log in self.logs:
+            log.close()
+
+
+@contextlib.contextmanager
+def two_nodes(tmp_path: Path) -> Iterator[Nodes]:
+    nodes = Nodes(tmp_path, free_port())
+    try:
+        yield nodes
+    finally:
+        nodes.close()
+
+
+def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> None:
+    with two_nodes(tmp_path) as nodes:
+        nodes.wait_for("/health", 200, within=READY_WITHIN_S)
+        shown = nodes.client.get("/lifecycle").json()
+        assert [(r["rank"], r["state"], r["host"]) for r in shown["ranks"]] == [
+            (0, "ready", socket.gethostname()),
+            (1, "ready", socket.gethostname()),
+        ]
+        metrics = nodes.client.get("/metrics").text
+        assert f'lifecycle_rank_info{{host="{socket.gethostname()}",rank="1"}} 1.0' in metrics
+
+        reply = nodes.client.post(
+            "/generate", json={"prompt": "a red fox", "steps": 2, "width": 256, "height": 144}
+        )
+        assert reply.status_code == 200, reply.text
+        request_id = reply.json()["request_id"]
+        # The request ran on both nodes: each journaled its end of it.
+        for node in (0, 1):
+            finished = [
+                s.event
+                for s in _events(nodes.db(node))
+                if isinstance(s.event, RequestFinished) and s.event.request_id == request_id
+            ]
+            assert len(finished) == 1 and finished[0].ok, node
+
+        assert nodes.node_of_rank(1) == 1
+        lead = nodes.agents[0]
+        worker = nodes.pid_of_rank(1)
+        os.killpg(nodes.agents[1].pid, signal.SIGKILL)  # the agent first: no restart
+        os.kill(worker, signal.SIGKILL)
+        nodes.wait_for("/liveness", 503, within=LIVENESS_WITHIN_S, serving=0)
+        failure = nodes.client.get("/lifecycle").json()["failure"]
+        assert failure.startswith("rank 1 "), failure
+        # Rank 0's node serves the failure for --linger, then its serve (and agent) exit 1.
+        assert lead.wait(timeout=60 + LINGER_S) != 0
+
+    journals = [str(nodes.db(0)), str(nodes.db(1))]
+    diagnosed = subprocess.run(
+        [sys.executable, "-m", "replay", "diagnose", "latest", *journals, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    verdict = json.loads(diagnosed.stdout)
+    assert verdict["outcome"] == "crashed", verdict["summary"]
+    assert verdict["culprit_ranks"][0] == 1, verdict["summary"]
+    assert "different config" not in diagnosed.stderr, diagnosed.stderr
+
+
+def test_the_wire_takes_only_the_named_ranks_messages() -> None:
+    """What a rank publishes in the store reads back as it was; anything else (not JSON, an
+    unknown type, a message naming another rank) is dropped, never unpickled."""
+    result = Result(
+        request_id="r1",
+        rank=1,
+        ok=True,
+        checksum="ab",
+        total_s=1.5,
+        step_s=(0.5, 1.0),
+        stages=(StageRecord(name="dit", ran=True, seconds=1.0, peak_bytes=None),),
+    )
+    assert from_wire(to_wire(result), run_id="x", rank=1) == result
+    progress = Progress(request_id="r1", rank=1, step=3)
+    assert from_wire(to_wire(progress), run_id="x", rank=1) == progress
+    assert from_wire(to_wire(progress), run_id="x", rank=2) is None
+    for junk in (b"\x80\x04K\x01.", b"{}", b'{"type": "result", "message": "{}"}', b"[1]"):
+        assert from_wire(junk, run_id="x", rank=1) is None
