@@ -49,6 +49,7 @@ MODULES = (
     "bench.diffusers",
     "bench.diffusers:SERVING",
     "bench.diffusers:RESIDENCY",
+    "bench.nodes",
 )
 
 _REGISTERED: list[Benchmark] = []

@@ -100,7 +100,15 @@ class Dump:
     reason: str
 
 
-ToRank = Generate | Stop | Dump | GivenUp
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lost:
+    """Under torchrun, rank 0 is gone (its broadcasts ended without a stop): this rank fails,
+    and leaves its serve loop. Put by the rank's own bridge, never sent."""
+
+    why: str
+
+
+ToRank = Generate | Stop | Dump | GivenUp | Lost
 FromRank = Hello | Ready | Progress | Result
 
 # -- the launcher's end ------------------------------------------------------------------------
@@ -292,11 +300,13 @@ class ControlInbox:
         *,
         on_dump: Callable[[str], object],
         on_given_up: Callable[[GivenUp], object],
+        on_lost: Callable[[Lost], object] | None = None,
     ) -> None:
         self._control = control
         self._on_dump = on_dump
         self._on_given_up = on_given_up
-        self._messages: queue.Queue[Generate | Stop] = queue.Queue()
+        self._on_lost = on_lost
+        self._messages: queue.Queue[Generate | Stop | Lost] = queue.Queue()
         self._stop_requested = threading.Event()
         self.stop_message = Stop(reason="stop requested")
         threading.Thread(target=self._read, name="lifecycle-control", daemon=True).start()
@@ -310,6 +320,11 @@ class ControlInbox:
             if isinstance(message, Stop):
                 self.stop_message = message
                 self._stop_requested.set()
+                self._messages.put(message)
+                return
+            if isinstance(message, Lost):
+                if self._on_lost is not None:
+                    self._on_lost(message)
                 self._messages.put(message)
                 return
             if isinstance(message, Generate):
@@ -326,7 +341,7 @@ class ControlInbox:
     def wait_for_stop(self, timeout: float) -> bool:
         return self._stop_requested.wait(timeout)
 
-    def next(self) -> Generate | Stop:
+    def next(self) -> Generate | Stop | Lost:
         return self._messages.get()
 
     def send(self, message: FromRank) -> None:

@@ -30,12 +30,15 @@ from typing import Any
 from lifecycle.core.codec import decode_or_unknown, dumps_record, encode, loads_record
 from lifecycle.core.errors import CorruptEvent
 from lifecycle.core.events import StoredEvent
-from lifecycle.serve.control import FromRank, Hello, Progress, Ready, Result, ToRank
+from lifecycle.serve.control import FromRank, Hello, Lost, Progress, Ready, Result, ToRank
 
 BEAT_S = 0.5  # how often each rank moves its beat counter
 # A rank whose beat counter has not moved for this long is lost: its process or its host is
 # gone (a beat is a thread's store request every BEAT_S, which a busy rank still makes).
 LOST_S = 4.0
+# Once a broadcast has failed, some rank is gone: a rank whose beat has not moved for this long
+# is the one (a live rank's moves every BEAT_S).
+SUSPECT_S = 1.5
 KEEPALIVE_S = 1.0  # rank 0 broadcasts at least this often
 # A broadcast that does not complete within this long fails on every rank: rank 0 broadcasts
 # every KEEPALIVE_S, so this only bounds a rank's wait once rank 0 is gone without a word.
@@ -131,6 +134,7 @@ class RankBridge:
         self._deliver = deliver if deliver is not None else self._up.put
         self._closed = threading.Event()
         self.run_id: str | None = None
+        self._store: Any = None
 
     # The connection ControlInbox reads: a None in the queue is the channel gone.
     def recv(self) -> ToRank:
@@ -151,7 +155,7 @@ class RankBridge:
 
     def publish(self, store: Any, run_id: str) -> None:
         """Start publishing this rank's messages and beats in `store` (a client of its own)."""
-        self.run_id = run_id
+        self.run_id, self._store = run_id, store
         self.hello()
         threading.Thread(
             target=self._publish, args=(store, run_id), name="lifecycle-up", daemon=True
@@ -197,8 +201,8 @@ class RankBridge:
             box: list[Any] = [None]
             try:
                 dist.broadcast_object_list(box, src=0, group=group)
-            except RuntimeError:
-                self._down.put(None)
+            except RuntimeError as exc:
+                self._rank_0_lost(exc)
                 return
             targets, message = box[0]
             if message is None or self.rank not in targets:
@@ -206,6 +210,30 @@ class RankBridge:
             self._down.put(message)
             if isinstance(message, Stop):
                 return
+
+    def _rank_0_lost(self, exc: BaseException) -> None:
+        """Rank 0's broadcasts stopped: its process or its host is gone, and with it the
+        server. Not a stop (this rank would exit 0 and torchrun take the group for done): the
+        loss is announced for the agreed abort, unless a failure was announced first (rank 0's
+        own, or the store gone, which every rank's watcher sees itself), and the rank fails
+        on it, which with the abort on is an abort naming that first failure."""
+        from lifecycle.runtime.abort import Failure, announce
+
+        text = str(exc).strip()
+        failure = Failure(
+            rank=0,
+            error_type="RankLost",
+            error_kind="peer-gone",
+            message="rank 0 lost: the control group failed: "
+            + (text.splitlines()[0][:200] if text else type(exc).__name__),
+            state=None,
+            wall=time.time(),
+            announced_by="peer",
+        )
+        if self._store is not None and self.run_id is not None:
+            with contextlib.suppress(RuntimeError):
+                announce(self._store, self.run_id, failure)
+        self._down.put(Lost(why=failure.message))
 
     def close(self) -> None:
         self._closed.set()
@@ -322,11 +350,16 @@ class StoreReader:
         self._on_message = on_message
         self._on_lost = on_lost
         self._closed = threading.Event()
+        self._suspect = threading.Event()
 
     def start(self) -> None:
         threading.Thread(
             target=self._run, name=f"lifecycle-rank-{self._rank}-up", daemon=True
         ).start()
+
+    def suspect(self) -> None:
+        """A broadcast failed: take the rank for lost after SUSPECT_S without a beat."""
+        self._suspect.set()
 
     def _run(self) -> None:
         store, rank = self._store, self._rank
@@ -347,7 +380,7 @@ class StoreReader:
             except RuntimeError:
                 data = None  # the store is gone: every rank's watcher sees that itself
             if data is None:
-                if time.monotonic() - moved >= LOST_S:
+                if time.monotonic() - moved >= (SUSPECT_S if self._suspect.is_set() else LOST_S):
                     self._on_lost(rank, f"no beat for {time.monotonic() - moved:.1f} s")
                     return
                 self._closed.wait(READ_POLL_S)

@@ -26,8 +26,16 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.view import RankView
-from lifecycle.serve.control import ControlChannel, FromRank, Hello
-from lifecycle.serve.crossnode import Broadcaster, RankBridge, RankLine, StoreReader, Up
+from lifecycle.serve.control import ControlChannel, FromRank, Hello, Stop
+from lifecycle.serve.crossnode import (
+    BEAT_S,
+    SUSPECT_S,
+    Broadcaster,
+    RankBridge,
+    RankLine,
+    StoreReader,
+    Up,
+)
 from lifecycle.serve.logs import say
 from lifecycle.serve.rankenv import RankEnv
 from lifecycle.serve.steps import StepMark
@@ -124,7 +132,7 @@ class NodeRanks:
                 message=f"rank {rank} lost: {why}",
                 state=self._folds[rank].state,
                 wall=time.time(),
-                announced_by="launcher",
+                announced_by="server",
             )
             try:
                 announce(self._store, self.run_id, failure)
@@ -212,6 +220,7 @@ class Front:
             target=exit_after_failure, args=(server, service, self.linger_s), name="linger",
             daemon=True,
         ).start()  # fmt: skip
+        threading.Thread(target=self._after_http, name="after-http", daemon=True).start()
         say(f"serving on {self.url} (rank 0 of {world})", event="serving", url=self.url)
 
     # -- the lines -----------------------------------------------------------------------------
@@ -248,14 +257,29 @@ class Front:
         self.lines[rank].close(why)
 
     def _broken(self, why: str) -> None:
-        """A broadcast failed: some rank is gone. Its beat says which; until then the lines
-        to the other ranks are closed (nothing reaches them any more)."""
-        for rank, line in self.lines.items():
-            if rank != 0:
-                line.close(why)
+        """A broadcast failed: some rank is gone, and nothing reaches the others any more. The
+        beats say which within SUSPECT_S (it is then lost and announced); if none stopped,
+        every other rank's line is closed with why."""
         say(f"serve: {why}", event="control-broken", why=why, out=sys.stderr)
+        for reader in self.readers:
+            reader.suspect()
+        time.sleep(SUSPECT_S + 2 * BEAT_S)
+        if self.ranks is None or not self.ranks.lost():
+            for rank, line in self.lines.items():
+                if rank != 0:
+                    line.close(why)
 
     # -- ending --------------------------------------------------------------------------------
+
+    def _after_http(self) -> None:
+        """Once the HTTP server has stopped (after --linger, or told to), stop every rank that
+        still serves, as the single-host server does: each journals why and leaves."""
+        assert self._serving is not None
+        self._serving.join()
+        reason, signal_name = self.server.stop_reason()
+        stop = Stop(reason=reason, signal=signal_name)
+        self.broadcaster.send(range(1, self.args.num_ranks), stop)
+        self.bridge.put(stop)
 
     def leave(self, status: int) -> None:
         """Rank 0's session ends the process from another thread (an agreed abort, a startup

@@ -17,6 +17,7 @@ from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.config import PeerFailure, ServerArgs, args_from_json
 from lifecycle.core.errors import (
     LifecycleError,
+    PeerGone,
     RequestAborted,
     RequestStalled,
     classify,
@@ -35,6 +36,7 @@ from lifecycle.serve.control import (
     ControlInbox,
     Hello,
     Line,
+    Lost,
     Progress,
     Ready,
     Result,
@@ -263,6 +265,9 @@ def _serve(session: RankSession, control: Connection | Line) -> None:
             RequestStalled(request_id=given.request_id, silent_s=given.silent_s),
             where=f"the server gave request {given.request_id} up",
         ),
+        on_lost=lambda lost: session.fail(
+            PeerGone(lost.why, group="control", group_seq=0, op="broadcast"), where=lost.why
+        ),
     )
     session.serve_collectives_from_ring()
     if isinstance(control, RankBridge):
@@ -274,6 +279,8 @@ def _serve(session: RankSession, control: Connection | Line) -> None:
         if isinstance(message, Stop):
             session.stop(reason=message.reason, signal_name=message.signal)
             return
+        if isinstance(message, Lost):
+            return  # failed (or aborted) by the reader thread
         if inbox.stopping:
             continue
         request_id = message.request_id

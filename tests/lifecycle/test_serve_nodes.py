@@ -191,6 +191,8 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
     verdict = json.loads(diagnosed.stdout)
     assert verdict["outcome"] == "crashed", verdict["summary"]
     assert verdict["culprit_ranks"][0] == 1, verdict["summary"]
+    # Rank 0 learned of the loss from the store (the agreed abort), not from --linger's end.
+    assert verdict["ranks"][0]["status"] == "aborted", verdict["summary"]
     assert "different config" not in diagnosed.stderr, diagnosed.stderr
 
 
