@@ -179,7 +179,8 @@ class RankSession:
             )
         )
         self.heartbeat.start()
-        if device.type == "cpu":
+        if device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+            # The host's cores shared by its ranks, unless the operator said how many.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.launch.local_ranks))
         flight = folder_for(self.args, self.launch.run_id)
         fr_on = self.launch.distributed and turn_on(
