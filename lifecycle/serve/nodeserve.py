@@ -165,6 +165,8 @@ class Front:
         self.readers: list[StoreReader] = []
         self.ranks: NodeRanks | None = None
         self.server: Any = None
+        self.metrics: Any = None
+        self.loopback = False
         self._serving: threading.Thread | None = None
         self._leaving = threading.Lock()
 
@@ -202,7 +204,7 @@ class Front:
         recorder.subscribe(self.bridge.record)
         self.bridge.hello()
         service = self.service = Service(self.args, ranks, control)
-        metrics = Metrics()
+        metrics = self.metrics = Metrics()
         metrics.add(service.metrics, queue_depth=service.queue_depth)
         threading.Thread(target=service.follow, name="journal-follower", daemon=True).start()
         config = uvicorn.Config(
@@ -221,7 +223,13 @@ class Front:
             daemon=True,
         ).start()  # fmt: skip
         threading.Thread(target=self._after_http, name="after-http", daemon=True).start()
-        say(f"serving on {self.url} (rank 0 of {world})", event="serving", url=self.url)
+        scope = "loopback only" if self.loopback else "REACHABLE FROM OTHER HOSTS"
+        say(
+            f"serving on {self.url} ({scope}; rank 0 of {world})",
+            event="serving",
+            url=self.url,
+            loopback_only=self.loopback,
+        )
 
     # -- the lines -----------------------------------------------------------------------------
 
@@ -304,6 +312,8 @@ class Front:
         self.broadcaster.close()
         for reader in self.readers:
             reader.close()
+        if self.metrics is not None:
+            self.metrics.close()
         return Exit.FAILED if self.service.failed else status
 
 
@@ -318,7 +328,7 @@ def serve_under_torchrun(
 ) -> int:
     """This process's rank of `serve` under torchrun; rank 0 also answers HTTP."""
     from lifecycle.runtime.abort import store_client
-    from lifecycle.serve.http import bind
+    from lifecycle.serve.http import bind, is_loopback
     from lifecycle.serve.worker import run_rank_process
 
     env = os.environ
@@ -346,6 +356,7 @@ def serve_under_torchrun(
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", field="port") from None
     url = f"http://{host}:{sock.getsockname()[1]}"
     front = Front(args, env=env, sock=sock, url=url, linger_s=linger_s, access_log=access_log)
+    front.loopback = is_loopback(host)
     status = run_rank_process(
         args,
         mode="serve",
