@@ -325,6 +325,14 @@ def exit_after_failure(server: HttpServer, service: Service, linger_s: float) ->
         time.sleep(POLL_S)
 
 
+def listening(host: str, port: int) -> socket.socket:
+    """The server's socket on host:port; ConfigError when it cannot be had."""
+    try:
+        return bind(host, port)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", field="port") from None
+
+
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -351,10 +359,7 @@ def serve_http(
     access_log: bool = False,
 ) -> int:
     """Start the ranks, serve HTTP until SIGTERM or SIGINT, then stop the ranks."""
-    try:
-        sock = bind(host, port)
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", field="port") from None
+    sock = listening(host, port)
     bound_port = sock.getsockname()[1]
     control = ControlChannel()
     spec = options.worker_spec(

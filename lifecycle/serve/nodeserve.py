@@ -152,9 +152,11 @@ class Front:
         url: str,
         linger_s: float,
         access_log: bool,
+        created_at: float,
     ) -> None:
         self.args = args
         self.env = env
+        self.created_at = created_at
         self.sock = sock
         self.url = url
         self.linger_s = linger_s
@@ -183,7 +185,7 @@ class Front:
         ranks = self.ranks = NodeRanks(
             self.args,
             run_id=run_id,
-            created_at=recorder.clock.wall(),
+            created_at=self.created_at,
             store=store_client(self.env, world_size=world),
         )
         control = ControlChannel(listen=False)
@@ -328,7 +330,7 @@ def serve_under_torchrun(
 ) -> int:
     """This process's rank of `serve` under torchrun; rank 0 also answers HTTP."""
     from lifecycle.runtime.abort import store_client
-    from lifecycle.serve.http import bind, is_loopback
+    from lifecycle.serve.http import is_loopback, listening
     from lifecycle.serve.worker import run_rank_process
 
     env = os.environ
@@ -350,12 +352,17 @@ def serve_under_torchrun(
         )
         bridge.close()
         return status
-    try:
-        sock = bind(host, port)
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", field="port") from None
+    sock = listening(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
-    front = Front(args, env=env, sock=sock, url=url, linger_s=linger_s, access_log=access_log)
+    front = Front(
+        args,
+        env=env,
+        sock=sock,
+        url=url,
+        linger_s=linger_s,
+        access_log=access_log,
+        created_at=created_at,
+    )
     front.loopback = is_loopback(host)
     status = run_rank_process(
         args,
