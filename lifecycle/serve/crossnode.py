@@ -363,7 +363,9 @@ class StoreReader:
 
     def _run(self) -> None:
         store, rank = self._store, self._rank
-        seq, beats, moved, looked = 0, -1, time.monotonic(), 0.0
+        # Judged only once the rank has beaten: until then it is starting (its node may come
+        # up minutes after this one), and the rendezvous and the group's timeouts bound that.
+        seq, beats, moved, looked = 0, 0, time.monotonic(), 0.0
         beat = beat_key(self._run_id, rank)
         while not self._closed.is_set():
             key = message_key(self._run_id, rank, seq)
@@ -380,8 +382,9 @@ class StoreReader:
             except RuntimeError:
                 data = None  # the store is gone: every rank's watcher sees that itself
             if data is None:
-                if time.monotonic() - moved >= (SUSPECT_S if self._suspect.is_set() else LOST_S):
-                    self._on_lost(rank, f"no beat for {time.monotonic() - moved:.1f} s")
+                silent_s = time.monotonic() - moved
+                if beats and silent_s >= (SUSPECT_S if self._suspect.is_set() else LOST_S):
+                    self._on_lost(rank, f"no beat for {silent_s:.1f} s")
                     return
                 self._closed.wait(READ_POLL_S)
                 continue

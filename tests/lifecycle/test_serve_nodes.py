@@ -214,3 +214,39 @@ def test_the_wire_takes_only_the_named_ranks_messages() -> None:
     assert from_wire(to_wire(progress), run_id="x", rank=2) is None
     for junk in (b"\x80\x04K\x01.", b"{}", b'{"type": "result", "message": "{}"}', b"[1]"):
         assert from_wire(junk, run_id="x", rank=1) is None
+
+
+def test_a_rank_is_judged_lost_only_once_it_has_beaten() -> None:
+    """Rank 0's reader of a rank through a real TCPStore: a rank that has not beaten yet is
+    starting (its node may come up long after this one), never lost; once it has beaten and
+    stops for LOST_S, it is lost."""
+    import datetime
+    import threading
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    from lifecycle.serve import crossnode
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=10))  # fmt: skip
+    lost: list[str] = []
+    judged = threading.Event()
+
+    def on_lost(rank: int, why: str) -> None:
+        lost.append(f"rank {rank}: {why}")
+        judged.set()
+
+    reader = crossnode.StoreReader(
+        TCPStore("127.0.0.1", port, 1, is_master=False, timeout=datetime.timedelta(seconds=10)),
+        run_id="r", rank=1, on_message=lambda item: None, on_beat=lambda rank: None,
+        on_lost=on_lost,
+    )  # fmt: skip
+    reader.start()
+    try:
+        assert not judged.wait(crossnode.LOST_S + 1.0), lost  # silent from the start: starting
+        store.add(crossnode.beat_key("r", 1), 1)  # it beats once, then no more
+        assert judged.wait(crossnode.LOST_S + 5.0), "a rank that stopped beating was not lost"
+        assert lost[0].startswith("rank 1: no beat for"), lost
+    finally:
+        reader.close()
