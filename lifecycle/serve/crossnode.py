@@ -289,6 +289,8 @@ class Broadcaster:
         self._queue: queue.Queue[tuple[frozenset[int], ToRank] | None] = queue.Queue()
         self._on_broken = on_broken
         self._done = threading.Event()
+        self.started = False
+        self.ended = threading.Event()  # it broadcasts no more: stopped, closed or broken
 
     def send(self, targets: Iterable[int], message: ToRank) -> None:
         self._queue.put((frozenset(targets), message))
@@ -296,11 +298,18 @@ class Broadcaster:
     def start(self, group: Any, others: frozenset[int]) -> None:
         """Broadcast on `group` until every one of `others` (the ranks but 0) was told to
         stop: they have left it."""
+        self.started = True
         threading.Thread(
             target=self._run, args=(group, others), name="lifecycle-broadcast", daemon=True
         ).start()
 
     def _run(self, group: Any, others: frozenset[int]) -> None:
+        try:
+            self._broadcast(group, others)
+        finally:
+            self.ended.set()
+
+    def _broadcast(self, group: Any, others: frozenset[int]) -> None:
         import torch.distributed as dist
 
         from lifecycle.serve.control import Stop

@@ -13,6 +13,7 @@ rank aborts at once), and exits 1 after --linger, so that torchrun's agents rest
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -42,6 +43,7 @@ from lifecycle.serve.steps import StepMark
 from lifecycle.store.summaries import with_latest_heartbeat
 
 STOP_SERVER_S = 10.0  # how long the HTTP server gets to answer what it is answering
+STOP_OTHERS_S = 2.0  # how long a signalled rank 0 waits for its stop to reach the others
 
 
 class NodeRanks:
@@ -291,6 +293,16 @@ class Front:
         self.broadcaster.send(range(1, self.args.num_ranks), stop)
         self.bridge.put(stop)
 
+    def stop_others(self, sig: signal.Signals) -> None:
+        """Rank 0 was told to stop by a signal: tell every other rank to stop too, and give
+        the broadcast a moment to go out, so that they journal a stop rather than rank 0's
+        loss."""
+        if not self.broadcaster.started:
+            return  # not serving yet: they fail on rank 0's going, as at any startup
+        reason = f"rank 0 received {sig.name}"
+        self.broadcaster.send(range(1, self.args.num_ranks), Stop(reason=reason, signal=sig.name))
+        self.broadcaster.ended.wait(STOP_OTHERS_S)
+
     def leave(self, status: int) -> None:
         """Rank 0's session ends the process from another thread (an agreed abort, a startup
         timeout): keep answering /liveness (503) for --linger first."""
@@ -372,5 +384,6 @@ def serve_under_torchrun(
         control=front.bridge,
         on_journal=front.start,
         leave=front.leave,
+        before_signal_exit=front.stop_others,
     )
     return front.finish(status)

@@ -148,11 +148,13 @@ def run_rank_process(
     control: Connection | Line | None = None,
     on_journal: Callable[[str, Recorder], object] | None = None,
     leave: Callable[[int], None] = leave_process,
+    before_signal_exit: Callable[[signal.Signals], object] | None = None,
 ) -> int:
     """One rank from start to exit; returns the process exit status. `created_at` is
     time.time() at the process's entry; `on_journal(run_id, recorder)` is called once the
     rank's journal is open, before its first event; `leave(status)` ends the process from
-    another thread (an agreed abort, a startup timeout)."""
+    another thread (an agreed abort, a startup timeout); `before_signal_exit(sig)` is
+    called on a shutdown signal once the session exists, before the rank journals it."""
     from lifecycle.runtime.actions import STARTUP_ACTIONS
     from lifecycle.runtime.process_group import leave_process_group
     from lifecycle.runtime.recorder import Recorder, clock_for
@@ -179,6 +181,8 @@ def run_rank_process(
                 rank=ranks.rank,
             )
             leave_process(SIGNAL_EXIT_BASE + int(sig))
+        if before_signal_exit is not None:
+            before_signal_exit(sig)
         os._exit(started[0].shutdown_by_signal(sig))
 
     watch_shutdown_signals(on_signal)

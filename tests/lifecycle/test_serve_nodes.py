@@ -196,6 +196,25 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
     assert "different config" not in diagnosed.stderr, diagnosed.stderr
 
 
+def test_a_signal_to_the_leader_stops_every_node(tmp_path: Path) -> None:
+    """SIGTERM to node 0's agent (as when its pod is deleted): rank 0 tells every other rank
+    to stop before it journals its own stop, so that each journals a stop, not rank 0's loss,
+    and every torchrun exits."""
+    with two_nodes(tmp_path) as nodes:
+        nodes.wait_for("/health", 200, within=READY_WITHIN_S)
+        os.kill(nodes.agents[0].pid, signal.SIGTERM)
+        for agent in nodes.agents:
+            agent.wait(timeout=60)
+    journals = [str(nodes.db(0)), str(nodes.db(1))]
+    diagnosed = subprocess.run(
+        [sys.executable, "-m", "replay", "diagnose", "latest", *journals, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    ranks = {r["rank"]: r for r in json.loads(diagnosed.stdout)["ranks"]}
+    assert ranks[0]["state"] == ranks[1]["state"] == "stopped", ranks
+    assert ranks[1]["stop_reason"] == "rank 0 received SIGTERM", ranks[1]
+
+
 def test_the_wire_takes_only_the_named_ranks_messages() -> None:
     """What a rank publishes in the store reads back as it was; anything else (not JSON, an
     unknown type, a message naming another rank) is dropped, never unpickled."""
