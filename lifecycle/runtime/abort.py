@@ -197,6 +197,20 @@ class AbortWatcher:
                 return
 
 
+def rank_lost(rank: int, message: str, *, state: str | None, announced_by: str) -> Failure:
+    """How a rank lost without a word (its process or host gone) is announced for it: by
+    rank 0's server under torchrun, or by a peer when rank 0 is the one lost."""
+    return Failure(
+        rank=rank,
+        error_type="RankLost",
+        error_kind="peer-gone",
+        message=message[:MAX_MESSAGE_CHARS],
+        state=state,
+        wall=time.time(),
+        announced_by=announced_by,
+    )
+
+
 def failure_of(exc: BaseException, *, rank: int, state: str, kind: str) -> Failure:
     """How a rank announces its own fatal error."""
     text = str(exc).strip()

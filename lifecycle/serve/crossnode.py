@@ -217,17 +217,14 @@ class RankBridge:
         loss is announced for the agreed abort, unless a failure was announced first (rank 0's
         own, or the store gone, which every rank's watcher sees itself), and the rank fails
         on it, which with the abort on is an abort naming that first failure."""
-        from lifecycle.runtime.abort import Failure, announce
+        from lifecycle.runtime.abort import announce, rank_lost
 
         text = str(exc).strip()
-        failure = Failure(
-            rank=0,
-            error_type="RankLost",
-            error_kind="peer-gone",
-            message="rank 0 lost: the control group failed: "
+        failure = rank_lost(
+            0,
+            "rank 0 lost: the control group failed: "
             + (text.splitlines()[0][:200] if text else type(exc).__name__),
             state=None,
-            wall=time.time(),
             announced_by="peer",
         )
         if self._store is not None and self.run_id is not None:

@@ -121,19 +121,16 @@ class NodeRanks:
         process that ended: its peers abort at once instead of waiting on it."""
         if self.args.on_peer_failure is not PeerFailure.ABORT:
             return
-        from lifecycle.runtime.abort import Failure, announce
+        from lifecycle.runtime.abort import announce, rank_lost
 
         for rank, why in self.lost().items():
             if rank in self._announced:
                 continue
             self._announced.add(rank)
-            failure = Failure(
-                rank=rank,
-                error_type="RankLost",
-                error_kind="peer-gone",
-                message=f"rank {rank} lost: {why}",
+            failure = rank_lost(
+                rank,
+                f"rank {rank} lost: {why}",
                 state=self._folds[rank].state,
-                wall=time.time(),
                 announced_by="server",
             )
             try:

@@ -22,27 +22,18 @@ from typing import IO
 import httpx
 import pytest
 
-from lifecycle.core.events import RequestFinished, RunStarted, StoredEvent
+from lifecycle.core.events import RequestFinished, RunStarted
 from lifecycle.core.records import StageRecord
 from lifecycle.serve.control import Progress, Result
 from lifecycle.serve.crossnode import from_wire, to_wire
 from lifecycle.serve.supervisor import free_port
-from lifecycle.store.journal import Journal
+from tests.lifecycle.test_abort import events_of
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
 READY_WITHIN_S = 240.0
 LIVENESS_WITHIN_S = 30.0  # a bound on the wait, not a measure (bench/nodes.py measures it)
 LINGER_S = 2
-
-
-def _events(db: Path) -> list[StoredEvent]:
-    journal = Journal.open_for_read(str(db))
-    try:
-        (run,) = journal.runs()
-        return list(journal.read(run_id=run.run_id))
-    finally:
-        journal.close()
 
 
 def _wait_for_port(port: int, within: float = 60.0) -> None:
@@ -114,12 +105,12 @@ class Nodes:
 
     def node_of_rank(self, rank: int) -> int:
         for node in (0, 1):
-            if any(s.rank == rank for s in _events(self.db(node))):
+            if any(s.rank == rank for s in events_of(self.db(node))):
                 return node
         raise AssertionError(f"no journal holds rank {rank}")
 
     def pid_of_rank(self, rank: int) -> int:
-        events = _events(self.db(self.node_of_rank(rank)))
+        events = events_of(self.db(self.node_of_rank(rank)))
         return next(s.event.pid for s in events if isinstance(s.event, RunStarted))
 
     def close(self) -> None:
@@ -167,7 +158,7 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
         for node in (0, 1):
             finished = [
                 s.event
-                for s in _events(nodes.db(node))
+                for s in events_of(nodes.db(node))
                 if isinstance(s.event, RequestFinished) and s.event.request_id == request_id
             ]
             assert len(finished) == 1 and finished[0].ok, node
