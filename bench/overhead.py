@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import TextIO
 
 import structlog
 
-from bench.stats import Paired, interleave, median
+from bench.stats import Paired, interleave, median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
 from lifecycle.core.config import ServerArgs, SmokeRequest
@@ -20,6 +21,7 @@ from lifecycle.core.events import Event, StoredEvent
 from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.plan import WarmupPlan
 from lifecycle.core.states import State
+from lifecycle.runtime.heartbeat import THREAD_NAME
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.store.writer import RankWriter
 
@@ -29,10 +31,12 @@ PER_STATE_TARGET_S = 5e-3
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Work:
-    """The forward passes one side ran, to check that both sides did the same work."""
+    """The forward passes one side ran, to check that both sides did the same work, and the
+    collector's pauses while it ran."""
 
     requests: tuple[tuple[str, str, int], ...]  # (role, shape, steps)
     checksums: tuple[str, ...]
+    gc_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,32 +74,65 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
     from lifecycle.runtime.pipeline import build_pipeline
     from lifecycle.runtime.request import run_request
 
-    started = time.perf_counter()
-    device = select_device(args.device, local_rank=0)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    comm = Comm.alone(device)
-    pipeline = build_pipeline(args.model, comm)
-    meter = memory_meter(device)
-    results = [
-        run_request(
-            pipeline,
-            warmup_generation(args, request.shape, request.steps),
-            meter=meter,
-            device=device,
-            decode=True,
-        ).result
-        for request in plan.requests
-    ]
-    if plan.calibration_open:
-        comm.staging.drop(release_cache=lambda: release_cache(device))
-    elapsed = time.perf_counter() - started
+    with GcPauses() as pauses:
+        started = time.perf_counter()
+        device = select_device(args.device, local_rank=0)
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        comm = Comm.alone(device)
+        pipeline = build_pipeline(args.model, comm)
+        meter = memory_meter(device)
+        results = [
+            run_request(
+                pipeline,
+                warmup_generation(args, request.shape, request.steps),
+                meter=meter,
+                device=device,
+                decode=True,
+            ).result
+            for request in plan.requests
+        ]
+        if plan.calibration_open:
+            comm.staging.drop(release_cache=lambda: release_cache(device))
+        elapsed = time.perf_counter() - started
     seen.append(
         Work(
             requests=tuple((r.role.value, str(r.shape), r.steps) for r in plan.requests),
             checksums=tuple(r.checksum for r in results),
+            gc_s=pauses.total_s,
         )
     )
     return elapsed
+
+
+class GcPauses:
+    """The collector's pauses while it is entered, summed (gc.callbacks): a pause stops
+    every thread, whichever thread's allocation set it off."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._started: float | None = None
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.total_s += time.perf_counter() - self._started
+            self._started = None
+
+
+def heartbeat_cpu_s() -> float:
+    """The CPU time the running heartbeat thread has used so far (its thread's own clock)."""
+    for thread in threading.enumerate():
+        if thread.name == THREAD_NAME and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    raise BenchError(f"no {THREAD_NAME} thread is running")
 
 
 class TimedRecorder(Recorder):
@@ -127,6 +164,7 @@ class Boot:
     setup_s: float  # journal open, run row, recorder and session, before boot()
     record_s: float  # time in Recorder.record on the booting thread
     records: int
+    heartbeat_s: float  # the heartbeat thread's CPU time up to ready
 
 
 def lifecycle_boot(args: ServerArgs, boots: list[Boot]) -> float:
@@ -136,17 +174,19 @@ def lifecycle_boot(args: ServerArgs, boots: list[Boot]) -> float:
     from lifecycle.store.journal import Journal
     from lifecycle.store.runs import new_run_id, run_row
 
-    started = time.perf_counter()
-    created_at = time.time()
-    journal = Journal.open_for_write(args.db)
-    run_id = new_run_id(created_at)
-    journal.create_run(run_row(args, run_id=run_id, created_at=created_at))
-    recorder = TimedRecorder(journal.writer(run_id=run_id, rank=0))
-    launch = RankLaunch(run_id=run_id, rank=0, local_ranks=1, distributed=False)
-    session = RankSession(args, launch, recorder)
-    setup_s = time.perf_counter() - started
-    state = session.boot()
-    elapsed = time.perf_counter() - started
+    with GcPauses() as pauses:
+        started = time.perf_counter()
+        created_at = time.time()
+        journal = Journal.open_for_write(args.db)
+        run_id = new_run_id(created_at)
+        journal.create_run(run_row(args, run_id=run_id, created_at=created_at))
+        recorder = TimedRecorder(journal.writer(run_id=run_id, rank=0))
+        launch = RankLaunch(run_id=run_id, rank=0, local_ranks=1, distributed=False)
+        session = RankSession(args, launch, recorder)
+        setup_s = time.perf_counter() - started
+        state = session.boot()
+        elapsed = time.perf_counter() - started
+        heartbeat_s = heartbeat_cpu_s()
     record_s, records = recorder.record_s, recorder.records
     session.stop(reason="benchmark")
     session.close()
@@ -160,11 +200,13 @@ def lifecycle_boot(args: ServerArgs, boots: list[Boot]) -> float:
             work=Work(
                 requests=tuple((w.role.value, str(w.shape), w.steps) for w in view.warmup_records),
                 checksums=tuple(w.checksum for w in view.warmup_records),
+                gc_s=pauses.total_s,
             ),
             states=len(view.path) - 1 - view.path.count(State.STOPPED.value),
             setup_s=setup_s,
             record_s=record_s,
             records=records,
+            heartbeat_s=heartbeat_s,
         )
     )
     return elapsed
@@ -177,7 +219,7 @@ def _log_stream(workdir: Path) -> TextIO:
 def _sized(settings: Settings, *, calibrate: bool) -> Sized:
     if settings.quick:
         return Sized(model="micro-video", pairs=2 if calibrate else 4, discard=1)
-    return Sized(model="tiny-video", pairs=7 if calibrate else 21, discard=1)
+    return Sized(model="tiny-video", pairs=11 if calibrate else 21, discard=1)
 
 
 def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
@@ -221,6 +263,16 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
     record_s = median([b.record_s for b in kept])
     records = median([b.records for b in kept])
     direct_per_state_s = direct_s / entered
+    heartbeat_s = median([b.heartbeat_s for b in kept])
+    pairs = zip(kept, plain_work[sized.discard :], strict=True)
+    gc_s = median([b.work.gc_s - w.gc_s for b, w in pairs])
+    accounted_s = direct_s + heartbeat_s + gc_s
+    accounted = (median(paired.b) + accounted_s) / median(paired.b)
+    interval = median_interval([x / y for x, y in zip(paired.a, paired.b, strict=True)])
+    spread = (
+        f"the median paired ratio lies in [{format_ratio(interval.low)},"
+        f" {format_ratio(interval.high)}] with {interval.coverage:.1%} confidence (sign test)"
+    )
     requests = plan.requests
     work = (
         f"{len(requests)} request(s), {sum(r.steps for r in requests)} steps"
@@ -237,7 +289,7 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
         f"{' + staging drop' if plan.calibration_open else ''}; no smoke request;"
         f" outputs {'identical' if same_output else 'DIFFER'} (checksums); the floor: A's"
         f" once-per-boot setup alone ({format_seconds(setup_s)}, below) is"
-        f" {setup_s / median(paired.b):.1%} of B"
+        f" {setup_s / median(paired.b):.1%} of B; {spread}"
     )
     return [
         Row(
@@ -273,6 +325,21 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
                 f" Recorder.record for {records:.0f} events: JSON encoding, SQLite commit,"
                 f" structlog rendering); medians over {len(kept)} boots, divided by {entered}"
                 " states; excludes the heartbeat thread, the machine and the gates"
+            ),
+        ),
+        Row(
+            figure=f"lifecycle overhead, {path} path: accounted for inside A",
+            value=f"{format_seconds(accounted_s)} ({format_seconds(overhead_s)} measured)",
+            baseline=format_seconds(median(paired.b)),
+            ratio=format_ratio(accounted),
+            target=verdict(f"<= {RATIO_TARGET}", met=accounted <= RATIO_TARGET),
+            how=(
+                f"what A adds, each part measured where it runs: the direct cost above"
+                f" ({format_seconds(direct_s)}) + the heartbeat thread's CPU time up to ready"
+                f" ({format_seconds(heartbeat_s)}, its thread clock) + the collector's pauses"
+                f" in A less those in B ({format_seconds(gc_s)}, median of pairs, gc.callbacks);"
+                f" the ratio is (B + that) / B, beside the end-to-end ratio above, of which"
+                f" {spread}"
             ),
         ),
         Row(

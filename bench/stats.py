@@ -73,3 +73,30 @@ def interleave(
             a.append(first)
             b.append(second)
     return Paired(a=tuple(a), b=tuple(b))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """A distribution-free confidence interval of a median: two order statistics of the
+    samples and the probability that the true median lies between them."""
+
+    low: float
+    high: float
+    coverage: float
+
+
+def median_interval(samples: Sequence[float], *, confidence: float = 0.95) -> Interval:
+    """The narrowest interval [x(k), x(n+1-k)] of the sorted samples that holds the
+    median with at least `confidence` (the binomial sign test's interval: each sample falls
+    below the median with probability 1/2, whatever the distribution). With too few samples
+    for `confidence`, the whole range and the coverage it has."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no samples")
+    below = [math.comb(n, i) / 2**n for i in range(n + 1)]  # P(exactly i samples below)
+    k, tail = 1, below[0]  # P(fewer than k samples below the median)
+    while k < (n + 1) // 2 and tail + below[k] <= (1 - confidence) / 2:
+        tail += below[k]
+        k += 1
+    return Interval(low=ordered[k - 1], high=ordered[n - k], coverage=1 - 2 * tail)

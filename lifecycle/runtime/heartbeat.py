@@ -25,6 +25,7 @@ MAX_STACK_CHARS = 8000
 # a dozen rows an hour, and within the ten minutes in which `db prune` holds a run to be still
 # written.
 SLOW_BEAT_S = 300.0
+THREAD_NAME = "lifecycle-heartbeat"
 # The thread wakes this long after a state's deadline, so that the state has outlived it.
 DUE_SLACK_S = 0.01
 
@@ -104,7 +105,7 @@ class HeartbeatThread:
         self._journaled: tuple[object, ...] | None = None  # the last heartbeat event's marks
         self._journaled_at = 0.0  # and when (monotonic)
         recorder.subscribe(self._observe)
-        self._thread = threading.Thread(target=self._run, name="lifecycle-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 
     def start(self) -> None:
         self._thread.start()

@@ -74,3 +74,17 @@ def test_an_update_replaces_its_sections_and_keeps_the_others(tmp_path: Path) ->
         f"bench: error: cannot update {flat}: it has no Machine or Results section"
     ]
     assert flat.read_text(encoding="utf-8") == "# Benchmarks\n\n| figure |\n"
+
+
+def test_the_median_interval_is_the_sign_tests_order_statistics() -> None:
+    from bench.stats import median_interval
+
+    # n = 11: P(at most 1 of 11 below the median) = 12/2048 <= 2.5 % < P(at most 2) = 67/2048,
+    # so the 95 % interval runs from the 2nd to the 10th smallest, covering 1 - 24/2048.
+    shuffled = [7.0, 3.0, 11.0, 1.0, 9.0, 5.0, 2.0, 10.0, 4.0, 8.0, 6.0]
+    interval = median_interval(shuffled)
+    assert (interval.low, interval.high) == (2.0, 10.0)
+    assert interval.coverage == 1 - 24 / 2048
+    # Too few samples for 95 %: the whole range, with the coverage it has (1 - 2/8).
+    few = median_interval([3.0, 1.0, 2.0])
+    assert (few.low, few.high, few.coverage) == (1.0, 3.0, 0.75)
