@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
@@ -55,14 +57,33 @@ class LifecycleError(Exception):
     exit_status: ClassVar[Exit] = Exit.USAGE
 
 
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """A server setting that a ConfigError's message names, by its ServerArgs field. Core
+    does not know how the operator gave it: whoever shows the message spells it (a flag on
+    the command line, a key in a config file); unspelled, it reads as the field."""
+
+    field: str
+
+    def __str__(self) -> str:
+        return self.field
+
+
 class ConfigError(LifecycleError):
-    """A configuration value is out of range or inconsistent."""
+    """A configuration value is out of range or inconsistent. The message is text and the
+    Settings it names; `field` is the setting at fault (by default the first one named)."""
 
     error_kind: ClassVar[ErrorKind] = ErrorKind.CONFIG
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+    def __init__(self, *message: str | Setting, field: str | None = None) -> None:
+        super().__init__("".join(map(str, message)))
+        self.parts = message
+        named = next((p.field for p in message if isinstance(p, Setting)), None)
+        self.field = field if field is not None else named
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        """The message with each Setting spelled by `spell` (its field to its name)."""
+        return "".join(spell(p.field) if isinstance(p, Setting) else p for p in self.parts)
 
 
 class FaultSpecError(ConfigError):

@@ -41,9 +41,10 @@ _SIZE_UNITS = {
 MAX_SIZE = 2**60
 
 
-def parse_size(text: str, *, flag: str = "--memory-budget") -> int:
+def parse_size(text: str) -> int:
     """Bytes from `600MiB`, `2GiB`, `1.5G` or a plain number of bytes, up to MAX_SIZE;
-    ConfigError otherwise."""
+    ConfigError otherwise, its message about the text alone (the option or key it was given
+    under is named where it was given)."""
     raw = text.strip().lower().replace(" ", "")
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = raw[len(number) :]
@@ -54,11 +55,11 @@ def parse_size(text: str, *, flag: str = "--memory-budget") -> int:
     shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
     if unit not in _SIZE_UNITS or not (math.isfinite(value) and value > 0):
         raise ConfigError(
-            f"{flag} {shown} is not a size such as 600MiB, 2GiB or 1.5G", field="memory_budget"
+            f"{shown} is not a size such as 600MiB, 2GiB or 1.5G", field="memory_budget_bytes"
         )
     size = value * _SIZE_UNITS[unit]
     if not size <= MAX_SIZE:
-        raise ConfigError(f"{flag} {shown} is more than 2**60 bytes (1 EiB)", field="memory_budget")
+        raise ConfigError(f"{shown} is more than 2**60 bytes (1 EiB)", field="memory_budget_bytes")
     return int(size)
 
 

@@ -1,11 +1,11 @@
 """The checks a server's settings and a request pass before anything runs: each failure one
-ConfigError naming the option."""
+ConfigError naming the setting, which the command line or a config file then spells."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lifecycle.core.errors import ConfigError
+from lifecycle.core.errors import ConfigError, Setting
 from lifecycle.core.faults import FaultSpec
 from lifecycle.core.records import Shape
 
@@ -26,85 +26,75 @@ MAX_RING_CAPACITY = 1 << 22
 # the first request is run, well into the startup.
 MAX_SEED = 2**64 - 1
 
+CFG, ULYSSES, RANKS = Setting("cfg_parallel"), Setting("ulysses"), Setting("num_ranks")
+
 
 def validate(args: ServerArgs) -> None:
-    """Raise ConfigError naming the first field that is out of range or inconsistent."""
+    """Raise ConfigError naming the first setting that is out of range or inconsistent."""
     if args.cfg_parallel not in (1, 2):
-        raise ConfigError(
-            f"--cfg-parallel must be 1 or 2, not {args.cfg_parallel}", field="cfg_parallel"
-        )
+        raise ConfigError(CFG, f" must be 1 or 2, not {args.cfg_parallel}")
     if not 1 <= args.ulysses <= MAX_RANKS:
-        raise ConfigError(f"--ulysses must be 1..{MAX_RANKS}, not {args.ulysses}", field="ulysses")
+        raise ConfigError(ULYSSES, f" must be 1..{MAX_RANKS}, not {args.ulysses}")
     if not 1 <= args.num_ranks <= MAX_RANKS:
-        raise ConfigError(
-            f"--num-ranks must be 1..{MAX_RANKS}, not {args.num_ranks}", field="num_ranks"
-        )
+        raise ConfigError(RANKS, f" must be 1..{MAX_RANKS}, not {args.num_ranks}")
     if not 0 <= args.flight_recorder_entries <= MAX_RING_CAPACITY:
         raise ConfigError(
-            f"--flight-recorder must be 0..{MAX_RING_CAPACITY} entries,"
-            f" not {args.flight_recorder_entries}",
-            field="flight_recorder_entries",
+            Setting("flight_recorder_entries"),
+            f" must be 0..{MAX_RING_CAPACITY} entries, not {args.flight_recorder_entries}",
         )
     if not 16 <= args.ring_capacity <= MAX_RING_CAPACITY:
         raise ConfigError(
-            f"--ring-size must be 16..{MAX_RING_CAPACITY} records, not {args.ring_capacity}",
-            field="ring_capacity",
+            Setting("ring_capacity"),
+            f" must be 16..{MAX_RING_CAPACITY} records, not {args.ring_capacity}",
         )
     if args.num_ranks != args.cfg_parallel * args.ulysses:
         raise ConfigError(
-            f"--num-ranks {args.num_ranks} must equal --cfg-parallel {args.cfg_parallel}"
-            f" x --ulysses {args.ulysses}",
-            field="num_ranks",
-        )
+            RANKS, f" {args.num_ranks} must equal ", CFG, f" {args.cfg_parallel} x ", ULYSSES,
+            f" {args.ulysses}",
+        )  # fmt: skip
     if args.model.attention_heads % args.ulysses:
         raise ConfigError(
-            f"--ulysses {args.ulysses} must divide the {args.model.attention_heads} attention"
+            ULYSSES, f" {args.ulysses} must divide the {args.model.attention_heads} attention"
             f" heads of {args.model.name}",
-            field="ulysses",
-        )
+        )  # fmt: skip
     if args.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(
-            f"--device must be auto, cpu or cuda, not {args.device!r}", field="device"
-        )
+        raise ConfigError(Setting("device"), f" must be auto, cpu or cuda, not {args.device!r}")
     if args.request_silence_s is not None and not 0 < args.request_silence_s <= 86400:
         raise ConfigError(
-            f"--request-silence must be in (0, 86400] seconds, not {args.request_silence_s}",
-            field="request_silence_s",
+            Setting("request_silence_s"),
+            f" must be in (0, 86400] seconds, not {args.request_silence_s}",
         )
     if not 0 < args.dist_timeout_s <= 86400:
         raise ConfigError(
-            f"--dist-timeout must be in (0, 86400] seconds, not {args.dist_timeout_s}",
-            field="dist_timeout_s",
+            Setting("dist_timeout_s"), f" must be in (0, 86400] seconds, not {args.dist_timeout_s}"
         )
     if not 0.01 <= args.heartbeat_interval_s <= 3600:
         raise ConfigError(
-            f"--heartbeat-interval must be in [0.01, 3600] seconds, not"
-            f" {args.heartbeat_interval_s}",
-            field="heartbeat_interval_s",
+            Setting("heartbeat_interval_s"),
+            f" must be in [0.01, 3600] seconds, not {args.heartbeat_interval_s}",
         )
     if not 0 < args.state_deadline_s <= 86400:
         raise ConfigError(
-            f"--state-deadline must be in (0, 86400] seconds, not {args.state_deadline_s}",
-            field="state_deadline_s",
+            Setting("state_deadline_s"),
+            f" must be in (0, 86400] seconds, not {args.state_deadline_s}",
         )
     if not 0 < args.startup_timeout_s <= 7 * 86400:
         raise ConfigError(
-            f"--startup-timeout must be in (0, 604800] seconds, not {args.startup_timeout_s}",
-            field="startup_timeout_s",
+            Setting("startup_timeout_s"),
+            f" must be in (0, 604800] seconds, not {args.startup_timeout_s}",
         )
     if args.max_batch_size < 1:
         raise ConfigError(
-            f"--max-batch-size must be at least 1, not {args.max_batch_size}",
-            field="max_batch_size",
+            Setting("max_batch_size"), f" must be at least 1, not {args.max_batch_size}"
         )
     if args.memory_budget_bytes is not None and args.memory_budget_bytes < MIN_MEMORY_BUDGET:
         raise ConfigError(
-            f"--memory-budget must be at least 64MiB, not {args.memory_budget_bytes} bytes",
-            field="memory_budget_bytes",
+            Setting("memory_budget_bytes"),
+            f" must be at least 64MiB, not {args.memory_budget_bytes} bytes",
         )
     if not 0 <= args.seed <= MAX_SEED:
         shown = str(args.seed) if args.seed.bit_length() <= 128 else "a larger number"
-        raise ConfigError(f"--seed must be an integer in 0..{MAX_SEED}, not {shown}", field="seed")
+        raise ConfigError(Setting("seed"), f" must be an integer in 0..{MAX_SEED}, not {shown}")
     placed: dict[tuple[int, str], FaultSpec] = {}
     for fault in args.faults:
         if fault.rank >= args.num_ranks:

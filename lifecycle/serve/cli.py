@@ -43,6 +43,7 @@ from lifecycle.serve.options import (
     torchrun_num_ranks,
 )
 from lifecycle.serve.rankenv import check_environment
+from lifecycle.serve.spelling import SPELLING, spelling_of
 
 BOOT_STATUSES = f"""\
 exit status:
@@ -156,14 +157,17 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
     parser, startups = _build()
     ns = parser.parse_args(argv)
     startup = startups.get(ns.command)
+    config = None
     if startup is not None and ns.config is not None:
         try:
-            settings = load_config(ns.config, startup.options, command=ns.command)
+            config = load_config(ns.config, startup.options, command=ns.command)
         except ConfigError as exc:
             parser.exit(Exit.USAGE, f"lifecycle: error: --config {exc}\n")
-        startup.parser.set_defaults(**settings)
+        startup.parser.set_defaults(**config.values)
         ns = parser.parse_args(argv)
-    vars(ns).pop(SPELLINGS, None)
+    typed = vars(ns).pop(SPELLINGS, {})
+    if startup is not None:
+        setattr(ns, SPELLING, spelling_of(ns, startup.options, typed, config))
     return ns
 
 
@@ -235,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = server_args(ns)
     except ConfigError as exc:
-        return fail(exc)
+        return fail(exc, shown=getattr(ns, SPELLING).message(exc))
     ns.log_level = log_level_for(ns.log_level, json_logs=ns.json_logs)
     configure_logging(json=ns.json_logs, level=ns.log_level)
     from lifecycle.serve.launchtime import launch_walls

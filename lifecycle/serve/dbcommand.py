@@ -139,8 +139,10 @@ def _prune(ns: argparse.Namespace) -> int:
     return 0
 
 
-def fail(exc: LifecycleError) -> int:
-    """One line for an error that reached the command's top, and the status it carries."""
+def fail(exc: LifecycleError, *, shown: str | None = None) -> int:
+    """One line for an error that reached the command's top (`shown`: its message as the
+    command words it), and the status it carries."""
     sys.stdout.flush()
-    say(f"lifecycle: error: {exc}", event="error", out=sys.stderr, exit_status=exc.exit_status)
+    text = str(exc) if shown is None else shown
+    say(f"lifecycle: error: {text}", event="error", out=sys.stderr, exit_status=exc.exit_status)
     return int(exc.exit_status)

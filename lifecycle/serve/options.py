@@ -27,6 +27,7 @@ from lifecycle.core.records import Shape
 from lifecycle.core.validation import MAX_SEED
 from lifecycle.serve.configfile import read_document, shown
 from lifecycle.serve.logs import LEVELS
+from lifecycle.serve.spelling import ConfigFile
 
 # Every LIFECYCLE_* variable the code reads, with its meaning, for the help of boot and serve.
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
@@ -154,7 +155,7 @@ def _size_text(text: str) -> str:
     """A size as --memory-budget takes it (600MiB, 2GiB, a number of bytes), checked where it
     is given and kept as given."""
     try:
-        parse_size(text, flag="")
+        parse_size(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).strip()) from None
     return text
@@ -327,14 +328,13 @@ def torchrun_num_ranks(given: int | None, env: Mapping[str, str]) -> int:
     return world_size
 
 
-def load_config(
-    path: str, options: Mapping[str, argparse.Action], *, command: str
-) -> dict[str, Any]:
+def load_config(path: str, options: Mapping[str, argparse.Action], *, command: str) -> ConfigFile:
     """The settings of a config file, by option dest; ConfigError naming the file (and the
     key) on a file that cannot be read, is not TOML or YAML, or holds a key or value that no
     option of `command` takes."""
     doc = read_document(path)
     settings: dict[str, tuple[str, Any]] = {}
+    keys: dict[str, str] = {}
     for key, value in doc.items():
         if not isinstance(key, str):
             raise ConfigError(f"{path}: a key is a name, not {_kind(key)}", field="config")
@@ -350,7 +350,10 @@ def load_config(
                 field="config",
             )
         settings[action.dest] = (given, checked)
-    return {dest: value for dest, (_, value) in settings.items()}
+        keys.setdefault(action.dest, key)
+    return ConfigFile(
+        path=path, values={dest: value for dest, (_, value) in settings.items()}, keys=keys
+    )
 
 
 def _unknown_key(path: str, key: str, options: Mapping[str, argparse.Action], command: str) -> str:

@@ -237,20 +237,67 @@ def test_an_integer_memory_budget_in_a_config_file_is_bytes(
     lifecycle_cli: Callable[..., Completed], tmp_path: Path
 ) -> None:
     """`memory_budget = 1000` is 1000 bytes, as `--memory-budget 1000` is (and so below the
-    least budget taken), not a value of the wrong type."""
+    least budget taken), not a value of the wrong type; the refusal names the file and the key
+    as written there, not a flag the operator never typed."""
     (tmp_path / "c.toml").write_text("memory_budget = 1000\n")
     result = lifecycle_cli("boot", "--db", "j.db", "--config", "c.toml", timeout=60)
     assert result.returncode == 2
-    assert "--memory-budget must be at least 64MiB, not 1000 bytes" in one_clear_line(result)
+    line = one_clear_line(result)
+    assert "c.toml: memory_budget must be at least 64MiB, not 1000 bytes" in line
+    assert "--memory-budget" not in line
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "message"),
+    [
+        # The setting at fault is the file's: after the file's path, each setting named as it
+        # was given (a key of the file, or a flag), or as a flag where it was not given.
+        (
+            "num-ranks = 3\ncfg-parallel = 2\n",
+            ("--ulysses", "2"),
+            "c.toml: num-ranks 3 must equal cfg-parallel 2 x --ulysses 2",
+        ),
+        # A flag overrides the file's value: the flag is named, and the file is not at fault.
+        (
+            "num_ranks = 3\ncfg-parallel = 2\n",
+            ("--num-gpus", "4", "--ulysses", "3"),
+            "lifecycle: error: --num-gpus 4 must equal cfg-parallel 2 x --ulysses 3",
+        ),
+    ],
+)
+def test_a_refused_combination_names_each_setting_as_it_was_given(
+    lifecycle_cli: Callable[..., Completed],
+    tmp_path: Path,
+    text: str,
+    flags: tuple[str, ...],
+    message: str,
+) -> None:
+    """A check across settings (ranks = cfg x ulysses) names each setting by the key of the
+    config file that set it or by the flag that did, in one line with exit 2."""
+    (tmp_path / "c.toml").write_text(text)
+    result = lifecycle_cli("boot", "--db", "j.db", "--config", "c.toml", *flags, timeout=60)
+    assert result.returncode == 2
+    assert message in one_clear_line(result)
+    assert not (tmp_path / "j.db").exists()
 
 
 def test_a_seed_past_64_bits_is_refused_wherever_it_comes_from() -> None:
     """ServerArgs, however it is made (a recorded config, a caller), refuses a seed torch's
-    generators cannot take, naming --seed."""
-    with pytest.raises(
-        ConfigError, match=r"--seed must be an integer in 0\.\.18446744073709551615"
-    ):
+    generators cannot take, naming the setting (the command line spells it as its flag)."""
+    with pytest.raises(ConfigError, match=r"^seed must be an integer in 0\.\.18446744073709551615"):
         ServerArgs(seed=2**64)
+
+
+def test_core_names_settings_and_never_spells_a_flag() -> None:
+    """A refusal from core names each setting by its ServerArgs field (as a recorded config
+    holds it) and marks the setting at fault; how the operator gave it is the command line's
+    to say."""
+    with pytest.raises(ConfigError) as caught:
+        ServerArgs(num_ranks=3, cfg_parallel=2, ulysses=2)
+    assert str(caught.value) == "num_ranks 3 must equal cfg_parallel 2 x ulysses 2"
+    assert caught.value.field == "num_ranks"
+    spelled = caught.value.spelled(lambda field: f"<{field}>")
+    assert spelled == "<num_ranks> 3 must equal <cfg_parallel> 2 x <ulysses> 2"
 
 
 # A YAML file of 400 bytes whose aliases stand for 9**9 strings.

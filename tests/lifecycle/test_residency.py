@@ -319,7 +319,7 @@ def test_bad_sizes_are_one_clear_error(text: str) -> None:
 
 
 def test_a_budget_below_64_mib_is_refused() -> None:
-    with pytest.raises(ConfigError, match="--memory-budget must be at least 64MiB"):
+    with pytest.raises(ConfigError, match="memory_budget_bytes must be at least 64MiB"):
         ServerArgs(memory_budget_bytes=MIB)
 
 
