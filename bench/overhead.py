@@ -339,7 +339,9 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
                 f" ({format_seconds(heartbeat_s)}, its thread clock) + the collector's pauses"
                 f" in A less those in B ({format_seconds(gc_s)}, median of pairs, gc.callbacks);"
                 f" the ratio is (B + that) / B, beside the end-to-end ratio above, of which"
-                f" {spread}"
+                f" {spread}; the target leaves A"
+                f" {format_seconds((RATIO_TARGET - 1) * median(paired.b))} in all on this"
+                f" startup, against the once-per-boot setup of {format_seconds(setup_s)}"
             ),
         ),
         Row(
