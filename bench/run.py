@@ -67,7 +67,7 @@ def invocation(argv: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.machine import describe, git_commit, load_average
+    from bench.machine import as_installed, describe, git_commit, load_average
     from bench.report import ReportError, Section, render, updated
     from bench.suite import Settings, benchmarks, progress
     from bench.table import Row, render_text
@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     command = invocation(args_list)
     commit = git_commit(REPO)
+    as_installed(REPO)
     started_run = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     rows: list[Row] = []
     sections: dict[str, Section] = {}
