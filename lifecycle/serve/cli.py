@@ -36,6 +36,7 @@ from lifecycle.serve.firstrun import add_first_run
 from lifecycle.serve.logs import configure_logging
 from lifecycle.serve.models import model_for
 from lifecycle.serve.options import (
+    FAULTS_ENV,
     SPELLINGS,
     add_startup_options,
     environment_epilog,
@@ -152,22 +153,31 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, _Startup]]:
     return parser, startups
 
 
+_UNSET = object()  # a default no option parses to
+
+
 def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line, over the config file's settings where --config names one."""
     parser, startups = _build()
     ns = parser.parse_args(argv)
     startup = startups.get(ns.command)
-    config = None
+    config, left = None, set()
     if startup is not None and ns.config is not None:
         try:
             config = load_config(ns.config, startup.options, command=ns.command)
         except ConfigError as exc:
             parser.exit(Exit.USAGE, f"lifecycle: error: --config {exc}\n")
+        # Parsed once over placeholders, to know which of the file's settings the command
+        # line left to it (a value compared would not tell a flag that repeats the file's).
+        startup.parser.set_defaults(**dict.fromkeys(config.values, _UNSET))
+        left = {dest for dest, value in vars(parser.parse_args(argv)).items() if value is _UNSET}
         startup.parser.set_defaults(**config.values)
         ns = parser.parse_args(argv)
     typed = vars(ns).pop(SPELLINGS, {})
     if startup is not None:
-        setattr(ns, SPELLING, spelling_of(ns, startup.options, typed, config))
+        if os.environ.get(FAULTS_ENV):
+            left.discard("fault")  # a refused fault may be the environment's
+        setattr(ns, SPELLING, spelling_of(startup.options, typed, config, left))
     return ns
 
 
@@ -205,7 +215,7 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         ring_capacity=ns.ring_size,
         smoke_request=SmokeRequest(ns.smoke_request),
         memory_budget_bytes=None if ns.memory_budget is None else parse_size(ns.memory_budget),
-        faults=parse_faults(ns.fault, env.get("LIFECYCLE_FAULTS")),
+        faults=parse_faults(ns.fault, env.get(FAULTS_ENV)),
         seed=ns.seed,
         flight_recorder_entries=ns.flight_recorder,
         flight_recorder_dir=ns.flight_recorder_dir,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from lifecycle.core.errors import ConfigError
+from lifecycle.core.errors import ConfigError, Setting
 from lifecycle.core.modelspec import DIFFUSERS_BACKEND, LIBRARY_BACKENDS, MODEL_PRESETS, ModelSpec
+from lifecycle.core.validation import RANKS
 from lifecycle.serve.options import DEFAULT_MODEL
 
 TINY_WAN = "tiny-wan"
@@ -32,18 +33,17 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
         )
         if spec.backend == DIFFUSERS_BACKEND and num_ranks > 1:
             raise ConfigError(
-                f"--model-path {ns.model_path}: the lifecycle drives the components of"
-                " WanPipeline only; another pipeline class runs on one rank (--num-ranks 1)",
+                Setting("model_path"), f" {ns.model_path}: the lifecycle drives the components"
+                " of WanPipeline only; another pipeline class runs on one rank (", RANKS, " 1)",
                 field="num_ranks",
-            )
+            )  # fmt: skip
     else:
         found = MODEL_PRESETS.get(name)
         if found is None:
             raise ConfigError(
-                f"--model {name!r} is not one of {', '.join(sorted(MODEL_PRESETS))},"
-                f" {TINY_WAN}, or a --pipeline plug-in's model",
-                field="model",
-            )
+                Setting("model"), f" {name!r} is not one of {', '.join(sorted(MODEL_PRESETS))},"
+                f" {TINY_WAN}, or a ", Setting("pipeline"), " plug-in's model",
+            )  # fmt: skip
         spec = found
     if ns.default_shape is not None:
         shape = ns.default_shape

@@ -24,15 +24,17 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.planner import parse_size
 from lifecycle.core.records import Shape
-from lifecycle.core.validation import MAX_SEED
+from lifecycle.core.validation import MAX_SEED, RANKS
 from lifecycle.serve.configfile import read_document, shown
 from lifecycle.serve.logs import LEVELS
 from lifecycle.serve.spelling import ConfigFile
 
+FAULTS_ENV = "LIFECYCLE_FAULTS"  # faults added to --fault's, as the rank processes see it
+
 # Every LIFECYCLE_* variable the code reads, with its meaning, for the help of boot and serve.
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
     (JOURNAL_ENV, "the journal where neither --db nor --config names one"),
-    ("LIFECYCLE_FAULTS", "more RANK:STATE:KIND faults, comma-separated"),
+    (FAULTS_ENV, "more RANK:STATE:KIND faults, comma-separated"),
     ("LIFECYCLE_DISABLE_AUTO_RESIDENCY", "1, true, yes or on: no calibration, no plan"),
     ("LIFECYCLE_CLOCK_SKEW", "RANK:SECONDS,...: shift a rank's wall clock (tests)"),
     ("LIFECYCLE_RUN_ID", "the run id all ranks record (the launcher sets it)"),
@@ -321,10 +323,9 @@ def torchrun_num_ranks(given: int | None, env: Mapping[str, str]) -> int:
     world_size = ranks.world_size
     if given is not None and given != world_size:
         raise ConfigError(
-            f"--num-ranks {given} disagrees with torchrun's WORLD_SIZE {world_size}"
-            " (under torchrun, leave --num-ranks out)",
-            field="num_ranks",
-        )
+            RANKS, f" {given} disagrees with torchrun's WORLD_SIZE {world_size} (under"
+            " torchrun, leave ", RANKS, " out)",
+        )  # fmt: skip
     return world_size
 
 
@@ -350,10 +351,18 @@ def load_config(path: str, options: Mapping[str, argparse.Action], *, command: s
                 field="config",
             )
         settings[action.dest] = (given, checked)
-        keys.setdefault(action.dest, key)
+        keys.setdefault(action.dest, _value_key(options, action) or key)
     return ConfigFile(
         path=path, values={dest: value for dest, (_, value) in settings.items()}, keys=keys
     )
+
+
+def _value_key(options: Mapping[str, argparse.Action], action: argparse.Action) -> str | None:
+    """For a switch that stands for another option's value (`enable-cfg-parallel`), that
+    option's key (`cfg-parallel`): the setting a refusal names."""
+    if not isinstance(action, _Switch):
+        return None
+    return next((k for k, a in options.items() if a.dest == action.dest and a.nargs != 0), None)
 
 
 def _unknown_key(path: str, key: str, options: Mapping[str, argparse.Action], command: str) -> str:

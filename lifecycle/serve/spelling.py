@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,27 +62,22 @@ class Spelling:
 
 
 def spelling_of(
-    ns: argparse.Namespace,
     options: Mapping[str, argparse.Action],
     typed: Mapping[str, tuple[str, int | str | None, object]],
     config: ConfigFile | None,
+    left: Collection[str],
 ) -> Spelling:
     """The Spelling of a parsed command line: `options` by long flag (without dashes), the
-    flags `typed` for settings of several spellings (by dest: flag, nargs, value), and the
-    config file the command line was parsed over."""
+    flags `typed` for settings of several spellings (by dest: flag, nargs, value), the config
+    file the command line was parsed over, and the dests whose value the file gave (`left` to
+    it by the command line)."""
     flags: dict[str, str] = {}
     for key, action in options.items():
         flags.setdefault(action.dest, f"--{key}")
     for dest, (flag, nargs, _value) in typed.items():
         if nargs != 0:  # a switch (--enable-cfg-parallel) stands for a value: its option is named
             flags[dest] = flag
-    file_keys = {}
-    if config is not None:
-        file_keys = {
-            dest: key
-            for dest, key in config.keys.items()
-            if getattr(ns, dest, None) == config.values[dest]
-        }
+    file_keys = {} if config is None else {d: k for d, k in config.keys.items() if d in left}
     return Spelling(
         config=None if config is None else config.path, file_keys=file_keys, flags=flags
     )

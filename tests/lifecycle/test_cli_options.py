@@ -263,6 +263,22 @@ def test_an_integer_memory_budget_in_a_config_file_is_bytes(
             ("--num-gpus", "4", "--ulysses", "3"),
             "lifecycle: error: --num-gpus 4 must equal cfg-parallel 2 x --ulysses 3",
         ),
+        # So does a flag that repeats the file's value: the operator typed it.
+        (
+            "num_ranks = 3\ncfg-parallel = 2\n",
+            ("--num-gpus", "3", "--ulysses", "2"),
+            "lifecycle: error: --num-gpus 3 must equal cfg-parallel 2 x --ulysses 2",
+        ),
+        # A switch in the file is named as the setting it stands for.
+        (
+            "num-ranks = 3\nenable-cfg-parallel = true\n",
+            ("--ulysses", "2"),
+            "c.toml: num-ranks 3 must equal cfg-parallel 2 x --ulysses 2",
+        ),
+        # A value no equality holds for is still the file's.
+        ("dist-timeout = nan\n", (), "c.toml: dist-timeout must be in (0, 86400] seconds"),
+        # A refusal made at the command line's edge, not in core, is spelled the same way.
+        ("model = 'nope'\n", (), "c.toml: model 'nope' is not one of micro-video"),
     ],
 )
 def test_a_refused_combination_names_each_setting_as_it_was_given(
@@ -279,6 +295,22 @@ def test_a_refused_combination_names_each_setting_as_it_was_given(
     assert result.returncode == 2
     assert message in one_clear_line(result)
     assert not (tmp_path / "j.db").exists()
+
+
+def test_a_fault_the_environment_may_have_added_is_not_blamed_on_the_file(
+    lifecycle_cli: Callable[..., Completed], tmp_path: Path
+) -> None:
+    """With LIFECYCLE_FAULTS set beside a config file's `fault` list, a refused fault is not
+    said to be the file's: it may be the environment's."""
+    (tmp_path / "c.toml").write_text("fault = []\n")
+    result = lifecycle_cli(
+        "boot", "--db", "j.db", "--config", "c.toml", env={"LIFECYCLE_FAULTS": "5:probe:raise"},
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    line = one_clear_line(result)
+    assert "bad fault spec 5:probe:raise: rank 5 is outside 0..0" in line
+    assert "c.toml" not in line
 
 
 def test_a_seed_past_64_bits_is_refused_wherever_it_comes_from() -> None:

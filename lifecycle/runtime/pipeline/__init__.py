@@ -8,10 +8,12 @@ from typing import Any, Protocol
 
 import torch
 
-from lifecycle.core.errors import ConfigError
+from lifecycle.core.errors import ConfigError, Setting
 from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
 from lifecycle.core.records import ResidencyOption, Shape, StageRecord
 from lifecycle.runtime.comm import Comm
+
+PIPELINE = Setting("pipeline")  # the option that names a plug-in
 
 
 class Pipeline(Protocol):
@@ -95,15 +97,13 @@ def load_plugin(target: str) -> ModelSpec:
     """
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"--pipeline must be MODULE:ATTR, not {target!r}", field="pipeline")
+        raise ConfigError(PIPELINE, f" must be MODULE:ATTR, not {target!r}")
     try:
         value = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--pipeline {target}: {exc}", field="pipeline") from exc
+        raise ConfigError(PIPELINE, f" {target}: {exc}") from exc
     if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], ModelSpec)):
-        raise ConfigError(
-            f"--pipeline {target} must name a (ModelSpec, factory) pair", field="pipeline"
-        )
+        raise ConfigError(PIPELINE, f" {target} must name a (ModelSpec, factory) pair")
     register_pipeline(value[0], value[1])
     return value[0]
 
