@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.suite import Settings, benchmarks, progress
     from bench.table import Row, render_text
 
+    as_installed(REPO)  # before any benchmark module copies the environment for its children
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     ns = parser.parse_args(args_list)
@@ -103,7 +104,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     command = invocation(args_list)
     commit = git_commit(REPO)
-    as_installed(REPO)
     started_run = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     rows: list[Row] = []
     sections: dict[str, Section] = {}

@@ -110,6 +110,16 @@ class HeartbeatThread:
     def start(self) -> None:
         self._thread.start()
 
+    def cpu_s(self) -> float:
+        """The CPU time the thread has used so far, by its own clock (0 before it starts)."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except OSError:  # it ended since: its clock is gone with it
+            return 0.0
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
