@@ -63,3 +63,34 @@ def test_a_stall_is_journaled_at_the_deadline_between_two_beats(tmp_path: Path) 
     assert stall.deadline_s == DEADLINE_S and stall.in_state_s > DEADLINE_S
     # Long before the first beat: the thread woke for the deadline.
     assert seen_after < INTERVAL_S / 2
+
+
+def test_the_thread_reports_its_own_cpu_time_while_it_runs(tmp_path: Path) -> None:
+    """`cpu_s` reads the heartbeat thread's own CPU clock: it grows while the thread beats
+    (each beat journals an event) and reads 0 once the thread has stopped."""
+    journal = Journal.open_for_write(str(tmp_path / "j.db"))
+    journal.create_run(
+        RunRow(run_id="run-b", created_at=time.time(), host="h", world_size=1, config={},
+               lifecycle_version="0")
+    )  # fmt: skip
+    recorder = Recorder(journal.writer(run_id="run-b", rank=0))
+    machine = LifecycleMachine(before=_ignore, on_illegal=_ignore, calibration_open=lambda: False)
+    machine.fire(Trigger.START)
+    heartbeat = HeartbeatThread(
+        recorder, machine=machine, interval_s=0.02, deadline_s=3600.0, pending=_no_pending
+    )
+    assert heartbeat.cpu_s() == 0.0  # not started
+    heartbeat.start()
+    try:
+        readings: list[float] = []
+        deadline = time.monotonic() + WAIT_S
+        while len({r for r in readings if r > 0}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            readings.append(heartbeat.cpu_s())
+    finally:
+        heartbeat.stop()
+    beats = len(list(journal.read(run_id="run-b")))
+    journal.close()
+    assert beats >= 2
+    assert readings == sorted(readings) and readings[-1] > 0, readings
+    assert heartbeat.cpu_s() == 0.0
