@@ -41,7 +41,6 @@ class Work:
     checksums: tuple[str, ...]
     gc_s: float
     work_s: float  # in the pipeline's build and its requests (see WorkClock)
-    elapsed_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,7 +106,6 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
             checksums=tuple(r.checksum for r in results),
             gc_s=pauses.total_s,
             work_s=clock.work_s,
-            elapsed_s=elapsed,
         )
     )
     return elapsed
@@ -240,7 +238,6 @@ def lifecycle_boot(args: ServerArgs, boots: list[Boot]) -> float:
                 checksums=tuple(w.checksum for w in view.warmup_records),
                 gc_s=pauses.total_s,
                 work_s=clock.work_s,
-                elapsed_s=elapsed,
             ),
             states=len(view.path) - 1 - view.path.count(State.STOPPED.value),
             setup_s=setup_s,
@@ -308,7 +305,10 @@ def _path_rows(settings: Settings, *, calibrate: bool) -> list[Row]:
     gc_s = median([a.gc_s - b.gc_s for a, b in sides])
     # A - B = (A's own time - B's) + (A's work - B's): each side's own time is its wall time
     # outside the pipeline's build and requests, which both make the same calls for.
-    own_s = median([(a.elapsed_s - a.work_s) - (b.elapsed_s - b.work_s) for a, b in sides])
+    own_s = median(
+        [(wa - a.work_s) - (wb - b.work_s)
+         for (a, b), wa, wb in zip(sides, paired.a, paired.b, strict=True)]
+    )  # fmt: skip
     slower_s = median([a.work_s - b.work_s for a, b in sides])
     own = (median(paired.b) + own_s) / median(paired.b)
     spread = _spread(paired.a, paired.b)

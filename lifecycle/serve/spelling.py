@@ -46,16 +46,13 @@ class Spelling:
     def name(self, field: str) -> str:
         """The setting of ServerArgs field `field`, as the operator gave it or would give it."""
         dest = OPTION_OF_FIELD.get(field, field)
-        key = self.file_keys.get(dest)
-        if key is not None:
-            return key
-        return self.flags.get(dest, "--" + dest.replace("_", "-"))
+        return self.file_keys.get(dest) or self.flags.get(dest, "--" + dest.replace("_", "-"))
 
     def message(self, exc: ConfigError) -> str:
         """`exc`'s message with its settings so named; after the config file's path when the
         setting at fault is the file's."""
         text = exc.spelled(self.name)
-        at_fault = OPTION_OF_FIELD.get(exc.field or "", exc.field)
+        at_fault = OPTION_OF_FIELD.get(exc.field, exc.field) if exc.field else None
         if self.config is not None and at_fault in self.file_keys:
             return f"{self.config}: {text}"
         return text
