@@ -1,0 +1,1 @@
+"""What `pip install .` gives a user: the wheel, installed apart from the work tree."""
