@@ -8,12 +8,11 @@ from typing import Any, Protocol
 
 import torch
 
-from lifecycle.core.errors import ConfigError, Setting
+from lifecycle.core.errors import ConfigError
 from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
 from lifecycle.core.records import ResidencyOption, Shape, StageRecord
 from lifecycle.runtime.comm import Comm
-
-PIPELINE = Setting("pipeline")  # the option that names a plug-in
+from lifecycle.runtime.pipeline.conformance import PIPELINE, check_factory, conform
 
 
 class Pipeline(Protocol):
@@ -104,6 +103,7 @@ def load_plugin(target: str) -> ModelSpec:
         raise ConfigError(PIPELINE, f" {target}: {exc}") from exc
     if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], ModelSpec)):
         raise ConfigError(PIPELINE, f" {target} must name a (ModelSpec, factory) pair")
+    check_factory(target, value[1], value[0])
     register_pipeline(value[0], value[1])
     return value[0]
 
@@ -112,4 +112,4 @@ def build_pipeline(spec: ModelSpec, comm: Comm) -> Pipeline:
     factory = _FACTORIES.get(spec.name)
     if factory is None:
         raise ConfigError(f"no pipeline is registered for model {spec.name!r}", field="model")
-    return factory(spec, comm)
+    return conform(factory(spec, comm), spec)  # type: ignore[no-any-return]

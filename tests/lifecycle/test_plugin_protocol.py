@@ -1,0 +1,161 @@
+"""A plug-in is held to the pipeline protocol of `lifecycle.pipelines` when it is loaded: one
+written against the protocol's first version is adapted, one that lacks a part is refused in one
+line naming it."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.core.records import Shape
+from lifecycle.runtime.pipeline.conformance import EarlierProtocol, conform
+from tests.conftest import Completed, one_clear_line
+
+# A plug-in of the protocol's first version: `encode_prompt(prompt)` and a `denoise` without
+# `guidance_scale`, around the built-in tiny pipeline.
+EARLIER = """
+import dataclasses
+
+from lifecycle.pipelines import ModelSpec
+from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
+
+SPEC = dataclasses.replace(
+    MODEL_PRESETS["micro-video"], name="earlier-video", declares_residency=False
+)
+CALLS = []
+
+
+class EarlierPipeline:
+    def __init__(self, spec, comm):
+        self._inner = TinyVideoPipeline(spec, comm=comm)
+        self.spec = spec
+        self.components = self._inner.components
+
+    @property
+    def parameter_bytes(self):
+        return self._inner.parameter_bytes
+
+    def encode_prompt(self, prompt):
+        return self._inner.encode_prompt(prompt, "")
+
+    def denoise(self, embeds, shape, steps, *, seed, on_step):
+        return self._inner.denoise(
+            embeds, shape, steps, seed=seed, guidance_scale=5.0, on_step=on_step
+        )
+
+    def decode(self, latents, shape):
+        return self._inner.decode(latents, shape)
+
+
+PLUGIN = (SPEC, EarlierPipeline)
+"""
+
+# The same without `decode`, built by a class (known before any rank starts) or by a function
+# (known once a rank has built it).
+NO_DECODE = EARLIER.replace("    def decode(self, latents, shape):", "    def _decode(self, l, s):")
+BY_FUNCTION = NO_DECODE + "\n\ndef build(spec, comm):\n    return EarlierPipeline(spec, comm)\n"
+
+
+def plugin(tmp_path: Path, source: str) -> dict[str, str]:
+    (tmp_path / "earlier_plugin.py").write_text(textwrap.dedent(source))
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_a_plugin_of_the_first_protocol_boots_to_ready(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A plug-in whose denoise takes no guidance_scale (the first protocol) warms up and gets
+    to ready, called with only what it takes."""
+    env = plugin(tmp_path, EARLIER)
+    result = lifecycle_cli("boot", "--pipeline", "earlier_plugin:PLUGIN", "--db", "j.db", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TypeError" not in result.stdout + result.stderr
+    assert "startup to ready" in result.stdout
+
+
+def test_a_plugin_class_without_decode_is_refused_before_any_rank_starts(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A plug-in whose class has no decode is one line naming it, exit 2, no run journaled."""
+    env = plugin(tmp_path, NO_DECODE)
+    result = lifecycle_cli("boot", "--pipeline", "earlier_plugin:PLUGIN", "--db", "j.db", env=env)
+    assert result.returncode == 2
+    line = one_clear_line(result)
+    assert "decode(latents, shape)" in line
+    assert "earlier_plugin:PLUGIN" in line
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_a_built_pipeline_without_decode_is_refused_in_one_line() -> None:
+    """The check every rank makes of the pipeline it built names each part it lacks."""
+
+    class Partial:
+        spec = MODEL_PRESETS["micro-video"]
+        components = ("text_encoder", "dit", "vae")
+        parameter_bytes = 0
+
+        def encode_prompt(self, prompt: str, negative_prompt: str) -> None: ...
+
+        def denoise(self, embeds: object, shape: Shape, steps: int, *, seed: int) -> None: ...
+
+    with pytest.raises(ConfigError) as refused:
+        conform(Partial(), MODEL_PRESETS["micro-video"])
+    message = str(refused.value)
+    assert "decode(latents, shape)" in message
+    assert "denoise taking the keyword on_step" in message
+    assert "residency_options()" in message  # micro-video's spec declares residency
+
+
+def test_an_earlier_pipeline_is_passed_only_what_it_takes() -> None:
+    """The adapted pipeline calls a first-protocol denoise without guidance_scale and its
+    encode_prompt with the prompt alone; a current one is returned as it is."""
+    calls: list[tuple[object, ...]] = []
+
+    class Earlier:
+        spec = MODEL_PRESETS["micro-video"]
+        components = ("text_encoder", "dit", "vae")
+        parameter_bytes = 0
+
+        def encode_prompt(self, prompt: str) -> str:
+            calls.append(("encode", prompt))
+            return prompt
+
+        def denoise(
+            self, embeds: object, shape: Shape, steps: int, *, seed: int, on_step: object
+        ) -> int:
+            calls.append(("denoise", embeds, steps, seed))
+            return 7
+
+        def decode(self, latents: object, shape: Shape) -> None: ...
+
+        def residency_options(self, shape: Shape) -> tuple[()]:
+            return ()
+
+        def apply_residency(self, choices: object) -> None: ...
+
+    adapted = conform(Earlier(), MODEL_PRESETS["micro-video"])
+    assert isinstance(adapted, EarlierProtocol)
+    shape = Shape(width=64, height=64, frames=1)
+    assert adapted.encode_prompt("a cat", "blurry") == "a cat"
+    assert adapted.denoise("e", shape, 2, seed=1, guidance_scale=3.0, on_step=print) == 7
+    assert calls == [("encode", "a cat"), ("denoise", "e", 2, 1)]
+    assert adapted.components == ("text_encoder", "dit", "vae")
+
+    class Current(Earlier):
+        def encode_prompt(self, prompt: str, negative_prompt: str) -> str:  # type: ignore[override]
+            return prompt
+
+        def denoise(  # type: ignore[override]
+            self, embeds: object, shape: Shape, steps: int, *, seed: int, guidance_scale: float,
+            on_step: object,
+        ) -> int:  # fmt: skip
+            return 8
+
+    current = Current()
+    assert conform(current, MODEL_PRESETS["micro-video"]) is current
