@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from lifecycle.store.location import file_identity, journal_files
 from lifecycle.store.sqlite import FILE_KINDS
 from replay.exits import ReplayError
 
@@ -22,39 +23,6 @@ class OutputRefused(ReplayError):
         super().__init__(f"-o {output} {reason}")
         self.output = output
         self.reason = reason
-
-
-SIDECARS = ("-wal", "-shm", "-journal")
-
-
-def journal_files(location: str) -> list[Path]:
-    """The files a journal given as a path or a SQLite URL lives in, sidecars included."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    from lifecycle.store.location import to_url
-
-    try:
-        url = make_url(to_url(location))
-    except (ArgumentError, ValueError):
-        return []
-    if not url.drivername.startswith("sqlite") or url.database in (None, "", ":memory:"):
-        return []
-    given = Path(os.path.abspath(os.path.expanduser(url.database)))
-    # SQLite names its sidecars after the file a link leads to; a new one may appear while the
-    # trace is written, so both spellings count.
-    files: list[Path] = []
-    for path in dict.fromkeys((given, Path(os.path.realpath(given)))):
-        files += [path, *(path.with_name(path.name + s) for s in SIDECARS)]
-    return files
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
 
 
 def trace_target(output: str, journals: Sequence[str]) -> Path:
@@ -78,7 +46,7 @@ def trace_target(output: str, journals: Sequence[str]) -> Path:
             )
         mine = (status.st_dev, status.st_ino)
         for journal in journals:
-            if any(_identity(f) == mine for f in journal_files(journal)):
+            if any(file_identity(f) == mine for f in journal_files(journal)):
                 raise OutputRefused(
                     output=output,
                     reason=f"is one of the journals being read ({journal}); choose another file",

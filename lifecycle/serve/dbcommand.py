@@ -110,7 +110,15 @@ def run_db_command(ns: argparse.Namespace) -> int:
 def _copy(ns: argparse.Namespace) -> int:
     from lifecycle.store import Journal
     from lifecycle.store.copy import CopyStopped, copy_journal, runs_to_copy
+    from lifecycle.store.location import same_journal, shown_location
 
+    if same_journal(ns.db, ns.to):
+        # Checked before either is opened: opening the source may remove a file at its
+        # sidecar's name, and a copy into the source would write what it reads.
+        raise ConfigError(
+            f"--to {shown_location(ns.to)} is the journal being copied"
+            f" ({shown_location(ns.db)}) or one of its files; copy into another journal"
+        )
     with Journal.open_for_read(ns.db) as source:
         # The runs named are checked before the destination is opened, which creates it.
         runs_to_copy(source, ns.run)

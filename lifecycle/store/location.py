@@ -93,3 +93,70 @@ def sqlite_file(url: URL) -> Path | None:
     if not url.database or url.database == ":memory:":
         return None
     return Path(url.database)
+
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+# The files SQLite keeps beside a journal file, named after it.
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def journal_files(location: str) -> list[Path]:
+    """The files a journal given as a path or a SQLite URL lives in, sidecars included, under
+    the name given and the name its links lead to (SQLite names its sidecars after the file
+    a link leads to); none for another database."""
+    try:
+        url = make_url(to_url(location))
+    except (ArgumentError, ValueError):
+        return []
+    database = sqlite_file(url)
+    if database is None:
+        return []
+    given = Path(os.path.abspath(os.path.expanduser(database)))
+    files: list[Path] = []
+    for path in dict.fromkeys((given, Path(os.path.realpath(given)))):
+        files += [path, *(path.with_name(path.name + s) for s in SIDECARS)]
+    return files
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """What makes a file the same file under any name: its device and inode (None when it
+    does not exist)."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def is_file_of(path: Path, location: str) -> bool:
+    """Whether `path` is one of the files of the journal at `location`, however either is
+    named (a link, a relative path, a URL), or would be once SQLite creates it."""
+    mine = file_identity(path)
+    real = Path(os.path.realpath(path))
+    for file in journal_files(location):
+        if mine is not None and file_identity(file) == mine:
+            return True
+        if Path(os.path.realpath(file)) == real:
+            return True
+    return False
+
+
+def same_journal(a: str, b: str) -> bool:
+    """Whether two locations name one journal: a file of one is a file of the other, or two
+    URLs name the same database on the same server."""
+    if any(is_file_of(path, b) for path in journal_files(a)):
+        return True
+    try:
+        first, second = make_url(to_url(a)), make_url(to_url(b))
+    except (ArgumentError, ValueError):
+        return False
+    if sqlite_file(first) is not None or sqlite_file(second) is not None:
+        return False
+    backend = first.get_backend_name()
+    default_port = DEFAULT_PORTS.get(backend)
+    return (
+        backend == second.get_backend_name()
+        and (first.host or "localhost") == (second.host or "localhost")
+        and (first.port or default_port) == (second.port or default_port)
+        and first.database == second.database
+    )

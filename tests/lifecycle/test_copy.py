@@ -232,3 +232,35 @@ def test_a_run_the_source_does_not_hold_is_one_line_and_creates_no_journal(
     assert one_clear_line(done).startswith(f"lifecycle: error: {says.format(source=source)}")
     assert done.stdout == ""
     assert not fleet.exists()
+
+
+def test_every_name_of_the_source_is_refused_as_the_destination(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """--to naming the source's -wal, -shm or -journal file, a link to it, the same file by
+    another path or as a URL: one line, exit 2, nothing created, and the source reads as it
+    did (a copy into its -wal was deleted by the source's next open)."""
+    folder = tmp_path / "node"
+    folder.mkdir()
+    source = folder / "node.db"
+    journal_of_runs(source, runs=1, events=3)
+    settle(source)
+    before = event_rows(source)
+    (tmp_path / "link.db").symlink_to(source)
+    (tmp_path / "hard.db").hardlink_to(source)
+    names = {
+        "wal": f"{source}-wal",
+        "shm": f"{source}-shm",
+        "rollback journal": f"{source}-journal",
+        "symlink": str(tmp_path / "link.db"),
+        "hard link": str(tmp_path / "hard.db"),
+        "another path": str(folder / ".." / "node" / "node.db"),
+        "relative path": "node/node.db",
+        "URL": f"sqlite:///{source}",
+    }
+    for why, name in names.items():
+        done = lifecycle_cli("db", "copy", "--db", str(source), "--to", name, timeout=120)
+        assert done.returncode == 2, (why, done.stdout, done.stderr)
+        assert "is the journal being copied" in one_clear_line(done), why
+    assert not Path(f"{source}-journal").exists()
+    assert event_rows(source) == before
