@@ -392,7 +392,7 @@ def _lookup_row(settings: Settings) -> Row:
         def indexed() -> float:
             started = time.perf_counter()
             with journal.engine.connect() as conn:
-                expected = expect(key, runs_of(recent_history(conn, key, ranks=1)))
+                expected = expect(key, runs_of(recent_history(conn, key, ranks=1).rows))
             took = time.perf_counter() - started
             if expected.runs != SAMPLE_RUNS or not expected.states:
                 raise BenchError(f"the lookup found {expected.runs} runs of {key}")
@@ -401,7 +401,7 @@ def _lookup_row(settings: Settings) -> Row:
         def every_row() -> float:
             started = time.perf_counter()
             with journal.engine.connect() as conn:
-                mine = [r for r in all_history(conn) if r.key == key]
+                mine = [r for r in all_history(conn).rows if r.key == key]
                 expect(key, runs_of(mine))
             return time.perf_counter() - started
 

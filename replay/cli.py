@@ -303,7 +303,9 @@ def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             except JournalError as exc:
                 journals.problems.append(str(exc))
                 continue
-            for row in found:  # a rank in several journals is read from the first
+            if (skipped := found.warning(journal.location)) is not None:
+                journals.problems.append(skipped)
+            for row in found.rows:  # a rank in several journals is read from the first
                 rows.setdefault((row.run_id, row.rank), row)
         found_histories = histories(runs, rows.values())
         _warn(journals.problems, err)

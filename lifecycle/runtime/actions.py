@@ -8,6 +8,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import TypedDict
 
+import structlog
 import torch
 
 from lifecycle.core.agreement import (
@@ -57,6 +58,9 @@ from lifecycle.runtime.residency import (
     plan_after_probe,
     verify_after_rewarm,
 )
+from lifecycle.store.history import HistoryRead
+
+log = structlog.get_logger("lifecycle.runtime")
 
 WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
 
@@ -134,9 +138,12 @@ def expect_durations(rt: RankRuntime) -> None:
         path = StartupPath.REUSED if rt.reused is not None else StartupPath.BOUNDED
     key = history_key(rt.fingerprint.key, path)
     try:
-        history = runs_of(rt.recorder.startup_history(key, ranks=rt.args.num_ranks))
+        found = rt.recorder.startup_history(key, ranks=rt.args.num_ranks)
     except JournalError:
-        history = []
+        found = HistoryRead([])
+    if found.skipped:
+        log.warning("history_rows_skipped", rows=len(found.skipped), first=found.skipped[0])
+    history = runs_of(found.rows)
     rt.recorder.record(expect(key, history))
 
 

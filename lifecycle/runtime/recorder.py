@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 import structlog
 
-from lifecycle.core.deadlines import RankDurations
 from lifecycle.core.errors import ConfigError, JournalError
 from lifecycle.core.events import (
     Aborted,
@@ -37,6 +36,7 @@ from lifecycle.core.events import (
 )
 from lifecycle.core.states import State
 from lifecycle.runtime.rankmetrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
+from lifecycle.store.history import HistoryRead
 from lifecycle.store.writer import RankWriter
 
 # Kinds that stay in the ring after `ready` (see keep_collectives_in_ring).
@@ -207,7 +207,7 @@ class Recorder:
         """Every rank's `residency_planned` events of `run_id`: the inputs its plan came from."""
         return self._writer.planned_inputs(run_id)
 
-    def startup_history(self, key: str, *, ranks: int) -> list[RankDurations]:
+    def startup_history(self, key: str, *, ranks: int) -> HistoryRead:
         """The journal's healthy startups of `key` (fingerprint and path), newest first: what
         a startup learns its states' deadlines from."""
         return self._writer.startup_history(key, ranks=ranks)

@@ -22,7 +22,6 @@ dump (links are left alone), and the folder once empty.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import socket
@@ -38,6 +37,7 @@ from sqlalchemy.exc import ArgumentError
 
 from lifecycle.core.runid import is_run_id
 from lifecycle.store.location import is_url, sqlite_file
+from lifecycle.store.rows import json_column
 from lifecycle.store.schema import events, runs
 
 DUMP_NAME = re.compile(r"(fr|nccl)_trace_rank_[0-9]+(\.part)?")
@@ -170,8 +170,5 @@ def remove_dumps(paths: Sequence[Path]) -> int:
 def _json_object(value: object) -> dict[str, Any]:
     """A JSON object column's value as a dict; {} for anything else."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):
-            return {}
+        value = json_column(value)
     return value if isinstance(value, dict) else {}

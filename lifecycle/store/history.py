@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, select
@@ -14,10 +15,12 @@ from lifecycle.core.deadlines import SAMPLE_RUNS, RankDurations, durations_befor
 from lifecycle.core.fold import MAX_CLOCK_OFFSET_S, RankFold
 from lifecycle.core.states import State
 from lifecycle.store.dberrors import DATABASE_ERRORS, journal_error
-from lifecycle.store.rows import is_int, is_number
+from lifecycle.store.rows import is_int, is_number, json_column
 from lifecycle.store.schema import KNOWN_REVISIONS, startup_history
 
-HISTORY_REVISION = "0004"  # the first revision with startup_history
+HISTORY_REVISION = "0004"
+# A row's state durations: a few dozen states' names and seconds, far below this.
+MAX_DURATIONS_CHARS = 64 * 1024  # the first revision with startup_history
 
 
 def history_values(fold: RankFold) -> dict[str, Any] | None:
@@ -49,7 +52,38 @@ def _process_ready_s(fold: RankFold, ready_wall: float) -> float | None:
     return seconds if 0.0 <= seconds < math.inf else None
 
 
-def recent_history(conn: Connection, key: str, *, ranks: int) -> list[RankDurations]:
+@dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """History rows as read: those that decode, and which ones did not ("run R rank N"), left
+    out so that a damaged row makes a deadline less sharp but never stops a startup or a
+    report."""
+
+    rows: list[RankDurations]
+    skipped: tuple[str, ...] = ()
+
+    def warning(self, location: str) -> str | None:
+        """One line for the rows left out, or None."""
+        if not self.skipped:
+            return None
+        shown = ", ".join(self.skipped[:3]) + (", ..." if len(self.skipped) > 3 else "")
+        return (
+            f"{location}: {len(self.skipped)} startup history row(s) that do not decode"
+            f" left out ({shown})"
+        )
+
+
+def _read(conn: Connection, stmt: Any) -> HistoryRead:
+    rows, skipped = [], []
+    for row in conn.execute(stmt):
+        found = decoded(row)
+        if found is None:
+            skipped.append(f"run {str(row[0])[:64]} rank {row[1]}")
+        else:
+            rows.append(found)
+    return HistoryRead(rows, tuple(skipped))
+
+
+def recent_history(conn: Connection, key: str, *, ranks: int) -> HistoryRead:
     """The rows of the newest SAMPLE_RUNS runs of `key` with `ranks` ranks each, newest first,
     through the index on (key, ready_wall)."""
     c = startup_history.c
@@ -59,16 +93,16 @@ def recent_history(conn: Connection, key: str, *, ranks: int) -> list[RankDurati
         .order_by(c.ready_wall.desc())
         .limit(SAMPLE_RUNS * max(1, ranks))
     )
-    return [d for d in (decoded(row) for row in conn.execute(stmt)) if d is not None]
+    return _read(conn, stmt)
 
 
-def all_history(conn: Connection) -> list[RankDurations]:
+def all_history(conn: Connection) -> HistoryRead:
     """Every row of the history, oldest first."""
     c = startup_history.c
     stmt = select(c.run_id, c.rank, c.key, c.ready_wall, c.process_ready_s, c.durations).order_by(
         c.ready_wall, c.run_id, c.rank
     )
-    return [d for d in (decoded(row) for row in conn.execute(stmt)) if d is not None]
+    return _read(conn, stmt)
 
 
 def has_history(revision: str) -> bool:
@@ -76,11 +110,11 @@ def has_history(revision: str) -> bool:
     return KNOWN_REVISIONS.index(revision) >= KNOWN_REVISIONS.index(HISTORY_REVISION)
 
 
-def history_of(engine: Engine, location: str, revision: str) -> list[RankDurations]:
+def history_of(engine: Engine, location: str, revision: str) -> HistoryRead:
     """Every row of the history of the journal behind `engine` at `revision`, oldest first;
     none in a journal older than HISTORY_REVISION."""
     if not has_history(revision):
-        return []
+        return HistoryRead([])
     try:
         with engine.connect() as conn:
             return all_history(conn)
@@ -92,16 +126,15 @@ def decoded(row: Any) -> RankDurations | None:
     """A history row as a record; None for a row that is not one this lifecycle writes (a
     damaged or hand-written one is left out rather than guessed at)."""
     run_id, rank, key, ready_wall, process_ready_s, durations = row
+    if isinstance(durations, str) and len(durations) > MAX_DURATIONS_CHARS:
+        return None
     if not (isinstance(run_id, str) and is_int(rank) and isinstance(key, str)):
         return None
     if not (is_number(ready_wall) and math.isfinite(ready_wall)):
         return None
     if not (process_ready_s is None or is_number(process_ready_s)):
         return None
-    try:
-        spent = json.loads(durations) if isinstance(durations, str) else None
-    except ValueError:
-        return None
+    spent = json_column(durations) if isinstance(durations, str) else None
     if not isinstance(spent, dict) or not all(
         isinstance(s, str) and is_number(v) and math.isfinite(v) and v >= 0
         for s, v in spent.items()

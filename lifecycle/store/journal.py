@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from lifecycle.store.revisions import (
     migrate,
     read_revision,
 )
-from lifecycle.store.rows import RunRow, is_int, is_number, without_secrets
+from lifecycle.store.rows import RunRow, is_int, is_number, json_column, without_secrets
 from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
 from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_summaries
 from lifecycle.store.writer import RankWriter, StoredRow, collective_columns
@@ -210,10 +209,7 @@ class Journal:
         elif config in decoded:
             parsed = decoded[config]
         else:
-            try:
-                parsed = decoded[config] = json.loads(config)
-            except (ValueError, RecursionError):
-                parsed = None
+            parsed = decoded[config] = json_column(config)
         if not isinstance(parsed, dict):
             self.malformed_rows.append(f"run {run_id}: config is not a JSON object")
             parsed = {}

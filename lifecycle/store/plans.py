@@ -3,13 +3,13 @@ model, then their residency events through the (run_id, kind) index, newest firs
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import Connection, select
 
 from lifecycle.core.events import StoredEvent, UnknownEvent
 from lifecycle.store.decode import EVENT_ROW, decode_row
+from lifecycle.store.rows import json_column
 from lifecycle.store.schema import events, runs
 
 RESIDENCY_KINDS = (
@@ -58,10 +58,7 @@ def planned_inputs(conn: Connection, run_id: str) -> list[StoredEvent]:
 
 def _model_of(config: Any) -> str | None:
     if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except ValueError:
-            return None
+        config = json_column(config)
     model = config.get("model") if isinstance(config, dict) else None
     name = model.get("name") if isinstance(model, dict) else None
     return name if isinstance(name, str) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,3 +40,22 @@ def is_int(value: object) -> bool:
 
 def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class Undecodable:
+    """What a JSON column holds when it does not decode (see `json_column`)."""
+
+
+UNDECODABLE = Undecodable()
+
+
+def json_column(text: object) -> object:
+    """A JSON column's value decoded; UNDECODABLE for text that is not JSON, nests deeper than
+    the parser recurses, or is not text. A damaged row is left out by its reader, never raised
+    from: a journal is read for what it can still say."""
+    if not isinstance(text, str):
+        return text if isinstance(text, dict | list) else UNDECODABLE
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return UNDECODABLE

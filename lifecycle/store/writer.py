@@ -13,13 +13,12 @@ from sqlalchemy import Dialect, Engine, Table, bindparam, select
 from sqlalchemy.sql.expression import ClauseElement
 
 from lifecycle.core.codec import encode
-from lifecycle.core.deadlines import RankDurations
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
 from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.store.backend import Backend
 from lifecycle.store.dberrors import DATABASE_ERRORS, append_error, is_retryable, journal_error
-from lifecycle.store.history import history_values, recent_history
+from lifecycle.store.history import HistoryRead, history_values, recent_history
 from lifecycle.store.plans import planned_inputs, residency_history
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries, startup_history
 from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
@@ -374,12 +373,12 @@ class RankWriter:
             raise journal_error(exc, self._location, opened=True) from None
         return found
 
-    def startup_history(self, key: str, *, ranks: int) -> list[RankDurations]:
+    def startup_history(self, key: str, *, ranks: int) -> HistoryRead:
         """The history rows of the newest runs of `key` (store.history), read on a connection
         of its own."""
         try:
             with self._engine.connect() as conn:
-                found: list[RankDurations] = recent_history(conn, key, ranks=ranks)
+                found = recent_history(conn, key, ranks=ranks)
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self._location, opened=True) from None
         return found

@@ -185,7 +185,7 @@ def test_the_lookup_reads_the_newest_runs_of_its_key_through_its_index(tmp_path:
             (KEY,),
         ).fetchall()
     journal.close()
-    assert [r.run_id for r in found] == ["run-2", "run-1", "run-0"]
+    assert [r.run_id for r in found.rows] == ["run-2", "run-1", "run-0"]
     assert "ix_startup_history_key_ready_wall" in str(plan)
     assert "SCAN startup_history" not in str(plan).replace("USING INDEX", "")
 
@@ -337,3 +337,28 @@ def test_a_silent_hang_is_stalled_at_its_learned_deadline(tmp_path: Path) -> Non
     ((_, hung_at, _),) = events_of(db, "fault_injected")
     assert stalled_at - hung_at < stall["deadline_s"] + 10
     assert processes_in(tmp_path) == []
+
+
+def test_a_history_row_that_does_not_decode_never_stops_a_boot_or_replay_history(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A startup_history row whose durations nest deeper than JSON's parser recurses (or are
+    not JSON) is left out with a warning: the next boot of its key gets to ready and `replay
+    history` answers, exit 0, saying what it left out."""
+    first = lifecycle_cli("boot", "--model", "micro-video", "--db", "j.db", "--warmup-mode", "none")
+    assert first.returncode == 0, first.stderr[-2000:]
+    db = tmp_path / "j.db"
+    with sqlite3.connect(db) as conn:
+        ((run_id,),) = conn.execute("SELECT run_id FROM startup_history").fetchall()
+        conn.execute("UPDATE startup_history SET durations = ?", ("[" * 200_000 + "]" * 200_000,))
+    again = lifecycle_cli("boot", "--model", "micro-video", "--db", "j.db", "--warmup-mode", "none")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "history_rows_skipped" in again.stderr
+    history = subprocess.run(
+        [sys.executable, "-m", "replay", "history", str(db)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert history.returncode == 0, history.stderr
+    assert "Traceback" not in history.stderr
+    (warning,) = history.stderr.strip().splitlines()
+    assert f"1 startup history row(s) that do not decode left out (run {run_id} rank 0)" in warning
