@@ -251,9 +251,10 @@ def apply_reused(rt: RankRuntime) -> None:
 
 def verify_after_rewarm(rt: RankRuntime) -> None:
     """Hold the re-warm's measured peak to the plan's prediction at its shape and the budget;
-    the ranks agree, and all roll back if any failed (re-warm)."""
+    the ranks agree, and all roll back if any failed (re-warm). A plan that keeps the
+    reference residency is verified too: it is a plan, and a later startup reuses it."""
     plan = rt.residency
-    if plan is None or not plan.fits or not plan.changes_residency:
+    if plan is None or not plan.fits:
         return
     failure = rt.residency_failure
     measured = predicted = None

@@ -279,3 +279,26 @@ def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
         f"plan vae={forged.name} from run"
         f" {first[0].run_id} is not the plan its journaled inputs decide; it is not reused"
     )
+
+
+def test_a_verified_plan_that_keeps_the_reference_residency_is_reused(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """tiny-wan's fastest plan keeps every component's reference option: the re-warm verifies
+    it, and the next startup of the same fingerprint reuses it instead of calibrating again."""
+    boot = ("boot", "--model", "tiny-wan", "--default-shape", "64x64x21", "--db", "j.db")
+    first = lifecycle_cli(*boot)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = lifecycle_cli(*boot)
+    assert second.returncode == 0, second.stderr[-2000:]
+    calibrated, reused = runs_of(tmp_path / "j.db")
+    (planned,) = of(calibrated, ev.ResidencyPlanned)
+    assert not planned.event.plan.changes_residency
+    (verified,) = of(calibrated, ev.ResidencyVerified)
+    assert verified.event.plan.plan_id == planned.event.plan.plan_id
+    assert path(reused) == ["gate-check", "bounded-warm", "ready", "stopped"]
+    (decided,) = of(reused, ev.GateDecided)
+    assert decided.event.skip_reason == (
+        f"verified residency plan {planned.event.plan.plan_id} from run {planned.run_id}"
+    )
+    assert "calibration skipped: verified residency plan" in second.stdout
