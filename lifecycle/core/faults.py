@@ -20,6 +20,10 @@ class FaultKind(StrEnum):
 
 # A fault fires on entering a state that runs actions; anywhere else it would never fire.
 FAULTABLE_STATES = ACTION_STATES
+# States whose actions run no collective, so that a skip-collective fault there could never
+# fire: drop-buffers frees each rank's staging buffers on its own (creating them again, a paired
+# collective, is the next request's).
+COLLECTIVE_FREE_STATES = (State.DROP_BUFFERS,)
 # A fault named for `request` fires half-way through the denoising of the Nth request served
 # after ready (the first when N is not given).
 REQUEST = "request"
@@ -82,6 +86,12 @@ def parse_fault(spec: str) -> FaultSpec:
         raise FaultSpecError(
             f"bad fault spec {spec!r}: over-budget fires only in re-warm, where the residency"
             " plan is verified",
+            spec=spec,
+        )
+    if kinds[kind_text] is FaultKind.SKIP_COLLECTIVE and state in COLLECTIVE_FREE_STATES:
+        raise FaultSpecError(
+            f"bad fault spec {spec!r}: skip-collective never fires in {state.value}, which runs"
+            " no collective; name a state that does, or request",
             spec=spec,
         )
     return FaultSpec(rank=int(rank_text), state=state, kind=kinds[kind_text], request=request)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lifecycle.core.errors import ConfigError, Setting
-from lifecycle.core.faults import FaultSpec
+from lifecycle.core.faults import FaultKind, FaultSpec
 from lifecycle.core.records import Shape
 
 if TYPE_CHECKING:
@@ -100,6 +100,12 @@ def validate(args: ServerArgs) -> None:
         if fault.rank >= args.num_ranks:
             raise ConfigError(
                 f"bad fault spec {fault}: rank {fault.rank} is outside 0..{args.num_ranks - 1}",
+                field="faults",
+            )
+        if fault.kind is FaultKind.SKIP_COLLECTIVE and args.num_ranks == 1:
+            raise ConfigError(
+                f"bad fault spec {fault}: skip-collective never fires on one rank, which runs"
+                " no collective",
                 field="faults",
             )
         first = placed.setdefault((fault.rank, fault.where), fault)

@@ -155,6 +155,14 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
         (["--memory-budget", "1e18tib"], "--memory-budget: '1e18tib' is more than 2**60 bytes"),
         (["--seed", str(2**64)], "--seed: must be an integer in 0..18446744073709551615, not"),
         (["--fault", "0:probe:over-budget"], "over-budget fires only in re-warm"),
+        (
+            ["--num-ranks", "2", "--fault", "1:drop-buffers:skip-collective"],
+            "skip-collective never fires in drop-buffers, which runs no collective",
+        ),
+        (
+            ["--fault", "0:gate-check:skip-collective"],
+            "skip-collective never fires on one rank, which runs no collective",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
