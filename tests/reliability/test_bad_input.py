@@ -195,9 +195,14 @@ def test_the_fault_parser_only_ever_raises_fault_spec_error(text: str) -> None:
 )
 def test_well_formed_specs_round_trip(rank: int, state: str, kind: str) -> None:
     """RANK:STATE:KIND parses to exactly those values, and prints back the same (over-budget
-    only where it fires, in re-warm; anywhere else it is refused in one line)."""
+    only where it fires, in re-warm, and skip-collective only where a collective runs; anywhere
+    else each is refused in one line)."""
     if kind == FaultKind.OVER_BUDGET.value and state != "re-warm":
         with pytest.raises(FaultSpecError, match="over-budget fires only in re-warm"):
+            parse_fault(f" {rank}:{state}:{kind} ")
+        return
+    if kind == FaultKind.SKIP_COLLECTIVE.value and state == "drop-buffers":
+        with pytest.raises(FaultSpecError, match="never fires in drop-buffers"):
             parse_fault(f" {rank}:{state}:{kind} ")
         return
     spec = parse_fault(f" {rank}:{state}:{kind} ")
