@@ -33,7 +33,7 @@ from lifecycle.core.faults import parse_faults
 from lifecycle.core.planner import parse_size
 from lifecycle.serve.dbcommand import add_db_command, fail, run_db_command
 from lifecycle.serve.firstrun import add_first_run
-from lifecycle.serve.logs import configure_logging
+from lifecycle.serve.logs import configure_logging, say, set_json_lines
 from lifecycle.serve.models import model_for
 from lifecycle.serve.options import (
     FAULTS_ENV,
@@ -111,14 +111,34 @@ def build_parser() -> argparse.ArgumentParser:
     return _build()[0]
 
 
+class CommandParser(OneLineParser):
+    """The command's parser: a refused flag is the operator's one line, JSON with
+    --json-logs as every other line then is."""
+
+    def error(self, message: str) -> NoReturn:
+        refuse(f"{self.prog}: error: {message}")
+
+
+def refuse(line: str) -> NoReturn:
+    say(line, event="error", out=sys.stderr, exit_status=int(Exit.USAGE))
+    sys.exit(Exit.USAGE)
+
+
+def json_logs_asked(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for --json-logs, known before it is parsed: a flag it
+    refuses is then reported as JSON too."""
+    words = list(argv)
+    return "--json-logs" in words[: words.index("--")] if "--" in words else "--json-logs" in words
+
+
 def _build() -> tuple[argparse.ArgumentParser, dict[str, _Startup]]:
-    parser = OneLineParser(
+    parser = CommandParser(
         prog="lifecycle",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action=_VersionAction, help="print the versions and exit")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     startups: dict[str, _Startup] = {}
     for name, text, epilog in (
         ("boot", "run a startup to ready and exit (0 ready, 1 failed)", BOOT_STATUSES),
@@ -166,7 +186,7 @@ def parse_command_line(argv: Sequence[str] | None) -> argparse.Namespace:
         try:
             config = load_config(ns.config, startup.options, command=ns.command)
         except ConfigError as exc:
-            parser.exit(Exit.USAGE, f"lifecycle: error: --config {exc}\n")
+            refuse(f"lifecycle: error: --config {exc}")
         # Parsed once over placeholders, to know which of the file's settings the command
         # line left to it (a value compared would not tell a flag that repeats the file's).
         startup.parser.set_defaults(**dict.fromkeys(config.values, _UNSET))
@@ -232,7 +252,9 @@ def log_level_for(given: str | None, *, json_logs: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     created_at = time.time()
+    set_json_lines(json_logs_asked(sys.argv[1:] if argv is None else argv))
     ns = parse_command_line(argv)
+    set_json_lines(bool(getattr(ns, "json_logs", False)))
     if ns.command == "diagram":
         from lifecycle.core.states import mermaid
 
@@ -303,10 +325,6 @@ def _completion(shell: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def entry() -> NoReturn:
     """The `lifecycle` command: `main`, then out of the process at once. Once `main` has
     returned, every rank has ended, the journal is closed and every line is written; what is
@@ -319,3 +337,7 @@ def entry() -> NoReturn:
             stream.flush()
     logging.shutdown()
     os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

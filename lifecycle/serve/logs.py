@@ -46,6 +46,12 @@ def configure_logging(*, json: bool, level: str = "info", stream: TextIO | None 
     )
 
 
+def set_json_lines(on: bool) -> None:
+    """Make `say`'s lines JSON (--json-logs) before logging is configured: a setting refused
+    at start is reported as the rest of the run would be."""
+    _JSON_LINES[0] = on
+
+
 def json_lines() -> bool:
     """Whether --json-logs is on: every line the operator reads is JSON."""
     return _JSON_LINES[0]

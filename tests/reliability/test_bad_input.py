@@ -383,3 +383,32 @@ def test_journal_content_is_never_unpickled_or_evaluated(module: Path) -> None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
     }
     assert not calls & {"eval", "exec", "compile", "__import__"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "config", "message"),
+    [
+        (["--num-ranks", "0"], None, "--num-ranks must be 1..64"),
+        (["--seed", "nope"], None, "invalid int value"),
+        (["--config", "c.toml"], "num-ranks = [\n", "--config c.toml"),
+        (["--config", "c.toml"], "memory_budget = 1000\n", "memory_budget must be at least"),
+    ],
+)
+def test_a_refused_setting_is_one_json_line_with_json_logs(
+    tmp_path: Path, flags: list[str], config: str | None, message: str
+) -> None:
+    """With --json-logs a refused flag, config file or setting is one JSON line on stderr (the
+    error event with its words in `text`), exit 2, as every other line then is."""
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+    result = run_cli(
+        "lifecycle", ["boot", "--json-logs", "--db", "j.db", *flags], cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 2
+    record = json.loads(one_clear_line(result))
+    assert record["event"] == "error"
+    assert record["level"] == "error"
+    assert record["exit_status"] == 2
+    assert message in record["text"]
+    assert record["text"].startswith("lifecycle")
+    assert not (tmp_path / "j.db").exists()
