@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.states import State
@@ -23,6 +26,9 @@ class WarmupLine:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunProfile:
     run_id: str
+    model: str  # its name as recorded
+    model_digest: str  # of its recorded specification (a directory's file digest included)
+    layout: str  # ranks, CFG and Ulysses degrees
     outcome: str
     startup_to_ready_s: float | None  # from the launch (from the run's start before v2)
     launch_s: float | None  # the slowest rank's launch phase: from the launch to `created`
@@ -69,8 +75,12 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
         for r in (lead.warmup_records if lead else ())
     )
     order = [s.value for s in State]
+    config = analysis.run.config
     return RunProfile(
         run_id=analysis.run.run_id,
+        model=analysis.run.model_name,
+        model_digest=_digest(config.get("model")),
+        layout=_layout(config),
         outcome=diagnosis.outcome.value,
         startup_to_ready_s=diagnosis.startup_to_ready_s,
         launch_s=max((launch.launch_s for launch in known), default=None),
@@ -85,6 +95,35 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
     )
 
 
+def _digest(model: Any) -> str:
+    """A digest of a run's recorded model specification: two runs of one model share it."""
+    text = json.dumps(model, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _layout(config: dict[str, Any]) -> str:
+    def number(key: str) -> str:
+        value = config.get(key)
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+    ranks = number("num_ranks")
+    return (
+        f"{ranks} rank{'' if ranks == '1' else 's'}"
+        f" (cfg {number('cfg_parallel')} x ulysses {number('ulysses')})"
+    )
+
+
+def apart(a: RunProfile, b: RunProfile) -> str | None:
+    """What makes the two runs' figures not comparable (another model, another layout)."""
+    if a.model != b.model:
+        return f"different models: A is {a.model}, B is {b.model}"
+    if a.model_digest != b.model_digest:
+        return f"different models: {a.model} differs in its specification or files"
+    if a.layout != b.layout:
+        return f"different layouts: A on {a.layout}, B on {b.layout}"
+    return None
+
+
 def _steps(lines: tuple[WarmupLine, ...]) -> str:
     steps = sorted({w.steps for w in lines})
     return "/".join(map(str, steps)) if steps else "-"
@@ -96,8 +135,12 @@ def _requests(lines: tuple[WarmupLine, ...]) -> str:
 
 
 def verdict(a: RunProfile, b: RunProfile) -> str:
-    """One line on what changed from A to B."""
+    """One line on what changed from A to B; first, when it is so, that the runs are of
+    different models or layouts, which no time compares."""
     parts = []
+    differs = apart(a, b)
+    if differs is not None:
+        parts.append(f"{differs} (their times are not comparable)")
     if a.calibrated != b.calibrated:
         verb = "skips" if a.calibrated else "adds"
         parts.append(
@@ -132,6 +175,8 @@ def format_diff(a: RunProfile, b: RunProfile) -> str:
         return "-" if value is None else f"{value:.2f} s"
 
     rows: list[list[object]] = [
+        ["model", clean(a.model), clean(b.model)],
+        ["layout", a.layout, b.layout],
         ["outcome", a.outcome, b.outcome],
         ["path", " > ".join(a.path), " > ".join(b.path)],
         ["skip reason", clean(a.skip_reason or "-"), clean(b.skip_reason or "-")],

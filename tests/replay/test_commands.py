@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from replay.cli import main
 from tests.conftest import file_digest
-from tests.replay.conftest import Journaled, copy_journal
+from tests.replay.conftest import Journaled, boot, copy_journal, run_ids
 from tests.replay_argv import REPLAY_COMMANDS, replay_argv
 
 pytestmark = [pytest.mark.ranks]
@@ -191,6 +192,42 @@ def test_diff_of_bounded_and_calibrated_runs(
         lines = doc[side]["warmup"]
         assert doc[side]["warmup_s"] == pytest.approx(sum(w["total_s"] for w in lines))
         assert all(w["total_s"] > 0 for w in lines)
+
+
+def test_diff_of_runs_of_different_models_or_layouts_says_so_first(
+    bounded_and_calibrated: Journaled,
+    two_ranks: Journaled,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Runs of two models, or of one model on two layouts, are said to be apart before any
+    time is compared, and the table shows each side's model and layout."""
+    db = tmp_path / "j.db"
+    boot(db, "--model", "tiny-video", "--warmup-mode", "none")
+    copy_journal(bounded_and_calibrated.db, tmp_path / "micro.db")
+    (tiny,) = run_ids(db)
+    micro = bounded_and_calibrated.run_ids[0]
+    status, out, _ = run(capsys, "diff", micro, tiny, str(tmp_path / "micro.db"), str(db))
+    assert status == 0
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith(
+            "different models: A is micro-video, B is tiny-video (their times are not comparable);"
+        )
+    )
+    assert re.search(r"model +micro-video +tiny-video", out)
+    _, out, _ = run(
+        capsys, "diff", micro, two_ranks.run_ids[0], str(bounded_and_calibrated.db),
+        str(two_ranks.db), "--json",
+    )  # fmt: skip
+    doc = json.loads(out)
+    assert doc["verdict"].startswith(
+        "different layouts: A on 1 rank (cfg 1 x ulysses 1), B on 2 ranks (cfg 1 x ulysses 2)"
+    )
+    assert doc["a"]["model_digest"] == doc["b"]["model_digest"]
+    _, out, _ = run(capsys, "diff", *bounded_and_calibrated.run_ids, str(bounded_and_calibrated.db))
+    assert "not comparable" not in out
 
 
 def test_one_file_per_rank_merges_like_one_file(
