@@ -68,6 +68,7 @@ def invocation(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from bench.machine import as_installed, describe, git_commit, load_average
+    from bench.reaper import reaping
     from bench.report import ReportError, Section, render, updated
     from bench.suite import Settings, benchmarks, progress
     from bench.table import Row, render_text
@@ -108,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     sections: dict[str, Section] = {}
     broken: set[str] = set()  # failed: a full run shows why; --update keeps the last section
-    with tempfile.TemporaryDirectory(prefix="lifecycle-bench-") as workdir:
+    with reaping(), tempfile.TemporaryDirectory(prefix="lifecycle-bench-") as workdir:
         settings = Settings(quick=ns.quick, workdir=Path(workdir))
         for benchmark in chosen:
             began, load_at_start = time.perf_counter(), load_average()

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -88,3 +95,59 @@ def test_the_median_interval_is_the_sign_tests_order_statistics() -> None:
     # Too few samples for 95 %: the whole range, with the coverage it has (1 - 2/8).
     few = median_interval([3.0, 1.0, 2.0])
     assert (few.low, few.high, few.coverage) == (1.0, 3.0, 0.75)
+
+
+def _marked(marker: str) -> list[tuple[int, str]]:
+    """Live processes whose environment holds `marker`, with their command lines."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() not in (entry / "environ").read_bytes():
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        found.append((int(entry.name), command))
+    return found
+
+
+@pytest.mark.timeout(240)
+def test_a_run_stopped_by_a_timeout_leaves_no_process_behind(tmp_path: Path) -> None:
+    """SIGTERM to `python -m bench` (what `timeout` sends) while a benchmark's server and its
+    rank processes run, each in a session of its own: the run ends, and so does every process
+    it started."""
+    marker = f"LIFECYCLE_BENCH_TEST={uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "bench", "--quick", "--only", "serving"],
+        cwd=REPO, env={**os.environ, name: value, "PYTHONWARNINGS": "ignore"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            ranks = [c for _, c in _marked(marker) if "lifecycle.serve.worker" in c]
+            if len(ranks) >= 2:
+                break
+            assert bench.poll() is None, (
+                bench.stderr.read().decode()[-2000:] if bench.stderr else ""
+            )
+            time.sleep(0.2)
+        else:
+            pytest.fail("the serving benchmark started no rank process within 150 s")
+        bench.send_signal(signal.SIGTERM)
+        bench.communicate(timeout=60)
+        time.sleep(0.5)
+        assert _marked(marker) == []
+        assert bench.returncode == 128 + signal.SIGTERM
+    finally:
+        for pid, _ in _marked(marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
