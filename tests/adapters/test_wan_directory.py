@@ -11,7 +11,7 @@ import pytest
 from lifecycle.adapters.diffusers import spec_for_directory
 from lifecycle.adapters.diffusers.specs import DIFFUSERS_COMPONENTS
 from lifecycle.core.errors import ConfigError
-from tests.adapters.wan_dirs import save_small_wan
+from tests.adapters.pipeline_dirs import save_small_wan
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_a_wan_directory_gives_its_name_grid_heads_and_wan_defaults(wan_dir: Pat
 
 
 def test_new_weights_or_configs_are_a_new_digest(wan_dir: Path, tmp_path: Path) -> None:
-    """The digest changes with a config's bytes or a weight file's size, and only then."""
+    """The same files are the same digest; a weight file's new size is a new one."""
     import shutil
 
     copy = tmp_path / "copy"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lifecycle.store.journal import Journal
-from tests.adapters.wan_dirs import save_small_wan
+from tests.adapters.pipeline_dirs import save_small_wan
 from tests.lifecycle.test_server import serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]

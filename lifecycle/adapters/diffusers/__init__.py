@@ -41,11 +41,24 @@ def _diffusers() -> Any:
 
 
 def pipeline_class(directory: PipelineDirectory) -> Any:
-    found = getattr(_diffusers(), directory.class_name, None)
+    """The pipeline class model_index.json names: one line for a name diffusers lacks or
+    holds as something else (a module such as `utils`, a model class, the base class)."""
+    diffusers = _diffusers()
+    name = directory.class_name
+    try:
+        found = getattr(diffusers, name, None)
+    except (ImportError, RuntimeError):  # a lazily imported class whose module cannot import
+        found = None
     if found is None:
         raise ConfigError(
-            f"--model-path {directory.path}: diffusers has no pipeline class"
-            f" {directory.class_name!r}",
+            f"--model-path {directory.path}: diffusers has no pipeline class {name!r}",
+            field="model_path",
+        )
+    base = diffusers.DiffusionPipeline
+    if not (isinstance(found, type) and issubclass(found, base) and found is not base):
+        raise ConfigError(
+            f"--model-path {directory.path}: {name!r}, which model_index.json names as the"
+            " pipeline class, is not a diffusers pipeline class",
             field="model_path",
         )
     return found

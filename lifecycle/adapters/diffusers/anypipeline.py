@@ -1,9 +1,11 @@
 """Any other diffusers pipeline class: one rank, through the pipeline's own `__call__`, with
 the lifecycle's states and journal around it. Forward hooks on each of its model components
-measure the component's time and peak, which the request records as its stages."""
+measure the component's time and peak, which the request records as its stages; so do its
+`encode` and `decode`, which a pipeline calls on its VAE instead of the module itself."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -23,6 +25,10 @@ from lifecycle.pipelines import (
     synchronize,
 )
 
+# A component's entry points besides its forward: a pipeline decodes through `vae.decode`
+# (LTX, Flux, Stable Diffusion), which no forward hook sees.
+ENTRY_METHODS = ("encode", "decode")
+
 
 @dataclass(slots=True)
 class _Measure:
@@ -30,6 +36,7 @@ class _Measure:
     peak: int | None = None
     calls: int = 0
     started: float = 0.0
+    depth: int = 0  # a decode that calls forward (or the reverse) is one call, timed once
 
 
 class GenericAdapter:
@@ -57,7 +64,11 @@ class GenericAdapter:
         self._measures = {name: _Measure() for name in modules}
         for name, module in modules.items():
             module.register_forward_pre_hook(self._begin(name))
-            module.register_forward_hook(self._end(name))
+            module.register_forward_hook(self._end(name), always_call=True)
+            for method in ENTRY_METHODS:
+                found = getattr(module, method, None)
+                if callable(found):
+                    setattr(module, method, self._timed(name, found))
         self._parameters = set(inspect.signature(type(pipe).__call__).parameters)
 
     @property
@@ -69,25 +80,47 @@ class GenericAdapter:
             for p in module.parameters()
         )
 
-    def _begin(self, name: str) -> Callable[..., None]:
-        def hook(_module: Any, _args: Any) -> None:
-            measure = self._measures[name]
+    def _enter(self, name: str) -> None:
+        measure = self._measures[name]
+        measure.depth += 1
+        if measure.depth == 1:
             self._meter.reset_peak()
             measure.started = time.perf_counter()
+
+    def _leave(self, name: str) -> None:
+        measure = self._measures[name]
+        measure.depth -= 1
+        if measure.depth > 0:
+            return
+        synchronize(self.comm.device)
+        measure.seconds += time.perf_counter() - measure.started
+        measure.calls += 1
+        peak = self._meter.peak_bytes()
+        if peak is not None:
+            measure.peak = peak if measure.peak is None else max(measure.peak, peak)
+
+    def _begin(self, name: str) -> Callable[..., None]:
+        def hook(_module: Any, _args: Any) -> None:
+            self._enter(name)
 
         return hook
 
     def _end(self, name: str) -> Callable[..., None]:
         def hook(_module: Any, _args: Any, _out: Any) -> None:
-            synchronize(self.comm.device)
-            measure = self._measures[name]
-            measure.seconds += time.perf_counter() - measure.started
-            measure.calls += 1
-            peak = self._meter.peak_bytes()
-            if peak is not None:
-                measure.peak = peak if measure.peak is None else max(measure.peak, peak)
+            self._leave(name)
 
         return hook
+
+    def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._enter(name)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._leave(name)
+
+        return timed
 
     def measured_stages(self) -> tuple[StageRecord, ...]:
         """Each component's time and peak over the last request, from its forward hooks."""
@@ -98,7 +131,7 @@ class GenericAdapter:
 
     def encode_prompt(self, prompt: str, negative_prompt: str) -> tuple[str, str]:
         for measure in self._measures.values():
-            measure.seconds, measure.peak, measure.calls = 0.0, None, 0
+            measure.seconds, measure.peak, measure.calls, measure.depth = 0.0, None, 0, 0
         return prompt, negative_prompt
 
     @torch.no_grad()

@@ -1,5 +1,5 @@
 """A diffusers pipeline directory: what it holds, checked before any rank loads it, and the
-digest that makes new weights a new fingerprint."""
+digest that is its model's fingerprint."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lifecycle.adapters.diffusers.modelfiles import ModelFile, model_files, read_bounded
+from lifecycle.adapters.diffusers.weights import WEIGHT_SUFFIXES, NotWeights, digest_weights
 from lifecycle.pipelines import ConfigError
 
 INDEX = "model_index.json"
-# Files whose bytes describe the model: hashed whole. Weights are hashed by name and size, so
-# that a digest costs milliseconds whatever the model's size, and new weights are a new digest.
+# Files whose bytes describe the model: hashed whole, each within a bound and all of them
+# within another, so that a directory holding something else is refused in a second.
 CONFIG_SUFFIXES = (".json", ".txt", ".model", ".yaml")
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 MAX_CONFIG_BYTES = 64 * 2**20
+MAX_CONFIGS_BYTES = 256 * 2**20
 # A hub snapshot lives in models--ORG--NAME/snapshots/REVISION: its name is the repository's.
 HUB_PREFIX = "models--"
 
@@ -44,7 +46,9 @@ class PipelineDirectory:
 
 
 def read_directory(path: str) -> PipelineDirectory:
-    """The pipeline directory at `path`, checked: one line naming what is wrong otherwise."""
+    """The pipeline directory at `path`, checked: one line naming what is wrong otherwise.
+    Every file in it is walked (through links) and refused unless regular before any is read,
+    so that nothing here or in the load waits on a FIFO or reads a device."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ConfigError(
@@ -52,13 +56,13 @@ def read_directory(path: str) -> PipelineDirectory:
             + ("" if root.exists() else " (it does not exist)"),
             field="model_path",
         )
-    index_path = root / INDEX
-    if not index_path.is_file():
+    if not (root / INDEX).exists():
         raise ConfigError(
             f"--model-path {path}: no {INDEX}: not a diffusers pipeline directory",
             field="model_path",
         )
-    index = _json_object(index_path)
+    files = model_files(root, shown=path)
+    index = _json_object(root / INDEX)
     class_name = index.get("_class_name")
     if not isinstance(class_name, str) or not class_name:
         raise ConfigError(
@@ -73,66 +77,60 @@ def read_directory(path: str) -> PipelineDirectory:
         components[key] = (library, cls)
         if library is None:
             continue
+        if key.startswith(".") or "/" in key or os.sep in key:
+            raise ConfigError(
+                f"--model-path {path}: {INDEX} names component {key!r}, not a folder's name",
+                field="model_path",
+            )
         if not (root / key).is_dir():
             raise ConfigError(
                 f"--model-path {path}: {INDEX} names component {key!r}, but {key}/ is missing",
                 field="model_path",
             )
-        for weights in sorted((root / key).glob("*.safetensors")):
-            problem = safetensors_problem(weights)
-            if problem is not None:
-                raise ConfigError(
-                    f"--model-path {path}: {key}/{weights.name} {problem}", field="model_path"
-                )
     return PipelineDirectory(
         path=root.resolve(),
         class_name=class_name,
         components=components,
         name=_name_of(root.resolve()),
-        digest=directory_digest(root),
+        digest=directory_digest(files, shown=path),
     )
 
 
-def safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file cannot be loaded (cut short, not one at all), read from its
-    header alone; None when its header and sizes hold together."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as file:
-            head = file.read(8)
-            length = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if length < 2 or length > min(size - 8, MAX_CONFIG_BYTES):
-                return "is not a safetensors file (its header length does not fit the file)"
-            header = json.loads(file.read(length))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return "is not a safetensors file (its header is not JSON)"
-    if not isinstance(header, dict):
-        return "is not a safetensors file (its header is not a JSON object)"
-    ends = [
-        entry["data_offsets"][1]
-        for name, entry in header.items()
-        if name != "__metadata__"
-        and isinstance(entry, dict)
-        and len(entry.get("data_offsets", ())) == 2
-    ]
-    if ends and max(ends) > size - 8 - length:
-        return f"is cut short ({size:,} bytes; its tensors need {8 + length + max(ends):,})"
-    return None
-
-
-def directory_digest(root: Path) -> str:
-    """A digest of the directory's configs (their bytes) and weight files (names and sizes)."""
+def directory_digest(files: tuple[ModelFile, ...], *, shown: str) -> str:
+    """The model's fingerprint: every config file's name and bytes, and every weight file's
+    name and share (`digest_weights`), by name; one line for a file that cannot be read."""
     digest = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for file in sorted(filenames):
-            path = Path(dirpath) / file
-            relative = path.relative_to(root).as_posix()
-            if file.endswith(WEIGHT_SUFFIXES):
-                digest.update(f"w {relative} {path.stat().st_size}\n".encode())
-            elif file.endswith(CONFIG_SUFFIXES) and path.stat().st_size <= MAX_CONFIG_BYTES:
-                digest.update(f"c {relative}\n".encode())
-                digest.update(path.read_bytes())
+    configs = 0
+    for file in sorted(files, key=lambda f: f.relative):
+        try:
+            if file.relative.endswith(WEIGHT_SUFFIXES):
+                digest_weights(digest, file.path, file.relative)
+            elif file.relative.endswith(CONFIG_SUFFIXES):
+                if file.size > MAX_CONFIG_BYTES:
+                    raise ConfigError(
+                        f"--model-path {shown}: {file.relative} is larger than a config can be"
+                        f" ({file.size:,} bytes, more than {MAX_CONFIG_BYTES:,})",
+                        field="model_path",
+                    )
+                configs += file.size
+                if configs > MAX_CONFIGS_BYTES:
+                    raise ConfigError(
+                        f"--model-path {shown}: its config files come to more than"
+                        f" {MAX_CONFIGS_BYTES:,} bytes: not a pipeline directory",
+                        field="model_path",
+                    )
+                data = read_bounded(file.path, limit=MAX_CONFIG_BYTES)
+                digest.update(f"c {file.relative} {len(data)}\n".encode())
+                digest.update(data)
+        except NotWeights as exc:
+            raise ConfigError(
+                f"--model-path {shown}: {file.relative} {exc}", field="model_path"
+            ) from None
+        except OSError as exc:
+            raise ConfigError(
+                f"--model-path {shown}: {file.relative} cannot be read ({_reason(exc)})",
+                field="model_path",
+            ) from None
     return digest.hexdigest()[:16]
 
 
@@ -145,16 +143,23 @@ def _name_of(root: Path) -> str:
 
 def _json_object(path: Path) -> dict[str, Any]:
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: larger than a config can be", field="model_path")
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        doc = json.loads(read_bounded(path, limit=MAX_CONFIG_BYTES).decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({_reason(exc)})", field="model_path") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ConfigError(
             f"{path}: cannot be read as JSON: {_first_line(exc)}", field="model_path"
         ) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: not a JSON object", field="model_path")
     return doc
+
+
+def _reason(exc: OSError) -> str:
+    """An OSError in a few words: its own (a FIFO, not a regular file) or the system's."""
+    if exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:]
+    return str(exc) or type(exc).__name__
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,131 @@
+"""Small pipeline directories written by diffusers' own `save_pretrained`, from configs built
+here (as diffusers' tests build theirs): Wan with a scheduler other than tiny-wan's, and
+classes run through their own call (DDPM, LTX-Video); and weights rewritten in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lifecycle.adapters.diffusers.tinywan import tiny_vocabulary
+
+
+def small_wan(*, heads: int = 2, layers: int = 1, scheduler: str = "unipc") -> Any:
+    """A WanPipeline unlike tiny-wan: another size, another head count, another scheduler."""
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        UniPCMultistepScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(7)
+    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=1,
+                   num_heads=4, relative_attention_num_buckets=8)
+    ).eval()  # fmt: skip
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=8, in_channels=16,
+        out_channels=16, text_dim=32, freq_dim=32, ffn_dim=32, num_layers=layers,
+    ).eval()  # fmt: skip
+    vae = AutoencoderKLWan(
+        base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    ).eval()  # fmt: skip
+    schedulers = {
+        "unipc": lambda: UniPCMultistepScheduler(
+            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=2.0
+        ),
+        "euler": lambda: FlowMatchEulerDiscreteScheduler(shift=5.0),
+    }
+    return WanPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+        scheduler=schedulers[scheduler](), transformer=transformer,
+    )  # fmt: skip
+
+
+def save_small_wan(path: Path, **kw: Any) -> Path:
+    small_wan(**kw).save_pretrained(str(path))
+    return path
+
+
+def save_small_ddpm(path: Path) -> Path:
+    """A pipeline class the lifecycle does not drive (unconditional DDPM), saved by diffusers."""
+    from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
+
+    torch.manual_seed(3)
+    unet = UNet2DModel(
+        sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+        block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4,
+    ).eval()  # fmt: skip
+    DDPMPipeline(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=100)).save_pretrained(
+        str(path)
+    )
+    return path
+
+
+def save_small_ltx(path: Path) -> Path:
+    """LTX-Video, another pipeline class run through its own call, which decodes through
+    `vae.decode` rather than the VAE module itself; configs as diffusers' own tests build."""
+    from diffusers import (
+        AutoencoderKLLTXVideo,
+        FlowMatchEulerDiscreteScheduler,
+        LTXPipeline,
+        LTXVideoTransformer3DModel,
+    )
+    from transformers import T5Config, T5EncoderModel, T5Tokenizer
+
+    torch.manual_seed(5)
+    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
+    text_encoder = T5EncoderModel(
+        T5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=1,
+                 num_heads=4, relative_attention_num_buckets=8)
+    ).eval()  # fmt: skip
+    transformer = LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4,
+        attention_head_dim=8, cross_attention_dim=32, num_layers=1, caption_channels=32,
+    ).eval()  # fmt: skip
+    vae = AutoencoderKLLTXVideo(
+        in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, False, False),
+        decoder_spatio_temporal_scaling=(True, True, False, False),
+        decoder_inject_noise=(False, False, False, False, False),
+        upsample_residual=(False, False, False, False), upsample_factor=(1, 1, 1, 1),
+        timestep_conditioning=False, patch_size=1, patch_size_t=1, encoder_causal=True,
+        decoder_causal=False,
+    ).eval()  # fmt: skip
+    LTXPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+        tokenizer=tokenizer, transformer=transformer,
+    ).save_pretrained(str(path))  # fmt: skip
+    return path
+
+
+def rewrite_weights(weights: Path, *, seed: int | None = None, dtype: Any = None) -> None:
+    """Rewrite a safetensors file at the same size: the same tensors with new values (`seed`),
+    or the same bytes read as another dtype of the same width (`dtype`)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(weights), framework="pt") as found:
+        metadata = found.metadata()
+        tensors = {name: found.get_tensor(name) for name in found.keys()}  # noqa: SIM118
+    if seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+        tensors = {
+            name: torch.randn(t.shape, generator=generator).to(t.dtype)
+            for name, t in tensors.items()
+        }
+    if dtype is not None:
+        tensors = {name: t.view(dtype) for name, t in tensors.items()}
+    before = weights.stat().st_size
+    save_file(tensors, str(weights), metadata=metadata)
+    assert weights.stat().st_size == before, "the rewrite was to keep the file's size"
