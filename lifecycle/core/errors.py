@@ -27,6 +27,9 @@ class ErrorKind(StrEnum):
     RENDEZVOUS = "rendezvous"
     REQUEST_ABORTED = "request-aborted"
     REQUEST_STALLED = "request-stalled"  # the server gave a request up: no step for too long
+    # A message in the rendezvous store or the control group failed the run key's check: dropped
+    UNAUTHENTICATED = "unauthenticated-message"
+    RANK_LOST = "rank-lost"  # the group took this rank for lost (silent too long) and went on
     EXCEPTION = "exception"  # anything else, lifecycle's own or not
 
 
@@ -249,6 +252,30 @@ class RequestStalled(LifecycleError):
         )
         self.request_id = request_id
         self.silent_s = silent_s
+
+
+class UnauthenticatedMessage(LifecycleError):
+    """A message read from the rendezvous store or the control group that failed the run
+    key's check (any process that reaches the store could have written it): dropped unread."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.UNAUTHENTICATED
+
+    def __init__(self, *, channel: str, slot: str, reason: str) -> None:
+        super().__init__(f"a message on the {channel} channel at {slot} was dropped: {reason}")
+        self.channel = channel
+        self.slot = slot
+        self.reason = reason
+
+
+class RankLost(LifecycleError):
+    """This rank was taken for lost by the group (silent past the beat's limit: its process
+    stopped, its host unreachable), and the group went on without it."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.RANK_LOST
+
+    def __init__(self, message: str, *, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 class RendezvousFailed(LifecycleError):

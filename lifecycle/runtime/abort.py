@@ -2,21 +2,28 @@
 and every other rank's watcher learns it within a poll interval, journals why it stops, and
 leaves, instead of waiting in its next collective until the process-group timeout.
 
-The rendezvous store (a TCPStore) is what every rank already reaches: rank 0's under the
-launcher, torchrun's agent's under torchrun, on whatever host it runs. The first failure
-announced wins (compare-and-set), so every rank names the same culprit. A store that stops
-answering is itself news: its host (rank 0's process, or node 0) is gone.
+The rendezvous store (a TCPStore) is what every rank already reaches: the launcher's (on
+127.0.0.1 only) or torchrun's agent's, on whatever host it runs. The first failure announced
+wins (compare-and-set), so every rank names the same culprit. Each announcement is sealed with
+the run's store key (lifecycle.runtime.storetrust): one that is not, whoever wrote it, is
+dropped, and a real announcement takes its place. A store that stops answering is itself
+news: its host (the launcher, or node 0) is gone. A rank that finds itself announced lost by
+rank 0's server (its beats stopped while it was stopped or starved) fails: the group went on
+without it.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from lifecycle.runtime.storetrust import NOT_A_MESSAGE, StoreTrust
 
 ABORT_POLL_S = 0.2
 # A store that does not answer for this long is gone (a round trip on a loaded host takes
@@ -27,6 +34,10 @@ STORE_GONE_S = 3.0
 STOP_WITHIN_S = 5.0
 STORE_CONNECT_S = 10.0
 MAX_MESSAGE_CHARS = 2000
+# How many times an announcement takes the place of a value that is not one (a forgery) before
+# it gives up: each try is one compare-and-set, and only a writer racing it can use them up.
+ANNOUNCE_TRIES = 8
+ABORT_CHANNEL = "abort"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,19 +99,30 @@ def store_client(
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def host_store(port: int, *, world_size: int) -> Any:
-    """The rendezvous store, served from the launcher's process on 127.0.0.1:`port`."""
+def host_store(*, world_size: int, port: int = 0) -> Any:
+    """A rendezvous store served from this process on 127.0.0.1 only (its `port`; 0 for a free
+    one): torch's own binds every interface, whatever host it is given, and anything that
+    reached it could end the run or steer it."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    return TCPStore(
-        "127.0.0.1",
-        port,
-        world_size,
-        is_master=True,
-        timeout=datetime.timedelta(seconds=STORE_CONNECT_S),
-        wait_for_workers=False,
-        multi_tenant=True,
-    )
+    listening = socket.create_server(("127.0.0.1", port), backlog=128)
+    try:
+        store = TCPStore(
+            "127.0.0.1",
+            listening.getsockname()[1],
+            world_size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=STORE_CONNECT_S),
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=listening.fileno(),
+            use_libuv=True,
+        )
+    except BaseException:
+        listening.close()
+        raise
+    listening.detach()  # the store owns the socket now, and closes it when it ends
+    return store
 
 
 def store_gone(exc: BaseException) -> Failure:
@@ -116,29 +138,52 @@ def store_gone(exc: BaseException) -> Failure:
     )
 
 
-def announce(store: Any, run_id: str, failure: Failure) -> Failure:
-    """Announce `failure` unless a failure was announced first; the one that stands."""
-    key = abort_key(run_id)
-    standing = store.compare_set(key, "", failure.to_json())
-    return Failure.from_json(standing) or failure
+def standing_failure(raw: bytes, trust: StoreTrust, *, slot: str) -> Failure | None:
+    """The failure the abort slot holds, sealed with the run's key; None (dropped, counted)
+    for anything else."""
+    body = trust.open(raw, channel=ABORT_CHANNEL, slot=slot)
+    if body is None:
+        return None
+    failure = Failure.from_json(body)
+    if failure is None:
+        trust.reject(ABORT_CHANNEL, slot=slot, data=raw, reason=NOT_A_MESSAGE)
+    return failure
+
+
+def announce(store: Any, trust: StoreTrust, failure: Failure) -> Failure:
+    """Announce `failure` unless a failure was announced first; the one that stands. A value
+    in the slot that is not a sealed failure holds it for nobody: this one takes its place."""
+    key = abort_key(trust.key.run_id)
+    mine = trust.key.seal(failure.to_json().encode(), channel=ABORT_CHANNEL)
+    expected = b""
+    for _ in range(ANNOUNCE_TRIES):
+        standing = store.compare_set(key, expected, mine)
+        if standing == mine:
+            return failure
+        found = standing_failure(standing, trust, slot=key)
+        if found is not None:
+            return found
+        expected = standing
+    return failure
 
 
 class AbortWatcher:
-    """A thread that calls `on_abort` once, with the first failure of another rank, or with
-    the store's own going away; stopped by `stop`."""
+    """A thread that calls `on_abort` once: with the first failure of another rank, with the
+    server's taking this rank for lost, or with the store's own going away; stopped by
+    `stop`."""
 
     def __init__(
         self,
         store: Any,
         *,
-        run_id: str,
+        trust: StoreTrust,
         rank: int,
         on_abort: Callable[[Failure], None],
         poll_s: float = ABORT_POLL_S,
     ) -> None:
         self._store = store
-        self._run_id = run_id
-        self._key = abort_key(run_id)
+        self._trust = trust
+        self._key = abort_key(trust.key.run_id)
         self._rank = rank
         self._on_abort = on_abort
         self._poll_s = poll_s
@@ -163,16 +208,17 @@ class AbortWatcher:
             try:
                 if not self._store.check([self._key]):
                     return None
-                return Failure.from_json(self._store.get(self._key))
+                raw = self._store.get(self._key)
             except RuntimeError as exc:
                 return store_gone(exc)
+        return standing_failure(raw, self._trust, slot=self._key)
 
     def announce(self, failure: Failure) -> Failure | None:
         """Announce this rank's failure; None when the store no longer answers (its peers'
         watchers see that themselves)."""
         with self._lock:
             try:
-                return announce(self._store, self._run_id, failure)
+                return announce(self._store, self._trust, failure)
             except RuntimeError:
                 return None
 
@@ -191,10 +237,17 @@ class AbortWatcher:
                     continue
                 self._on_abort(store_gone(exc))
                 return
-            failure = None if raw is None else Failure.from_json(raw)
-            if failure is not None and failure.rank != self._rank:
+            failure = None if raw is None else standing_failure(raw, self._trust, slot=self._key)
+            if failure is not None and (failure.rank != self._rank or taken_for_lost(failure)):
                 self._on_abort(failure)
                 return
+
+
+def taken_for_lost(failure: Failure) -> bool:
+    """Whether `failure` is rank 0's server taking its rank for lost (its beats stopped): a
+    rank that reads it of itself was stopped or cut off, and the group went on without it. (A
+    peer's announcement of rank 0, whose broadcasts failed, may follow another rank's death.)"""
+    return failure.announced_by == "server"
 
 
 def rank_lost(rank: int, message: str, *, state: str | None, announced_by: str) -> Failure:
@@ -228,14 +281,14 @@ def failure_of(exc: BaseException, *, rank: int, state: str, kind: str) -> Failu
 def watch_peers(
     env: Mapping[str, str],
     *,
-    run_id: str,
+    trust: StoreTrust,
     rank: int,
     world_size: int,
     on_abort: Callable[[Failure], None],
 ) -> AbortWatcher:
     """Start watching the rendezvous store for a peer's failure."""
     watcher = AbortWatcher(
-        store_client(env, world_size=world_size), run_id=run_id, rank=rank, on_abort=on_abort
+        store_client(env, world_size=world_size), trust=trust, rank=rank, on_abort=on_abort
     )
     watcher.start()
     return watcher

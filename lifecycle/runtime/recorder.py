@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from lifecycle.core.errors import ConfigError, JournalError
+from lifecycle.core.errors import ConfigError, ErrorKind, JournalError
 from lifecycle.core.events import (
     Aborted,
     CollectivesDumped,
@@ -116,7 +116,8 @@ Listener = Callable[[StoredEvent], None]
 def dump_reason(event: Event, ring: deque[tuple[Event, str, float, int]]) -> str | None:
     """Why recording `event` writes the ring first, if it does: the trouble it reports."""
     match event:
-        case Error():
+        # A message dropped from the store is news of the store, not of this rank's collectives.
+        case Error() if event.error_kind != ErrorKind.UNAUTHENTICATED:
             return "error"
         case Aborted():
             return "aborted"

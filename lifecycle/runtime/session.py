@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import platform as pyplatform
 import signal
 import socket
 import sys
@@ -13,22 +12,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 
-from lifecycle import __version__
 from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
-from lifecycle.core.config import (
-    PeerFailure,
-    RankLayout,
-    ServerArgs,
-)
+from lifecycle.core.config import PeerFailure, RankLayout, ServerArgs
 from lifecycle.core.errors import (
     COLLECTIVE_KINDS,
     JournalError,
     JournalWriteFailed,
     RankDisagreement,
+    RankLost,
     StartupTimeout,
     classify,
 )
@@ -37,7 +31,6 @@ from lifecycle.core.events import (
     ActionFinished,
     ActionStarted,
     ClockAligned,
-    RunStarted,
     Shutdown,
     Transition,
     error_event,
@@ -52,27 +45,19 @@ from lifecycle.runtime.flightrecorder import FlightDumper, folder_for, turn_on
 from lifecycle.runtime.heartbeat import HeartbeatThread
 from lifecycle.runtime.injection import RankFaults
 from lifecycle.runtime.process_group import (
-    backend_for,
     fatal_error,
     join_process_group,
     measure_clock_offset,
     settings_disagreement,
 )
 from lifecycle.runtime.rankruntime import RankRuntime
+
+# RankLaunch is re-exported: the launcher and the tests make a rank's session from here.
+from lifecycle.runtime.rankstart import RankLaunch as RankLaunch  # noqa: PLC0414
+from lifecycle.runtime.rankstart import run_started
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import leave_process
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RankLaunch:
-    run_id: str
-    rank: int
-    local_ranks: int  # ranks on this host, which share its CPU cores and memory
-    distributed: bool  # join a torch.distributed group (MASTER_ADDR/PORT from the environment)
-    # When the launcher's process and this rank's began (time.time() on this host): the launch
-    # phase run_started records; None where not measured.
-    launcher_started_wall: float | None = None
-    process_started_wall: float | None = None
+from lifecycle.runtime.storetrust import Rejections, RunKey, StoreTrust
 
 
 class RankSession:
@@ -92,10 +77,15 @@ class RankSession:
         actions: Mapping[State, tuple[tuple[str, Action], ...]] = STARTUP_ACTIONS,
         table: tuple[Edge, ...] = TRANSITIONS,
         leave: Callable[[int], None] = leave_process,
+        trust: StoreTrust | None = None,
     ) -> None:
         self.args = args
         self.launch = launch
         self.recorder = recorder
+        # What this rank reads from the rendezvous store is opened with the run's key.
+        self.trust = trust or StoreTrust(
+            RunKey(None, run_id=launch.run_id), Rejections(record=recorder.record)
+        )
         self.actions = actions
         self._leave = leave
         self._leaving = threading.Lock()
@@ -159,23 +149,12 @@ class RankSession:
         )
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        # On this rank's clock, as its events are (LIFECYCLE_CLOCK_SKEW shifts it).
-        now, launch = time.time(), self.launch
-        skew = self.recorder.clock.wall() - now
-        launched, began = launch.launcher_started_wall, launch.process_started_wall
         self.recorder.record(
-            RunStarted(
+            run_started(
+                self.launch,
                 world_size=self.args.num_ranks,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                lifecycle_version=__version__,
-                torch_version=torch.__version__,
-                python_version=pyplatform.python_version(),
-                device=str(device),
-                dist_backend=backend_for(device) if self.launch.distributed else None,
-                launcher_started_wall=None if launched is None else launched + skew,
-                process_started_wall=None if began is None else began + skew,
-                imports_s=None if began is None else max(0.0, now - began),
+                device=device,
+                wall=self.recorder.clock.wall(),
             )
         )
         self.heartbeat.start()
@@ -202,7 +181,7 @@ class RankSession:
             if self.args.on_peer_failure is PeerFailure.ABORT:
                 self.peers = watch_peers(
                     os.environ,
-                    run_id=self.launch.run_id,
+                    trust=self.trust,
                     rank=self.launch.rank,
                     world_size=self.args.num_ranks,
                     on_abort=self.abort,
@@ -248,7 +227,9 @@ class RankSession:
         """Fail unless every rank was started with the settings the run records (torchrun
         gives each rank its own command line)."""
         launch = self.launch
-        self.disagreement = settings_disagreement(self.args, rank=launch.rank, run_id=launch.run_id)
+        self.disagreement = settings_disagreement(
+            self.args, rank=launch.rank, trust=self.trust, env=os.environ
+        )
         if self.disagreement is not None:
             raise self.disagreement
 
@@ -326,32 +307,40 @@ class RankSession:
         """A peer failed for good: journal why this rank stops (`aborted`, naming the peer and
         its error), write what it keeps for trouble (its collective ring, the Flight Recorder),
         and leave (exit 1), never waiting in a collective after the decision. A rank already
-        failed or stopped keeps its own end."""
+        failed or stopped keeps its own end. A failure naming this rank is this rank taken for
+        lost (its beats stopped: the process was stopped or starved): it fails on that."""
         with self._fire_lock:
             if self.machine.state in TERMINAL_STATES:
                 return
-            try:
-                self.recorder.record(
-                    Aborted(
-                        failed_rank=failure.rank,
-                        error_type=failure.error_type,
-                        error_kind=failure.error_kind,
-                        message=failure.message,
-                        failed_state=failure.state,
-                        announced_by=failure.announced_by,
-                        learned_after_s=max(0.0, time.time() - failure.wall),
-                    )
-                )
-                self.fire(Trigger.FAIL)
-            except JournalWriteFailed as lost:
-                self.stop_unjournaled(lost)
-            except JournalError:
-                pass
+            if failure.rank == self.launch.rank:
+                taken = f"taken for lost by the group: {failure.message}"
+                self.fail(RankLost(taken, rank=failure.rank), where=failure.message)
+            else:
+                self._journal_abort(failure)
         self.close()
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
             sys.stderr.flush()
         self._leave(Exit.FAILED)
+
+    def _journal_abort(self, failure: Failure) -> None:
+        try:
+            self.recorder.record(
+                Aborted(
+                    failed_rank=failure.rank,
+                    error_type=failure.error_type,
+                    error_kind=failure.error_kind,
+                    message=failure.message,
+                    failed_state=failure.state,
+                    announced_by=failure.announced_by,
+                    learned_after_s=max(0.0, time.time() - failure.wall),
+                )
+            )
+            self.fire(Trigger.FAIL)
+        except JournalWriteFailed as lost:
+            self.stop_unjournaled(lost)
+        except JournalError:
+            pass
 
     def stop_unjournaled(self, exc: JournalWriteFailed) -> None:
         """The journal cannot be written: say so in one line and leave with exit status 3,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lifecycle.core.errors import LifecycleError
 from lifecycle.core.records import Generation, StageRecord
+from lifecycle.runtime.storetrust import CHANNELS
 
 if TYPE_CHECKING:
     from lifecycle.serve.inflight import RequestInFlight
@@ -102,14 +103,26 @@ class Dump:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lost:
-    """Under torchrun, rank 0 is gone (its broadcasts ended without a stop): this rank fails,
-    and leaves its serve loop. Put by the rank's own bridge, never sent."""
+    """Under torchrun, rank `rank` is lost: rank 0 (its broadcasts ended without a stop), or
+    this rank itself (silent past the beat's limit, so that the group went on without it).
+    This rank fails, and leaves its serve loop. Put by the rank's own bridge, never sent."""
 
     why: str
+    rank: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejected:
+    """How many messages the rank has dropped so far on `channel` of the rendezvous store or
+    the control group, as not sealed with the run's store key (for /metrics)."""
+
+    rank: int
+    channel: str
+    total: int
 
 
 ToRank = Generate | Stop | Dump | GivenUp | Lost
-FromRank = Hello | Ready | Progress | Result
+FromRank = Hello | Ready | Progress | Result | Rejected
 
 # -- the launcher's end ------------------------------------------------------------------------
 
@@ -131,6 +144,22 @@ class Line(Protocol):
     def send(self, obj: Any) -> None: ...
 
     def recv(self) -> Any: ...
+
+
+class LockedConnection:
+    """A rank process's connection to the launcher, written from several threads (its replies,
+    its counts of dropped messages), one message at a time."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+
+    def send(self, obj: Any) -> None:
+        with self._lock:
+            self._connection.send(obj)
+
+    def recv(self) -> Any:
+        return self._connection.recv()
 
 
 @dataclass
@@ -181,6 +210,7 @@ class ControlChannel:
             host, port = self._listening.getsockname()[:2]
             self.host, self.port = str(host), int(port)
         self.links: dict[int, RankLink] = {}
+        self._rejected: dict[tuple[int, str], int] = {}  # (rank, channel): messages it dropped
         self._lock = threading.Lock()
         self._request: RequestInFlight | None = None
         self._closed = threading.Event()
@@ -251,6 +281,12 @@ class ControlChannel:
             if isinstance(message, Ready):
                 link.ready.set()
                 continue
+            if isinstance(message, Rejected):
+                if message.channel in CHANNELS:
+                    with self._lock:
+                        slot = (rank, message.channel)
+                        self._rejected[slot] = max(self._rejected.get(slot, 0), message.total)
+                continue
             with self._lock:
                 request = self._request
             # A result or progress for any other request is late: that request was already
@@ -272,6 +308,11 @@ class ControlChannel:
         with self._lock:
             if self._request is request:
                 self._request = None
+
+    def rejected(self) -> dict[tuple[int, str], int]:
+        """Messages each rank dropped, by channel, as it last said."""
+        with self._lock:
+            return dict(self._rejected)
 
     def snapshot(self) -> dict[int, RankLink]:
         with self._lock:

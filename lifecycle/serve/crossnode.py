@@ -8,7 +8,11 @@ found by the next broadcast failing. Up (each rank to rank 0): the rendezvous st
 already reaches (torchrun's agent's), one key per message in order, deleted once read: the
 rank's journal events as it records them (so that rank 0 folds every rank's view whatever
 journal each node writes to), its replies, and a beat counter that stops moving when the rank
-is gone.
+is gone (read by lifecycle.serve.upreader). Every message either way is sealed with the run's
+store key (lifecycle.serve.wire); one that is not is dropped, counted and journaled once.
+
+A rank whose own beats stopped for LOST_S (its process stopped, then resumed) knows the group
+has gone on without it: it fails, however rank 0's last orders read.
 
 Every rank's `ControlInbox` reads and writes a `RankBridge` as it would the launcher's
 connection; rank 0's server reads every rank through a `RankLine` per rank, as it reads a
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import queue
 import socket
 import threading
@@ -27,10 +30,20 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lifecycle.core.codec import decode_or_unknown, dumps_record, encode, loads_record
-from lifecycle.core.errors import CorruptEvent
 from lifecycle.core.events import StoredEvent
-from lifecycle.serve.control import FromRank, Hello, Lost, Progress, Ready, Result, ToRank
+from lifecycle.runtime.storetrust import NOT_A_MESSAGE, RunKey, StoreTrust
+from lifecycle.serve.control import FromRank, Hello, Lost, Stop, ToRank
+from lifecycle.serve.wire import (
+    BEAT,
+    DOWN,
+    UP,
+    Up,
+    beat_key,
+    message_key,
+    order_from_wire,
+    order_to_wire,
+    to_wire,
+)
 
 BEAT_S = 0.5  # how often each rank moves its beat counter
 # A rank whose beat counter has not moved for this long is lost: its process or its host is
@@ -43,73 +56,6 @@ KEEPALIVE_S = 1.0  # rank 0 broadcasts at least this often
 # A broadcast that does not complete within this long fails on every rank: rank 0 broadcasts
 # every KEEPALIVE_S, so this only bounds a rank's wait once rank 0 is gone without a word.
 CONTROL_TIMEOUT_S = 30.0
-# How often rank 0 looks for a rank's next message (a store round trip of its own each time,
-# milliseconds at most; a store's blocking wait logs a warning each time it times out).
-READ_POLL_S = 0.01
-
-Up = FromRank | StoredEvent
-
-
-def _prefix(run_id: str, rank: int) -> str:
-    return f"lifecycle/{run_id}/serve/{rank}"
-
-
-def message_key(run_id: str, rank: int, seq: int) -> str:
-    return f"{_prefix(run_id, rank)}/up/{seq}"
-
-
-def beat_key(run_id: str, rank: int) -> str:
-    return f"{_prefix(run_id, rank)}/beat"
-
-
-# -- the wire (up): JSON text, never unpickled --------------------------------------------------
-
-_MESSAGES: dict[str, type[Hello | Ready | Progress | Result]] = {
-    "hello": Hello,
-    "ready": Ready,
-    "progress": Progress,
-    "result": Result,
-}
-_NAMES = {cls: name for name, cls in _MESSAGES.items()}
-
-
-def to_wire(item: Up) -> bytes:
-    if isinstance(item, StoredEvent):
-        event = item.event
-        doc: dict[str, Any] = {
-            "type": "event",
-            "seq": item.seq,
-            "wall": item.wall_time,
-            "mono_ns": item.mono_ns,
-            "state": item.state,
-            "kind": event.kind,
-            "version": event.version,
-            "payload": encode(event),
-        }
-        return json.dumps(doc).encode()
-    return json.dumps({"type": _NAMES[type(item)], "message": dumps_record(item)}).encode()
-
-
-def from_wire(data: bytes, *, run_id: str, rank: int) -> Up | None:
-    """The message `data` holds from `rank`; None for anything else (any process that reaches
-    the store could have written it), or a message that names another rank."""
-    try:
-        doc = json.loads(data)
-        kind = doc["type"]
-        if kind == "event":
-            return StoredEvent(
-                run_id=run_id,
-                rank=rank,
-                seq=int(doc["seq"]),
-                wall_time=float(doc["wall"]),
-                mono_ns=int(doc["mono_ns"]),
-                state=str(doc["state"]),
-                event=decode_or_unknown(str(doc["kind"]), int(doc["version"]), doc["payload"]),
-            )
-        message = loads_record(_MESSAGES[kind], doc["message"])
-    except (ValueError, KeyError, TypeError, RecursionError, CorruptEvent):
-        return None
-    return message if message.rank == rank else None
 
 
 # -- a rank's end ------------------------------------------------------------------------------
@@ -133,15 +79,19 @@ class RankBridge:
         self._up: queue.Queue[Up] = queue.Queue()
         self._deliver = deliver if deliver is not None else self._up.put
         self._closed = threading.Event()
-        self.run_id: str | None = None
         self._store: Any = None
+        self._trust: StoreTrust | None = None
+        self._beaten: float | None = None  # monotonic time of its last beat, while it beats
+        self._silent_s: float | None = None  # the gap in its beats that lost it, once found
 
     # The connection ControlInbox reads: a None in the queue is the channel gone.
     def recv(self) -> ToRank:
         message = self._down.get()
         if message is None:
             raise EOFError("rank 0's control channel is gone")
-        return message
+        why = self.taken_for_lost() if isinstance(message, Stop) else None
+        # Rank 0's stop was for a group that had gone on without this rank.
+        return message if why is None else Lost(why=why, rank=self.rank)
 
     def send(self, message: FromRank) -> None:
         self._deliver(message)
@@ -153,31 +103,62 @@ class RankBridge:
     def put(self, message: ToRank | None) -> None:
         self._down.put(message)
 
-    def publish(self, store: Any, run_id: str) -> None:
-        """Start publishing this rank's messages and beats in `store` (a client of its own)."""
-        self.run_id, self._store = run_id, store
+    def publish(self, store: Any, trust: StoreTrust) -> None:
+        """Start publishing this rank's messages and beats in `store` (a client of its own),
+        sealed with the run's key."""
+        self._store, self._trust = store, trust
         self.hello()
-        threading.Thread(
-            target=self._publish, args=(store, run_id), name="lifecycle-up", daemon=True
-        ).start()
+        threading.Thread(target=self._publish, name="lifecycle-up", daemon=True).start()
 
     def hello(self) -> None:
         self.send(Hello(rank=self.rank, host=socket.gethostname()))
 
-    def _publish(self, store: Any, run_id: str) -> None:
-        seq, beaten = 0, 0.0
+    def taken_for_lost(self) -> str | None:
+        """Why the group has gone on without this rank, if it has: its beats stopped for
+        LOST_S (its process stopped or starved), which rank 0 takes for a rank lost."""
+        silent, beaten = self._silent_s, self._beaten
+        if silent is None and beaten is not None and time.monotonic() - beaten >= LOST_S:
+            silent = time.monotonic() - beaten
+        if silent is None:
+            return None
+        return (
+            f"rank {self.rank} made no beat for {silent:.1f} s (its process was stopped or"
+            f" starved): the group takes a rank silent for {LOST_S:g} s for lost"
+        )
+
+    def _publish(self) -> None:
+        store, trust = self._store, self._trust
+        assert trust is not None
+        run_id, seal = trust.key.run_id, trust.key.seal
+        seq, beats, beaten = 0, 0, 0.0
         beat = beat_key(run_id, self.rank)
         while not self._closed.is_set():
             try:
                 if time.monotonic() - beaten >= BEAT_S:
-                    store.add(beat, 1)
-                    beaten = time.monotonic()
+                    self._check_gap()
+                    beats += 1
+                    store.set(beat, seal(str(beats).encode(), channel=BEAT, rank=self.rank))
+                    beaten = self._beaten = time.monotonic()
                 with contextlib.suppress(queue.Empty):
                     item = self._up.get(timeout=BEAT_S)
-                    store.set(message_key(run_id, self.rank, seq), to_wire(item))
+                    sealed = seal(to_wire(item), channel=UP, rank=self.rank, seq=seq)
+                    store.set(message_key(run_id, self.rank, seq), sealed)
                     seq += 1
             except RuntimeError:
-                return  # the store is gone: the abort watcher says so for the whole rank
+                # The store is gone: the abort watcher says so for the whole rank. A rank that
+                # finds it gone after a silence of its own was lost before that.
+                self._check_gap()
+                break
+        self._beaten = None  # no longer beating: its silence from now on says nothing
+
+    def _check_gap(self) -> None:
+        """Before a beat: one that comes LOST_S after the last is too late; the group has gone
+        on without this rank, which fails (once)."""
+        why = self.taken_for_lost()
+        if why is not None and self._silent_s is None:
+            assert self._beaten is not None
+            self._silent_s = time.monotonic() - self._beaten
+            self._down.put(Lost(why=why, rank=self.rank))
 
     def join_control_group(self) -> None:
         """Join the control group with every other rank; then rank 0 broadcasts on it
@@ -191,20 +172,27 @@ class RankBridge:
             ).start()
 
     def _listen(self, group: Any) -> None:
-        """Take rank 0's broadcasts until a stop for this rank, or until the group fails
-        (rank 0 gone: read as the channel gone)."""
-        import torch.distributed as dist
+        """Take rank 0's broadcasts, each sealed for its place in the sequence, until a stop
+        for this rank, or until the group fails (rank 0 gone: read as the channel gone)."""
+        from lifecycle.runtime.process_group import broadcast_bytes
 
-        from lifecycle.serve.control import Stop
-
+        trust = self._trust
+        assert trust is not None
+        seq = 0
         while not self._closed.is_set():
-            box: list[Any] = [None]
             try:
-                dist.broadcast_object_list(box, src=0, group=group)
-            except RuntimeError as exc:
+                data = broadcast_bytes(None, group=group)
+            except (RuntimeError, ValueError) as exc:
                 self._rank_0_lost(exc)
                 return
-            targets, message = box[0]
+            slot, seq = f"control broadcast {seq}", seq + 1
+            body = trust.open(data, channel=DOWN, slot=slot, rank=0, seq=seq - 1)
+            order = None if body is None else order_from_wire(body)
+            if order is None:
+                if body is not None:
+                    trust.reject(DOWN, slot=slot, data=data, reason=NOT_A_MESSAGE)
+                continue
+            targets, message = order
             if message is None or self.rank not in targets:
                 continue
             self._down.put(message)
@@ -227,9 +215,9 @@ class RankBridge:
             state=None,
             announced_by="peer",
         )
-        if self._store is not None and self.run_id is not None:
+        if self._store is not None and self._trust is not None:
             with contextlib.suppress(RuntimeError):
-                announce(self._store, self.run_id, failure)
+                announce(self._store, self._trust, failure)
         self._down.put(Lost(why=failure.message))
 
     def close(self) -> None:
@@ -279,11 +267,12 @@ class RankLine:
 
 class Broadcaster:
     """Rank 0's side of the control group: each message once, with the ranks it is for, and a
-    keep-alive when there is none. A broadcast that fails (a rank gone) is reported once to
-    `on_broken` and ends the channel."""
+    keep-alive when there is none, each sealed with the run's key for its place in the
+    sequence. A broadcast that fails (a rank gone) is reported once to `on_broken` and ends
+    the channel."""
 
     def __init__(self, on_broken: Callable[[str], None]) -> None:
-        self._queue: queue.Queue[tuple[frozenset[int], ToRank] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[frozenset[int], ToRank | None] | None] = queue.Queue()
         self._on_broken = on_broken
         self._done = threading.Event()
         self.started = False
@@ -292,36 +281,37 @@ class Broadcaster:
     def send(self, targets: Iterable[int], message: ToRank) -> None:
         self._queue.put((frozenset(targets), message))
 
-    def start(self, group: Any, others: frozenset[int]) -> None:
+    def start(self, group: Any, others: frozenset[int], key: RunKey) -> None:
         """Broadcast on `group` until every one of `others` (the ranks but 0) was told to
         stop: they have left it."""
         self.started = True
         threading.Thread(
-            target=self._run, args=(group, others), name="lifecycle-broadcast", daemon=True
+            target=self._run, args=(group, others, key), name="lifecycle-broadcast", daemon=True
         ).start()
 
-    def _run(self, group: Any, others: frozenset[int]) -> None:
+    def _run(self, group: Any, others: frozenset[int], key: RunKey) -> None:
         try:
-            self._broadcast(group, others)
+            self._broadcast(group, others, key)
         finally:
             self.ended.set()
 
-    def _broadcast(self, group: Any, others: frozenset[int]) -> None:
-        import torch.distributed as dist
-
-        from lifecycle.serve.control import Stop
+    def _broadcast(self, group: Any, others: frozenset[int], key: RunKey) -> None:
+        from lifecycle.runtime.process_group import broadcast_bytes
 
         stopped: set[int] = set()
+        seq = 0
         while not self._done.is_set():
             try:
                 item = self._queue.get(timeout=KEEPALIVE_S)
             except queue.Empty:
-                item = (frozenset(), None)  # type: ignore[assignment]
+                item = (frozenset(), None)
             if item is None:
                 return
+            sealed = key.seal(order_to_wire(*item), channel=DOWN, rank=0, seq=seq)
+            seq += 1
             try:
-                dist.broadcast_object_list([item], src=0, group=group)
-            except RuntimeError as exc:
+                broadcast_bytes(sealed, group=group)
+            except (RuntimeError, ValueError) as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 self._on_broken(f"the control group failed: {first[:200]}")
                 return
@@ -333,72 +323,3 @@ class Broadcaster:
     def close(self) -> None:
         self._done.set()
         self._queue.put(None)
-
-
-class StoreReader:
-    """Rank 0's reader of one other rank's messages in the store, in order, each deleted once
-    read; the rank is lost once its beat counter has not moved for LOST_S."""
-
-    def __init__(
-        self,
-        store: Any,
-        *,
-        run_id: str,
-        rank: int,
-        on_message: Callable[[Up], None],
-        on_beat: Callable[[int], None],
-        on_lost: Callable[[int, str], None],
-    ) -> None:
-        self._store = store
-        self._on_beat = on_beat
-        self._run_id = run_id
-        self._rank = rank
-        self._on_message = on_message
-        self._on_lost = on_lost
-        self._closed = threading.Event()
-        self._suspect = threading.Event()
-
-    def start(self) -> None:
-        threading.Thread(
-            target=self._run, name=f"lifecycle-rank-{self._rank}-up", daemon=True
-        ).start()
-
-    def suspect(self) -> None:
-        """A broadcast failed: take the rank for lost after SUSPECT_S without a beat."""
-        self._suspect.set()
-
-    def _run(self) -> None:
-        store, rank = self._store, self._rank
-        # Judged only once the rank has beaten: until then it is starting (its node may come
-        # up minutes after this one), and the rendezvous and the group's timeouts bound that.
-        seq, beats, moved, looked = 0, 0, time.monotonic(), 0.0
-        beat = beat_key(self._run_id, rank)
-        while not self._closed.is_set():
-            key = message_key(self._run_id, rank, seq)
-            try:
-                if time.monotonic() - looked >= BEAT_S:
-                    looked = time.monotonic()
-                    now_beats = int(store.add(beat, 0))
-                    if now_beats != beats:
-                        beats, moved = now_beats, looked
-                        self._on_beat(rank)
-                data = store.get(key) if store.check([key]) else None
-                if data is not None:
-                    store.delete_key(key)
-            except RuntimeError:
-                data = None  # the store is gone: every rank's watcher sees that itself
-            if data is None:
-                silent_s = time.monotonic() - moved
-                if beats and silent_s >= (SUSPECT_S if self._suspect.is_set() else LOST_S):
-                    self._on_lost(rank, f"no beat for {silent_s:.1f} s")
-                    return
-                self._closed.wait(READ_POLL_S)
-                continue
-            seq += 1
-            moved = time.monotonic()
-            message = from_wire(data, run_id=self._run_id, rank=rank)
-            if message is not None:
-                self._on_message(message)
-
-    def close(self) -> None:
-        self._closed.set()

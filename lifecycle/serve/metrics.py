@@ -50,6 +50,7 @@ from lifecycle.core.states import State
 from lifecycle.core.view import RankView
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LOST = "lost"  # the state lifecycle_rank_state gives a rank lost (its host gone, or stopped)
 # From a micro model's request on a quiet machine (a tenth of a second) to a video model's at
 # full size (minutes), as text-to-video serving spans them.
 REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -57,7 +58,9 @@ REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
 
 class JournalMetrics(Collector):
     """Metrics from the journal as the server follows it: `feed` every new event (for the
-    counters), and `views` gives each rank's folded view (for the gauges) at scrape time."""
+    counters), and `views` gives each rank's folded view (for the gauges) at scrape time; with
+    what the server knows of each rank beside its journal: the ranks lost (`lost`) and the
+    messages each dropped as not sealed with the run's store key (`rejected`)."""
 
     def __init__(
         self,
@@ -66,10 +69,14 @@ class JournalMetrics(Collector):
         ended: Callable[[], set[int]],
         created_at: float,
         hosts: Callable[[], dict[int, str]] = dict,
+        lost: Callable[[], set[int]] = set,
+        rejected: Callable[[], dict[tuple[int, str], int]] = dict,
     ) -> None:
         self._views = views
         self._ended = ended
         self._hosts = hosts
+        self._lost = lost
+        self._rejected = rejected
         self._created_at = created_at
         self._lock = threading.Lock()
         self._requests: Counter[tuple[int, str]] = Counter()
@@ -91,7 +98,10 @@ class JournalMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         now = time.time()
         views = self._views()
-        yield from _state_metrics(views, ended=self._ended(), now=now, created_at=self._created_at)
+        lost = self._lost()
+        yield from _state_metrics(
+            views, ended=self._ended() | lost, lost=lost, now=now, created_at=self._created_at
+        )
         yield from _warmup_metrics(views)
         with self._lock:
             requests = dict(self._requests)
@@ -131,14 +141,24 @@ class JournalMetrics(Collector):
         for rank, host in sorted(self._hosts().items()):
             placed.add_metric([str(rank), host], 1)
         yield placed
+        dropped = CounterMetricFamily(
+            "lifecycle_store_rejected",
+            "Messages a rank read from the rendezvous store or the control group and dropped,"
+            " as not sealed with the run's store key, by rank and channel.",
+            labels=["rank", "channel"],
+        )
+        for (rank, channel), total in sorted(self._rejected().items()):
+            dropped.add_metric([str(rank), channel], total)
+        yield dropped
 
 
 def _state_metrics(
-    views: dict[int, RankView], *, ended: set[int], now: float, created_at: float
+    views: dict[int, RankView], *, ended: set[int], lost: set[int], now: float, created_at: float
 ) -> Iterator[Metric]:
     state = GaugeMetricFamily(
         "lifecycle_rank_state",
-        "1 for the state each rank is in, 0 for the others.",
+        "1 for the state each rank is in, 0 for the others (`lost`: a rank the group went on"
+        " without, whatever its journal last said).",
         labels=["rank", "state"],
     )
     seconds = GaugeMetricFamily(
@@ -174,8 +194,9 @@ def _state_metrics(
     )  # fmt: skip
     for rank, view in sorted(views.items()):
         label = str(rank)
-        for s in State:
-            state.add_metric([label, s.value], 1.0 if view.state == s.value else 0.0)
+        current = LOST if rank in lost else view.state
+        for name in (*(s.value for s in State), LOST):
+            state.add_metric([label, name], 1.0 if current == name else 0.0)
         spent: dict[str, float] = {}
         for span in view.spans:
             spent[span.state] = spent.get(span.state, 0.0) + (span.duration_s(now=now) or 0.0)

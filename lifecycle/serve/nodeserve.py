@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lifecycle.core.command import Exit
 from lifecycle.core.config import PeerFailure, ServerArgs
@@ -28,19 +28,16 @@ from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.view import RankView
 from lifecycle.serve.control import ControlChannel, FromRank, Hello, Stop
-from lifecycle.serve.crossnode import (
-    BEAT_S,
-    SUSPECT_S,
-    Broadcaster,
-    RankBridge,
-    RankLine,
-    StoreReader,
-    Up,
-)
+from lifecycle.serve.crossnode import BEAT_S, SUSPECT_S, Broadcaster, RankBridge, RankLine
 from lifecycle.serve.logs import say
 from lifecycle.serve.rankenv import RankEnv
 from lifecycle.serve.steps import StepMark
+from lifecycle.serve.upreader import StoreReader
+from lifecycle.serve.wire import Up
 from lifecycle.store.summaries import with_latest_heartbeat
+
+if TYPE_CHECKING:
+    from lifecycle.runtime.storetrust import StoreTrust
 
 STOP_SERVER_S = 10.0  # how long the HTTP server gets to answer what it is answering
 STOP_OTHERS_S = 2.0  # how long a signalled rank 0 waits for its stop to reach the others
@@ -50,11 +47,15 @@ class NodeRanks:
     """Every rank of a torchrun serve as rank 0's server knows them: each rank's events as
     they arrive, folded; its host; and whether it was lost."""
 
-    def __init__(self, args: ServerArgs, *, run_id: str, created_at: float, store: Any) -> None:
+    def __init__(
+        self, args: ServerArgs, *, created_at: float, store: Any, trust: StoreTrust
+    ) -> None:
         self.args = args
-        self.run_id = run_id
+        self.run_id = run_id = trust.key.run_id
         self.created_at = created_at
         self._store = store  # for announcing a lost rank to the others
+        self._trust = trust
+        self.store_authenticated = trust.key.authenticated
         self._folds = {r: RankFold(run_id=run_id, rank=r) for r in range(args.num_ranks)}
         self._lock = threading.Lock()
         self._arrived: list[StoredEvent] = []
@@ -134,7 +135,7 @@ class NodeRanks:
                 announced_by="server",
             )
             try:
-                announce(self._store, self.run_id, failure)
+                announce(self._store, self._trust, failure)
             except RuntimeError:
                 return  # the store is gone: every rank's watcher sees that itself
 
@@ -165,13 +166,14 @@ class Front:
         self.lines: dict[int, RankLine] = {}
         self.readers: list[StoreReader] = []
         self.ranks: NodeRanks | None = None
+        self.trust: StoreTrust | None = None
         self.server: Any = None
         self.metrics: Any = None
         self.loopback = False
         self._serving: threading.Thread | None = None
         self._leaving = threading.Lock()
 
-    def start(self, run_id: str, recorder: Any) -> None:
+    def start(self, run_id: str, recorder: Any, trust: StoreTrust) -> None:
         """Called once rank 0's journal is open: follow every rank and serve HTTP."""
         import uvicorn
 
@@ -181,11 +183,12 @@ class Front:
         from lifecycle.serve.service import Service
 
         world = self.args.num_ranks
+        self.trust = trust
         ranks = self.ranks = NodeRanks(
             self.args,
-            run_id=run_id,
             created_at=self.created_at,
             store=store_client(self.env, world_size=world),
+            trust=trust,
         )
         control = ControlChannel(listen=False)
         for rank in range(world):
@@ -194,7 +197,7 @@ class Front:
         for rank in range(1, world):
             reader = StoreReader(
                 store_client(self.env, world_size=world),
-                run_id=run_id,
+                trust=trust,
                 rank=rank,
                 on_message=self._arrival(rank),
                 on_beat=ranks.beat,
@@ -258,7 +261,8 @@ class Front:
             self.lines[rank].reply(reply)
 
     def _control_group(self, group: Any) -> None:
-        self.broadcaster.start(group, frozenset(range(1, self.args.num_ranks)))
+        assert self.trust is not None
+        self.broadcaster.start(group, frozenset(range(1, self.args.num_ranks)), self.trust.key)
 
     def _lose(self, rank: int, why: str) -> None:
         if self.ranks is not None:
@@ -352,9 +356,9 @@ def serve_under_torchrun(
     if ranks.rank != 0:
         bridge = RankBridge(ranks.rank)
 
-        def publish(run_id: str, recorder: Any) -> None:
+        def publish(run_id: str, recorder: Any, trust: StoreTrust) -> None:
             recorder.subscribe(bridge.record)
-            bridge.publish(store_client(env, world_size=ranks.world_size), run_id)
+            bridge.publish(store_client(env, world_size=ranks.world_size), trust)
 
         status = run_rank_process(
             args, mode="serve", env=env, created_at=created_at, control=bridge, on_journal=publish

@@ -41,6 +41,11 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("LIFECYCLE_WORKER", "a rank process's orders (the launcher sets it)"),
     ("LIFECYCLE_STEPS_FD", "the pipe a rank reports its steps to (the launcher sets it)"),
     ("LIFECYCLE_LAUNCHED_AT", "the launcher's process start, UNIX seconds (the launcher sets it)"),
+    (
+        "LIFECYCLE_STORE_KEY",
+        "the store key, the same on every rank (torchrun; the launcher makes its own)",
+    ),
+    ("LIFECYCLE_STORE_KEY_FILE", "a file holding the store key instead (e.g. a mounted Secret)"),
 )
 
 TORCHRUN_ENVIRONMENT = """\

@@ -51,6 +51,7 @@ class Ranks(Protocol):
 
     run_id: str
     created_at: float
+    store_authenticated: bool  # whether what the ranks read from the store is sealed
 
     def poll(self) -> list[StoredEvent]: ...
 
@@ -99,6 +100,8 @@ class Service:
             ended=self.ended_ranks,
             created_at=group.created_at,
             hosts=group.hosts,
+            lost=lambda: set(group.lost()),
+            rejected=control.rejected,
         )
         self.failed_at: float | None = None  # monotonic time of the first failure
 
@@ -217,15 +220,24 @@ class Service:
             failure = self.failure
             steps = dict(self.steps)
         hosts = self.group.hosts()
+        lost = self.group.lost()
         return {
             "run_id": self.group.run_id,
             "status": status,
             "healthy": healthy,
             "failure": failure,
+            "store": {
+                "authenticated": self.group.store_authenticated,
+                "rejected": sum(self.control.rejected().values()),
+            },
             "ranks": [
                 {
                     **rank_json(view, now=now, exit_code=_at(codes, r), step=steps.get(r)),
                     "host": hosts.get(r),
+                    "lost": lost.get(r),
+                    # A rank lost (its host gone, its process stopped) is in no state its
+                    # journal can say: what it last said stays in journaled_state.
+                    **({"state": "lost", "healthy": False} if r in lost else {}),
                 }
                 for r, view in views.items()
             ],

@@ -20,6 +20,13 @@ from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.states import State
 from lifecycle.core.view import RankView
+from lifecycle.runtime.storetrust import (
+    STORE_KEY_ENV,
+    STORE_KEY_FILE_ENV,
+    RunKey,
+    StoreTrust,
+    new_store_secret,
+)
 from lifecycle.serve.launchtime import LAUNCHED_AT_ENV
 from lifecycle.serve.logs import say
 from lifecycle.serve.progress import ProgressPrinter
@@ -91,6 +98,8 @@ class RankGroup:
         self.first_settled_at: float | None = None
         self.port: int | None = None  # the rendezvous store's
         self._store: Any = None  # the rendezvous store, hosted here while several ranks run
+        self._trust: StoreTrust | None = None  # its run key, handed to the ranks
+        self.store_authenticated = True  # every message through the store is sealed
         self._announced: set[int] = set()
         self.last_progress: dict[int, float] = {}  # monotonic time of each rank's last event
         self._steps: StepPipes | None = None  # each rank's denoising steps, beside the journal
@@ -99,12 +108,26 @@ class RankGroup:
 
     def start(self, *, stderr_of: Callable[[int], int | None] | None = None) -> None:
         """Spawn the ranks; `stderr_of(rank)` may give a rank's stderr (a descriptor this
-        group closes once the rank holds it), else it shares the launcher's."""
-        port = self.port = free_port()
+        group closes once the rank holds it), else it shares the launcher's. Several ranks meet
+        at a rendezvous store hosted here on 127.0.0.1 only, whose messages are sealed with a
+        key made for this run and handed to the ranks alone (their environment)."""
+        secret = new_store_secret()
+        self._trust = StoreTrust(RunKey(secret.encode(), run_id=self.run_id))
+        if self.args.num_ranks > 1:
+            # Hosted here, as torchrun's agent hosts its store: it outlives any rank, so a
+            # rank's failure still reaches its peers after rank 0 is gone (the agreed abort).
+            from lifecycle.runtime.abort import host_store
+
+            self._store = host_store(world_size=self.args.num_ranks)
+            port = self.port = int(self._store.port)
+        else:
+            port = self.port = free_port()  # named for the rank, which joins no group
         steps = self._steps = StepPipes(self.args.num_ranks)
+        inherited = {**os.environ, **self.env}
+        inherited.pop(STORE_KEY_FILE_ENV, None)  # this run's own key replaces an operator's
         base = {
-            **os.environ,
-            **self.env,
+            **inherited,
+            STORE_KEY_ENV: secret,
             WORKER_ENV: self.spec.to_env(),
             RUN_ID_ENV: self.run_id,
             # The launch the ranks count from: this process's start, as the run's.
@@ -114,13 +137,10 @@ class RankGroup:
             "WORLD_SIZE": str(self.args.num_ranks),
             "LOCAL_WORLD_SIZE": str(self.args.num_ranks),
         }
-        if self.args.num_ranks > 1:
-            # Hosted here, as torchrun's agent hosts its store: it outlives any rank, so a
-            # rank's failure still reaches its peers after rank 0 is gone (the agreed abort).
-            from lifecycle.runtime.abort import AGENT_STORE_ENV, host_store
+        if self._store is not None:
+            from lifecycle.runtime.abort import AGENT_STORE_ENV
 
             base[AGENT_STORE_ENV] = "True"
-            self._store = host_store(port, world_size=self.args.num_ranks)
         for rank in range(self.args.num_ranks):
             env = {**base, **steps.env_for(rank), "RANK": str(rank), "LOCAL_RANK": str(rank)}
             stderr = stderr_of(rank) if stderr_of is not None else None
@@ -198,6 +218,7 @@ class RankGroup:
         (rank 0 hosts it), the peers' watchers see the store gone themselves."""
         if self.args.on_peer_failure is not PeerFailure.ABORT or self._store is None:
             return
+        assert self._trust is not None
         for rank, code in enumerate(self.exit_codes()):
             if code in (None, 0) or rank in self._announced:
                 continue
@@ -216,7 +237,7 @@ class RankGroup:
                 announced_by="launcher",
             )
             with contextlib.suppress(RuntimeError):
-                announce(self._store, self.run_id, failure)
+                announce(self._store, self._trust, failure)
 
     # -- ending --------------------------------------------------------------------------------
 

@@ -17,15 +17,11 @@ from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.config import PeerFailure, ServerArgs, args_from_json
 from lifecycle.core.errors import (
     LifecycleError,
-    PeerGone,
-    RequestAborted,
-    RequestStalled,
-    classify,
+    RankDisagreement,
 )
-from lifecycle.core.records import shared_fields
+from lifecycle.core.events import ActionFinished, StoredEvent
 from lifecycle.core.runid import checked_run_id
 from lifecycle.core.states import State
-from lifecycle.core.validation import validate_shape
 from lifecycle.runtime.signals import (
     block_shutdown_signals,
     leave_process,
@@ -33,16 +29,11 @@ from lifecycle.runtime.signals import (
     watch_shutdown_signals,
 )
 from lifecycle.serve.control import (
-    ControlInbox,
     Hello,
     Line,
-    Lost,
-    Progress,
-    Ready,
-    Result,
-    Stop,
+    LockedConnection,
+    Rejected,
 )
-from lifecycle.serve.crossnode import RankBridge
 from lifecycle.serve.launchtime import launch_walls
 from lifecycle.serve.logs import configure_logging, say
 from lifecycle.serve.models import register_model
@@ -53,16 +44,22 @@ from lifecycle.serve.rankenv import RUN_ID_ENV as RUN_ID_ENV  # noqa: PLC0414
 from lifecycle.serve.rankenv import RankEnv as RankEnv  # noqa: PLC0414
 from lifecycle.serve.rankenv import named_run_id
 from lifecycle.serve.rankenv import under_torchrun as under_torchrun  # noqa: PLC0414
+from lifecycle.serve.rankserve import serve_requests
 
 if TYPE_CHECKING:
     from lifecycle.runtime.recorder import Recorder
     from lifecycle.runtime.session import RankSession
+    from lifecycle.runtime.storetrust import StoreTrust
 
 # This module is the entry of rank processes and is imported by the launcher: it imports
 # torch (through lifecycle.runtime.session) only inside functions, after the shutdown signals
 # are blocked.
 
 WORKER_ENV = "LIFECYCLE_WORKER"
+UNAUTHENTICATED = (
+    "lifecycle: warning: the rendezvous store is unauthenticated (no LIFECYCLE_STORE_KEY or"
+    " LIFECYCLE_STORE_KEY_FILE): whatever reaches it can end or steer this run"
+)
 # A failed rank stays this long past the process-group timeout at most, so that peers blocked
 # on it time out themselves (as under NCCL) and journal where they were.
 LINGER_MARGIN_S = 10.0
@@ -104,9 +101,14 @@ class WorkerSpec:
 
 
 def _agreed_run_id(
-    env: Mapping[str, str], created_at: float, ranks: RankEnv, args: ServerArgs
+    env: Mapping[str, str],
+    created_at: float,
+    ranks: RankEnv,
+    args: ServerArgs,
+    secret: bytes | None,
 ) -> str:
-    """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast."""
+    """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast sealed
+    with the store key (`secret`)."""
     from lifecycle.store.runs import new_run_id
 
     named = named_run_id(env)
@@ -115,11 +117,11 @@ def _agreed_run_id(
     if ranks.world_size == 1:
         return new_run_id(created_at)
     import torch
-    import torch.distributed as dist
 
     from lifecycle.runtime.device import select_device
     from lifecycle.runtime.flightrecorder import folder_for, turn_on
-    from lifecycle.runtime.process_group import join_process_group
+    from lifecycle.runtime.process_group import broadcast_bytes, join_process_group
+    from lifecycle.runtime.storetrust import SAME_KEY, RunKey
 
     # No shared id in the environment: join the group first and let rank 0 name the run.
     device = select_device(args.device, local_rank=ranks.local_rank)
@@ -134,9 +136,19 @@ def _agreed_run_id(
         dist_timeout_s=args.dist_timeout_s,
         env=env,
     )
-    chosen = [new_run_id(created_at) if ranks.rank == 0 else ""]
-    dist.broadcast_object_list(chosen, src=0)
-    return checked_run_id(str(chosen[0]), source="rank 0")
+    key = RunKey(secret, run_id="")
+    chosen = key.seal(new_run_id(created_at).encode(), channel="run-id", rank=0)
+    body = key.open(
+        broadcast_bytes(chosen if ranks.rank == 0 else None, device=device),
+        channel="run-id",
+        rank=0,
+    )
+    if body is None:
+        raise RankDisagreement(
+            f"rank 0's run id is not sealed with this rank's store key: {SAME_KEY}",
+            rank=ranks.rank,
+        )
+    return checked_run_id(body.decode("utf-8", "replace"), source="rank 0")
 
 
 def run_rank_process(
@@ -146,24 +158,27 @@ def run_rank_process(
     env: Mapping[str, str],
     created_at: float,
     control: Connection | Line | None = None,
-    on_journal: Callable[[str, Recorder], object] | None = None,
+    on_journal: Callable[[str, Recorder, StoreTrust], object] | None = None,
     leave: Callable[[int], None] = leave_process,
     before_signal_exit: Callable[[signal.Signals], object] | None = None,
 ) -> int:
     """One rank from start to exit; returns the process exit status. `created_at` is
-    time.time() at the process's entry; `on_journal(run_id, recorder)` is called once the
-    rank's journal is open, before its first event; `leave(status)` ends the process from
+    time.time() at the process's entry; `on_journal(run_id, recorder, trust)` is called once
+    the rank's journal is open, before its first event (`trust`: how the rank opens what it
+    reads from the rendezvous store); `leave(status)` ends the process from
     another thread (an agreed abort, a startup timeout); `before_signal_exit(sig)` is
     called on a shutdown signal once the session exists, before the rank journals it."""
     from lifecycle.runtime.actions import STARTUP_ACTIONS
     from lifecycle.runtime.process_group import leave_process_group
     from lifecycle.runtime.recorder import Recorder, clock_for
     from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.runtime.storetrust import Rejections, RunKey, StoreTrust, store_secret
     from lifecycle.serve.steps import counting_actions, pipe_report
     from lifecycle.store.runs import launch_command, open_run
 
     ranks = RankEnv.from_env(env)
     clock = clock_for(ranks.rank, env, world_size=ranks.world_size)
+    secret = store_secret(env)
     stop = threading.Event()
     started: list[RankSession] = []
 
@@ -186,11 +201,16 @@ def run_rank_process(
         os._exit(started[0].shutdown_by_signal(sig))
 
     watch_shutdown_signals(on_signal)
-    run_id = _agreed_run_id(env, created_at, ranks, args)
+    run_id = _agreed_run_id(env, created_at, ranks, args, secret)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
     recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank), clock=clock)
+    trust = StoreTrust(RunKey(secret, run_id=run_id), Rejections(record=recorder.record))
+    if secret is None and ranks.world_size > 1 and ranks.local_rank == 0:
+        recorder.subscribe(_warn_unauthenticated())
+    if control is not None:
+        trust.rejections.on_count(_reporter(control, ranks.rank))
     if on_journal is not None:
-        on_journal(run_id, recorder)
+        on_journal(run_id, recorder, trust)
     launched_at, process_started_at = launch_walls(env, entered_at=created_at)
     launch = RankLaunch(
         run_id=run_id,
@@ -217,7 +237,7 @@ def run_rank_process(
              f"  journal {shown_location(args.db)}"]
         )  # fmt: skip
         recorder.subscribe(console.feed)
-    session = RankSession(args, launch, recorder, actions=actions, leave=leave)
+    session = RankSession(args, launch, recorder, actions=actions, leave=leave, trust=trust)
     started.append(session)
     watch_dump_signal(lambda: session.dump_ring("signal"))
     state = session.boot()
@@ -235,7 +255,7 @@ def run_rank_process(
         return Exit.USAGE
     if state is State.READY:
         if mode == "serve" and control is not None:
-            _serve(session, control)
+            serve_requests(session, control)
         else:
             session.stop(reason="boot complete")
         session.close()
@@ -248,107 +268,35 @@ def run_rank_process(
     return Exit.FAILED
 
 
-# A peer that gave up a request for a stop hangs up on the collective this rank waits in;
-# the same stop reaches this rank at about the same time, and is waited for this long before
-# the hang-up is taken for a failure.
-PEER_STOP_GRACE_S = 2.0
+def _warn_unauthenticated() -> Callable[[StoredEvent], None]:
+    """A recorder listener that says once, when the rank has joined its group (from then on it
+    reads the store), that the store is unauthenticated: one line per host."""
+    said = threading.Event()
+
+    def listen(stored: StoredEvent) -> None:
+        event = stored.event
+        if (
+            isinstance(event, ActionFinished)
+            and event.action == "init-process-group"
+            and event.ok
+            and not said.is_set()
+        ):
+            said.set()
+            say(UNAUTHENTICATED, event="store-unauthenticated", out=sys.stderr)
+
+    return listen
 
 
-def _serve(session: RankSession, control: Connection | Line) -> None:
-    """Answer the launcher's requests until it says stop or the rank fails."""
-    from lifecycle.core.errors import CollectiveError, CollectiveTimeout
-    from lifecycle.runtime.actions import generate
+def _reporter(control: Connection | Line, rank: int) -> Callable[[str, int], None]:
+    """Tell the server each new count of messages this rank dropped (for /metrics)."""
 
-    runtime = session.runtime
-    assert runtime is not None
-    rank = session.launch.rank
-    inbox = ControlInbox(
-        control,
-        on_dump=session.dump_ring,
-        on_given_up=lambda given: session.fail(
-            RequestStalled(request_id=given.request_id, silent_s=given.silent_s),
-            where=f"the server gave request {given.request_id} up",
-        ),
-        on_lost=lambda lost: session.fail(
-            PeerGone(lost.why, group="control", group_seq=0, op="broadcast"), where=lost.why
-        ),
-    )
-    session.serve_collectives_from_ring()
-    if isinstance(control, RankBridge):
-        control.join_control_group()  # every rank at once, as it enters its serve loop
-    inbox.send(Ready(rank=rank))
-    served = 0
-    while True:
-        message = inbox.next()
-        if isinstance(message, Stop):
-            session.stop(reason=message.reason, signal_name=message.signal)
-            return
-        if isinstance(message, Lost):
-            return  # failed (or aborted) by the reader thread
-        if inbox.stopping:
-            continue
-        request_id = message.request_id
-        served += 1
-
-        def after_step(
-            step: int,
-            request_id: str = request_id,
-            nth: int = served,
-            half_way: int = max(1, message.request.steps // 2),
-        ) -> None:
-            if inbox.stopping:
-                raise RequestAborted(
-                    request_id=request_id, step=step, reason=inbox.stop_message.reason
-                )
-            if step + 1 == half_way:
-                session.faults.inject_in_request(nth)
-            inbox.send(Progress(request_id=request_id, rank=rank, step=step))
-
+    def report(channel: str, total: int) -> None:
         try:
-            request = message.request
-            validate_shape(session.args.model, request.shape, request.steps)
-            generated = generate(
-                runtime,
-                request,
-                source="http",
-                request_id=request_id,
-                keep_video=message.return_video,
-                after_step=after_step,
-            )
-            video = None if generated.video is None else generated.video.numpy()
-            inbox.send(
-                Result(
-                    request_id=request_id,
-                    rank=rank,
-                    ok=True,
-                    video=video,
-                    **shared_fields(generated.result, Result),
-                )
-            )
-        except Exception as exc:  # the request failed on this rank: journal it, fail, report
-            hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
-            stopped = (
-                isinstance(exc, RequestAborted)
-                or inbox.stopping
-                or (hung_up and inbox.wait_for_stop(PEER_STOP_GRACE_S))
-            )
-            if stopped:
-                # Given up for a stop, here or on a peer: a shutdown, not a failure.
-                stop = inbox.stop_message
-                session.stop(reason=stop.reason, signal_name=stop.signal)
-                return
-            session.fail(exc)
-            error = f"{type(exc).__name__}: {exc}"
-            inbox.send(
-                Result(
-                    request_id=request_id,
-                    rank=rank,
-                    ok=False,
-                    error=error,
-                    error_kind=classify(exc),
-                )
-            )
-            return
+            control.send(Rejected(rank=rank, channel=channel, total=total))
+        except OSError:
+            return  # the server is gone: the rank learns it from its inbox
+
+    return report
 
 
 def main() -> int:
@@ -367,9 +315,11 @@ def main() -> int:
         control = None
         if spec.mode == "serve" and spec.control_port is not None:
             assert spec.control_host is not None and spec.control_authkey is not None
-            control = Client(
-                (spec.control_host, spec.control_port),
-                authkey=bytes.fromhex(spec.control_authkey),
+            control = LockedConnection(
+                Client(
+                    (spec.control_host, spec.control_port),
+                    authkey=bytes.fromhex(spec.control_authkey),
+                )
             )
             control.send(Hello(rank=int(os.environ.get("RANK", "0"))))
         status = run_rank_process(

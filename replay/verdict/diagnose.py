@@ -221,6 +221,11 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
     return Blocked(rank=verdict.rank, ended=ended, **shared_fields(p, Blocked))
 
 
+# Who announces a rank lost rather than failed: rank 0's server under torchrun (a beat that
+# stopped), or a peer (rank 0's broadcasts that stopped).
+LOSS_ANNOUNCERS = ("server", "peer")
+
+
 def _outcome(
     verdicts: dict[int, RankVerdict],
     analysis: RunAnalysis,
@@ -243,6 +248,18 @@ def _outcome(
         return Outcome.HUNG, hang_culprits(verdicts, analysis)
     if errors or failed:
         return Outcome.FAILED, [errors[0].rank] if errors else failed[:1]
+    # Aborted for a rank whose own journal holds no failure, announced lost by the server or
+    # a peer: the group took it for lost (its process stopped, its host cut off), whatever it
+    # journaled afterwards.
+    lost = [
+        v.aborted_by
+        for v in verdicts.values()
+        if v.aborted
+        and v.aborted_by in verdicts
+        and analysis.views[v.rank].aborts[0][2].announced_by in LOSS_ANNOUNCERS
+    ]
+    if lost:
+        return Outcome.FAILED, lost[:1]
     if complete and statuses <= {Status.READY, Status.STOPPED}:
         return Outcome.STOPPED, []
     if complete and statuses <= {Status.READY, Status.STOPPED, Status.RUNNING}:

@@ -7,7 +7,7 @@ from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.records import Signature
 from replay.verdict import evidence as ev
 from replay.verdict.analysis import Mismatch, MismatchReason, SplitDisagreement
-from replay.verdict.diagnose import Diagnosis, Outcome
+from replay.verdict.diagnose import LOSS_ANNOUNCERS, Diagnosis, Outcome
 from replay.verdict.status import PendingInfo, RankVerdict, Status
 
 _MISMATCH_REASONS = {
@@ -178,11 +178,30 @@ def _culprit_text(d: Diagnosis, rank: int, late: dict[int, ev.LateArrival]) -> l
             f"rank {rank} went on to {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
             " while its peers waited for it in an earlier collective"
         )
+    elif (named := _aborted_for(d, rank)) is not None:
+        text = (
+            f"rank {rank} was taken for lost in {verdict.last_state} ({named.error_type},"
+            f" announced by the {named.announced_by}); its own journal holds no failure"
+        )
     else:
         text = f"rank {rank} in {verdict.last_state}"
     if verdict.faults:
         return [text, f"(fault injected: {', '.join(verdict.faults)})"]
     return [text]
+
+
+def _aborted_for(d: Diagnosis, rank: int) -> ev.AbortedBy | None:
+    """The first abort of a peer that named `rank` lost (announced by the server or a peer)."""
+    return next(
+        (
+            e
+            for e in d.evidence
+            if isinstance(e, ev.AbortedBy)
+            and e.failed_rank == rank
+            and e.announced_by in LOSS_ANNOUNCERS
+        ),
+        None,
+    )
 
 
 def _blocked_text(item: ev.Blocked, blocked: set[int], error: ev.FirstError | None) -> str:

@@ -25,8 +25,8 @@ import pytest
 from lifecycle.core.events import RequestFinished, RunStarted
 from lifecycle.core.records import StageRecord
 from lifecycle.serve.control import Progress, Result
-from lifecycle.serve.crossnode import from_wire, to_wire
 from lifecycle.serve.supervisor import free_port
+from lifecycle.serve.wire import from_wire, to_wire
 from tests.lifecycle.test_abort import events_of
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -48,7 +48,7 @@ def _wait_for_port(port: int, within: float = 60.0) -> None:
 class Nodes:
     """Two torchrun agents, one rank each, as two nodes of one host."""
 
-    def __init__(self, tmp_path: Path, port: int) -> None:
+    def __init__(self, tmp_path: Path, port: int, env: dict[str, str] | None = None) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.dirs = [tmp_path / "node0", tmp_path / "node1"]
         self.agents: list[subprocess.Popen[str]] = []
@@ -72,7 +72,8 @@ class Nodes:
                  "--log-level", "warning"],
                 cwd=folder, stdout=self.logs[-1],
                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+                env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+                     **(env or {})},
             )  # fmt: skip
             self.agents.append(agent)
         self.client = httpx.Client(base_url=self.url, timeout=120.0)
@@ -130,8 +131,8 @@ class Nodes:
 
 
 @contextlib.contextmanager
-def two_nodes(tmp_path: Path) -> Iterator[Nodes]:
-    nodes = Nodes(tmp_path, free_port())
+def two_nodes(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[Nodes]:
+    nodes = Nodes(tmp_path, free_port(), env)
     try:
         yield nodes
     finally:
@@ -139,6 +140,10 @@ def two_nodes(tmp_path: Path) -> Iterator[Nodes]:
 
 
 def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> None:
+    """Two nodes serve as one from rank 0 (each rank with its host, the store unauthenticated
+    without a key, as each node says once at start); a request runs on both; node 1 killed
+    turns /liveness 503 with rank 1 shown lost, rank 0's serve exits 1 after --linger, and
+    `replay diagnose` over both journals names rank 1."""
     with two_nodes(tmp_path) as nodes:
         nodes.wait_for("/health", 200, within=READY_WITHIN_S)
         shown = nodes.client.get("/lifecycle").json()
@@ -146,6 +151,7 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
             (0, "ready", socket.gethostname()),
             (1, "ready", socket.gethostname()),
         ]
+        assert shown["store"] == {"authenticated": False, "rejected": 0}
         metrics = nodes.client.get("/metrics").text
         assert f'lifecycle_rank_info{{host="{socket.gethostname()}",rank="1"}} 1.0' in metrics
 
@@ -169,8 +175,9 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
         os.killpg(nodes.agents[1].pid, signal.SIGKILL)  # the agent first: no restart
         os.kill(worker, signal.SIGKILL)
         nodes.wait_for("/liveness", 503, within=LIVENESS_WITHIN_S, serving=0)
-        failure = nodes.client.get("/lifecycle").json()["failure"]
-        assert failure.startswith("rank 1 "), failure
+        shown = nodes.client.get("/lifecycle").json()
+        assert shown["failure"].startswith("rank 1 "), shown["failure"]
+        assert (shown["ranks"][1]["state"], shown["ranks"][1]["healthy"]) == ("lost", False)
         # Rank 0's node serves the failure for --linger, then its serve (and agent) exit 1.
         assert lead.wait(timeout=60 + LINGER_S) != 0
 
@@ -182,6 +189,9 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
     verdict = json.loads(diagnosed.stdout)
     assert verdict["outcome"] == "crashed", verdict["summary"]
     assert verdict["culprit_ranks"][0] == 1, verdict["summary"]
+    for node in (0, 1):
+        said = (nodes.dirs[node] / "out.txt").read_text()
+        assert said.count("the rendezvous store is unauthenticated") == 1, said[-2000:]
     # Rank 0 learned of the loss from the store (the agreed abort), not from --linger's end.
     assert verdict["ranks"][0]["status"] == "aborted", verdict["summary"]
     assert "different config" not in diagnosed.stderr, diagnosed.stderr
@@ -235,7 +245,10 @@ def test_a_rank_is_judged_lost_only_once_it_has_beaten() -> None:
 
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
+    from lifecycle.runtime.storetrust import RunKey, StoreTrust
     from lifecycle.serve import crossnode
+    from lifecycle.serve.upreader import StoreReader
+    from lifecycle.serve.wire import beat_key
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
@@ -247,15 +260,16 @@ def test_a_rank_is_judged_lost_only_once_it_has_beaten() -> None:
         lost.append(f"rank {rank}: {why}")
         judged.set()
 
-    reader = crossnode.StoreReader(
+    trust = StoreTrust(RunKey(None, run_id="r"))  # unsealed, as without a store key
+    reader = StoreReader(
         TCPStore("127.0.0.1", port, 1, is_master=False, timeout=datetime.timedelta(seconds=10)),
-        run_id="r", rank=1, on_message=lambda item: None, on_beat=lambda rank: None,
+        trust=trust, rank=1, on_message=lambda item: None, on_beat=lambda rank: None,
         on_lost=on_lost,
     )  # fmt: skip
     reader.start()
     try:
         assert not judged.wait(crossnode.LOST_S + 1.0), lost  # silent from the start: starting
-        store.add(crossnode.beat_key("r", 1), 1)  # it beats once, then no more
+        store.set(beat_key("r", 1), b"1")  # it beats once, then no more
         assert judged.wait(crossnode.LOST_S + 5.0), "a rank that stopped beating was not lost"
         assert lost[0].startswith("rank 1: no beat for"), lost
     finally:

@@ -29,18 +29,21 @@ MICRO = ["boot", "--model", "micro-video", "--db", "j.db", "--log-level", "error
 TORCHRUN_NAMES = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "LIFECYCLE_RUN_ID",
-    "LIFECYCLE_CLOCK_SKEW", "LIFECYCLE_FAULTS",
+    "LIFECYCLE_CLOCK_SKEW", "LIFECYCLE_FAULTS", "LIFECYCLE_STORE_KEY", "LIFECYCLE_STORE_KEY_FILE",
 )  # fmt: skip
+# The store key an operator gives every rank (README: Serving across nodes).
+STORE_KEY = "5e41ed5a1e5f0bd0" * 4
 
 
 def rank_env(rank: int, world: int, port: int, **more: str) -> dict[str, str]:
-    """The environment torchrun gives rank `rank` of `world` on one host."""
+    """The environment torchrun gives rank `rank` of `world` on one host, with the store key
+    the operator gives every rank."""
     base = {k: v for k, v in os.environ.items() if k not in TORCHRUN_NAMES}
     return {
         **base, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
         "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        **more,
+        "LIFECYCLE_STORE_KEY": STORE_KEY, **more,
     }  # fmt: skip
 
 
