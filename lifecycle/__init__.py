@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from lifecycle.core.errors import (
+import time as _time
+
+# When the lifecycle's first line ran: the interpreter's own start ends here (the startup
+# accounted, lifecycle.runtime.phases). Read before any import, which is the next phase's.
+ENTERED_AT = _time.time()
+
+from lifecycle.core.errors import (  # noqa: E402
     ConfigError,
     IllegalTransition,
     JournalConflict,
@@ -11,7 +17,7 @@ from lifecycle.core.errors import (
     NotAJournal,
     SchemaMismatch,
 )
-from lifecycle.core.states import State, Trigger
+from lifecycle.core.states import State, Trigger  # noqa: E402
 
 __version__ = "0.1.0"
 

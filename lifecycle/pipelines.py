@@ -35,6 +35,7 @@ from lifecycle.core.records import Generation, ResidencyOption, Shape, StageReco
 from lifecycle.core.validation import MAX_STEPS
 from lifecycle.runtime.comm import Comm, RecordedGroup, StagingBuffers, UlyssesAttention
 from lifecycle.runtime.device import MemoryMeter, memory_meter, synchronize
+from lifecycle.runtime.phases import ComponentLoad, component_load
 from lifecycle.runtime.pipeline import (
     MeasuredPipeline,
     Pipeline,
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_STEPS",
     "NATIVE_BACKEND",
     "Comm",
+    "ComponentLoad",
     "ConfigError",
     "Generation",
     "MeasuredPipeline",
@@ -66,6 +68,7 @@ __all__ = [
     "StageRecord",
     "StagingBuffers",
     "UlyssesAttention",
+    "component_load",
     "memory_meter",
     "register_pipeline",
     "reload_seconds",

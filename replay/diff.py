@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lifecycle.core.accounting import PhaseShare, account
 from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.states import State
 from replay.verdict.analysis import RunAnalysis
@@ -40,6 +42,11 @@ class RunProfile:
     path: tuple[str, ...]
     skip_reason: str | None
     calibrated: bool
+    # The startup accounted, of the rank that took longest to ready: each phase's seconds
+    # (its phases in order), each component's load seconds, and what no phase holds.
+    phases: tuple[tuple[str, float], ...] = ()
+    loads: tuple[tuple[str, float], ...] = ()
+    unattributed_s: float | None = None
 
 
 def profile(diagnosis: Diagnosis) -> RunProfile:
@@ -76,6 +83,8 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
     )
     order = [s.value for s in State]
     config = analysis.run.config
+    accounts = [a for view in analysis.views.values() if (a := account(view)) is not None]
+    slowest = max(accounts, key=lambda a: (a.total_s, -a.rank), default=None)
     return RunProfile(
         run_id=analysis.run.run_id,
         model=analysis.run.model_name,
@@ -92,7 +101,35 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
         path=lead.path if lead else (),
         skip_reason=lead.skip_reason if lead else None,
         calibrated=any(v.calibrated for v in analysis.views.values()),
+        phases=_summed(slowest.phases) if slowest else (),
+        loads=tuple(
+            (load.component, load.seconds)
+            for load in (slowest.loads if slowest else ())
+            if load.seconds is not None
+        ),
+        unattributed_s=slowest.unattributed_s if slowest else None,
     )
+
+
+def _summed(phases: Sequence[PhaseShare]) -> tuple[tuple[str, float], ...]:
+    """Each phase's seconds, a name met twice (an action run twice) summed, in order."""
+    spent: dict[str, float] = {}
+    for phase in phases:
+        spent[phase.name] = spent.get(phase.name, 0.0) + phase.seconds
+    return tuple(spent.items())
+
+
+def largest_change(a: RunProfile, b: RunProfile) -> str | None:
+    """The phase or load whose time changed most from A to B, in words."""
+    changes = []
+    for kind, left, right in (("", a.phases, b.phases), ("load ", a.loads, b.loads)):
+        mine, theirs = dict(left), dict(right)
+        for name in mine.keys() & theirs.keys():
+            changes.append((theirs[name] - mine[name], f"{kind}{name}", mine[name], theirs[name]))
+    if not changes:
+        return None
+    change, name, before, after = max(changes, key=lambda c: abs(c[0]))
+    return f"most changed: {name} {before:.2f} s -> {after:.2f} s ({change:+.2f} s)"
 
 
 def _digest(model: Any) -> str:
@@ -160,6 +197,8 @@ def verdict(a: RunProfile, b: RunProfile) -> str:
         )
     if a.launch_s is not None and b.launch_s is not None:
         parts.append(f"launch {a.launch_s:.1f} s -> {b.launch_s:.1f} s")
+    if (moved := largest_change(a, b)) is not None:
+        parts.append(moved)
     if a.skip_reason != b.skip_reason:
         parts.append(f"skip reason {a.skip_reason or 'none'!r} -> {b.skip_reason or 'none'!r}")
     if a.outcome != b.outcome:
@@ -197,6 +236,14 @@ def format_diff(a: RunProfile, b: RunProfile) -> str:
             else:
                 cells.append("-")
         rows.append(cells)
+    for kind, left, right in (("phase ", a.phases, b.phases), ("load ", a.loads, b.loads)):
+        mine, theirs = dict(left), dict(right)
+        for name in dict.fromkeys([*mine, *theirs]):
+            rows.append(
+                [f"{kind}{clean(name)}", seconds(mine.get(name)), seconds(theirs.get(name))]
+            )
+    if a.unattributed_s is not None or b.unattributed_s is not None:
+        rows.append(["unattributed", seconds(a.unattributed_s), seconds(b.unattributed_s)])
     peaks_a, peaks_b = dict(a.peak_by_state), dict(b.peak_by_state)
     for state in dict.fromkeys([*peaks_a, *peaks_b]):
         rows.append([f"peak in {state}", mib(peaks_a.get(state)), mib(peaks_b.get(state))])

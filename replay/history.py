@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lifecycle.core.deadlines import (
+    LOAD_PREFIX,
     MIN_RUNS,
     RankDurations,
     RunDurations,
@@ -70,6 +71,7 @@ class KeyHistory:
     first_run: str
     last_run: str
     states: tuple[Stats, ...]  # in the order the startups went through them
+    loads: tuple[Stats, ...]  # each component's load, in the order they began
     startup: tuple[Stats, ...]  # STARTUP and FROM_PROCESS, where known
     regressions: tuple[Regression, ...]
 
@@ -112,7 +114,14 @@ def _key_history(key: str, runs: list[RunDurations], infos: dict[str, RunInfo]) 
         runs=len(runs),
         first_run=runs[0].run_id,
         last_run=runs[-1].run_id,
-        states=tuple(_stats(name, values) for name, values in series.items()),
+        states=tuple(
+            _stats(name, values)
+            for name, values in series.items()
+            if not name.startswith(LOAD_PREFIX)
+        ),
+        loads=tuple(
+            _stats(name, values) for name, values in series.items() if name.startswith(LOAD_PREFIX)
+        ),
         startup=tuple(_stats(name, values) for name, values in startup.items() if values),
         regressions=tuple(regressions),
     )
@@ -170,7 +179,10 @@ def format_history(found: Sequence[KeyHistory], style: Style) -> str:
             f"  fingerprint {clean(h.fingerprint)}  {h.runs} run(s), {clean(h.first_run)}"
             f" to {clean(h.last_run)}"
         )
-        rows = [[s.name, _s(s.median_s), _s(s.p95_s), s.count] for s in (*h.states, *h.startup)]
+        rows = [
+            [s.name, _s(s.median_s), _s(s.p95_s), s.count]
+            for s in (*h.states, *h.loads, *h.startup)
+        ]
         lines = [
             head,
             *("  " + line for line in table(["", "median", "p95", "runs"], rows).splitlines()),
@@ -207,6 +219,9 @@ def history_json(found: Sequence[KeyHistory]) -> dict[str, Any]:
                 "first_run": h.first_run,
                 "last_run": h.last_run,
                 "states": [{"state": s.name, **stats(s)} for s in h.states],
+                "loads": [
+                    {"component": s.name.removeprefix(LOAD_PREFIX), **stats(s)} for s in h.loads
+                ],
                 "startup_to_ready": next((stats(s) for s in h.startup if s.name == STARTUP), None),
                 "startup_from_process_start": next(
                     (stats(s) for s in h.startup if s.name == FROM_PROCESS), None

@@ -23,6 +23,7 @@ from lifecycle.core.upcasters import (
     upcast_residency_planned_v1_to_v2,
     upcast_residency_verified_v1_to_v2,
     upcast_run_started_v1_to_v2,
+    upcast_run_started_v2_to_v3,
     upcast_warmup_record_v1_to_v2,
 )
 
@@ -42,6 +43,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("residency_verified", 1): upcast_residency_verified_v1_to_v2,
     ("residency_planned", 1): upcast_residency_planned_v1_to_v2,
     ("run_started", 1): upcast_run_started_v1_to_v2,
+    ("run_started", 2): upcast_run_started_v2_to_v3,
 }
 
 

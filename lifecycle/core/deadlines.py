@@ -52,6 +52,15 @@ def key_parts(key: str) -> tuple[str, str]:
     return fingerprint, path
 
 
+# A history row's durations hold, beside each state's, each component's load under this prefix
+# (never a state's name): what `replay history` follows per fingerprint, and no deadline.
+LOAD_PREFIX = "load "
+
+
+def load_key(component: str) -> str:
+    return f"{LOAD_PREFIX}{component}"
+
+
 def durations_before_ready(spans: Iterable[Span]) -> tuple[tuple[str, float], ...]:
     """How long a rank spent in each state it left before it entered ready, in order (a state
     entered twice counts both times)."""
@@ -139,7 +148,11 @@ def expect(key: str, history: Sequence[RunDurations]) -> Expectations:
         return Expectations(key=key, runs=len(newest), states=())
     order: dict[str, None] = {}
     for run in newest:
-        order.update((state, None) for state, _ in run.durations if state != State.CREATED)
+        order.update(
+            (state, None)
+            for state, _ in run.durations
+            if state != State.CREATED and not state.startswith(LOAD_PREFIX)
+        )
     states = []
     for state in order:
         values = [s for s in (run.seconds(state) for run in newest) if s is not None]

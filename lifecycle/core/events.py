@@ -11,6 +11,7 @@ from lifecycle.core.records import (
     GateOutcome,
     GroupMark,
     PendingCollective,
+    PhaseTime,
     PlannerInput,
     Platform,
     ProbeFit,
@@ -48,10 +49,11 @@ class RunStarted(Event):
     """A rank's start. Version 2 adds its launch phase, the time before `created` that the
     field counts in "startup to healthy": when the launcher (or torchrun's agent) and this
     rank's process began, on this rank's clock, and how long its imports took (None for a
-    version 1 event)."""
+    version 1 event). Version 3 splits that time into its phases (the interpreter's start,
+    each library's import, the journal's opening), in order."""
 
     kind: ClassVar[str] = "run_started"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     world_size: int
     host: str
     pid: int
@@ -63,6 +65,7 @@ class RunStarted(Event):
     launcher_started_wall: float | None = None
     process_started_wall: float | None = None
     imports_s: float | None = None
+    phases: tuple[PhaseTime, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +121,37 @@ class ActionFinished(Event):
     kind: ClassVar[str] = "action_finished"
     action: str
     duration_s: float
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadEvent(Event):
+    """A step of a pipeline component's load (the startup accounted)."""
+
+    component: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadStarted(LoadEvent):
+    """A pipeline component's load began (journaled before it reads, so that a load that
+    hangs leaves which component, and which files, on disk)."""
+
+    kind: ClassVar[str] = "load_started"
+    files: tuple[str, ...]  # its files, by name inside the model (the first MAX_LOAD_FILES)
+    bytes: int  # their size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadFinished(LoadEvent):
+    """A component's load ended: how long it took in all, reading and building it apart from
+    moving it to the device, the bytes it read and the dtype it holds."""
+
+    kind: ClassVar[str] = "load_finished"
+    seconds: float
+    read_s: float
+    device_s: float
+    bytes: int
+    dtype: str | None
     ok: bool
 
 
@@ -402,6 +436,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Transition,
         ActionStarted,
         ActionFinished,
+        LoadStarted,
+        LoadFinished,
         WarmupRecord,
         CollectiveStarted,
         CollectiveFinished,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -24,6 +25,7 @@ from lifecycle.core.events import (
     FlightRecorderDumped,
     GateDecided,
     Heartbeat,
+    LoadEvent,
     PlanBuilt,
     RequestFinished,
     RequestStarted,
@@ -39,6 +41,7 @@ from lifecycle.core.events import (
 from lifecycle.core.records import GroupMark, PendingCollective, Signature
 from lifecycle.core.states import State
 from lifecycle.core.view import (
+    ActionTime,
     OpenCollective,
     RankView,
     RecentStart,
@@ -50,6 +53,9 @@ from lifecycle.core.view import (
 # time: what diagnosis compares across members (a mismatch) and times (who came late) at the
 # end of a run. A fold's size, and a summary's, does not grow with the run.
 RECENT_STARTS = 16
+# The actions a fold keeps before ready (a few per state: a bound against a journal that says
+# otherwise, not a limit a startup meets).
+MAX_ACTIONS = 256
 # Beyond this a measured clock offset is no offset (a clock not set at all): left as recorded.
 MAX_CLOCK_OFFSET_S = 1e8
 # Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
@@ -68,6 +74,7 @@ NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
     (ResidencyEvent, "residency"),
     (FlightRecorderDumped, "flight_dumps"),
     (Aborted, "aborts"),
+    (LoadEvent, "loads"),
 )
 
 
@@ -147,6 +154,8 @@ class RankFold:
     residency: list[tuple[float, str, ResidencyEvent]] = field(default_factory=list)
     flight_dumps: list[tuple[float, str, FlightRecorderDumped]] = field(default_factory=list)
     aborts: list[tuple[float, str, Aborted]] = field(default_factory=list)
+    loads: list[tuple[float, str, LoadEvent]] = field(default_factory=list)
+    actions_done: list[ActionTime] = field(default_factory=list)
     recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
     last_progress: float | None = None
@@ -210,6 +219,16 @@ class RankFold:
             case ActionStarted():
                 self.action, self.action_at = event, at
             case ActionFinished():
+                if not self.ready_action_done and len(self.actions_done) < MAX_ACTIONS:
+                    self.actions_done.append(
+                        ActionTime(
+                            state=stored.state,
+                            action=event.action,
+                            started_at=at - event.duration_s,
+                            seconds=event.duration_s,
+                            ok=event.ok,
+                        )
+                    )
                 self.action = self.action_at = None
                 if stored.state == State.READY and event.ok:
                     self.ready_action_done = True
@@ -261,6 +280,11 @@ class RankFold:
         self.recent_heartbeats = deque(
             (w - offset_s for w in self.recent_heartbeats), maxlen=RECENT_HEARTBEATS
         )
+        self.actions_done = [
+            dataclasses.replace(done, started_at=done.started_at - offset_s)
+            for done in self.actions_done
+        ]
+        self.loads = [(at - offset_s, state, event) for at, state, event in self.loads]
         self.spans = [
             Span(
                 state=span.state,

@@ -58,3 +58,17 @@ def reuse_text(d: ReuseDecision) -> str:
             return "no reuse decision"
         case _:  # TEXT, or a code from a newer lifecycle: what it holds
             return d.note or d.code
+
+
+# What an operator can do about a closed calibration gate whose name says little by itself.
+_SKIP_HINTS = {
+    "no synthetic server warmup to calibrate from": (
+        "the model's default request is within the bounded warmup, so calibration would"
+        " measure nothing new; --calibrate (or a larger --default-shape) opens it"
+    ),
+}
+
+
+def skip_hint(reason: str | None) -> str | None:
+    """What a skip reason means for the operator, where its words alone do not say it."""
+    return None if reason is None else _SKIP_HINTS.get(reason)

@@ -50,6 +50,15 @@ class StateExpectation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseTime:
+    """A stretch of a rank's startup before its journal opened (the interpreter's start, an
+    import), by name and length; the rest of its startup is journaled as it happens."""
+
+    name: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageRecord:
     name: str  # text_encoder, dit, vae
     ran: bool

@@ -141,6 +141,12 @@ def upcast_run_started_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def upcast_run_started_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 of `run_started` splits the launch into phases; version 2 measured only the
+    imports, whole (its `imports_s`)."""
+    return {**payload, "phases": []}
+
+
 def upcast_residency_planned_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """Version 2 of `residency_planned` journals why no plan was reused as a code and its
     facts; version 1's sentence is kept whole, under the code `text`."""

@@ -23,6 +23,18 @@ class Span:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ActionTime:
+    """An action a rank finished: in which state, when it began and how long it took (as the
+    rank measured it)."""
+
+    state: str
+    action: str
+    started_at: float
+    seconds: float
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OpenCollective:
     """A collective this rank started and has not finished.
 
@@ -99,6 +111,8 @@ class RankView:
     flight_dumps: tuple[tuple[float, str, ev.FlightRecorderDumped], ...] = ()  # where they went
     aborts: tuple[tuple[float, str, ev.Aborted], ...] = ()  # a peer's failure that stopped it
     expectations: ev.Expectations | None = None  # each state's expected time, from history
+    actions_done: tuple[ActionTime, ...] = ()  # before ready: each finished action, in order
+    loads: tuple[tuple[float, str, ev.LoadEvent], ...] = ()  # each component load's steps
 
     @property
     def terminal(self) -> bool:

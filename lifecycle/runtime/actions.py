@@ -48,6 +48,7 @@ from lifecycle.core.records import (
 )
 from lifecycle.core.states import State
 from lifecycle.runtime.device import probe_platform, release_cache
+from lifecycle.runtime.phases import recording_loads
 from lifecycle.runtime.pipeline import build_pipeline
 from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.request import Generated, run_request
@@ -69,7 +70,9 @@ WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
 
 
 def load_pipeline(rt: RankRuntime) -> None:
-    rt.pipeline = build_pipeline(rt.args.model, rt.comm)
+    """Build the pipeline, each component's load journaled as it happens."""
+    with recording_loads(rt.recorder):
+        rt.pipeline = build_pipeline(rt.args.model, rt.comm)
 
 
 def decide_path(rt: RankRuntime) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from lifecycle import __version__
 from lifecycle.core.events import RunStarted
+from lifecycle.runtime.phases import phases_until
 from lifecycle.runtime.process_group import backend_for
 
 
@@ -48,4 +49,5 @@ def run_started(
         launcher_started_wall=None if launched is None else launched + skew,
         process_started_wall=None if began is None else began + skew,
         imports_s=None if began is None else max(0.0, now - began),
+        phases=phases_until(began, now),
     )

@@ -176,7 +176,7 @@ class RankSession:
                     env=os.environ,
                 ),
             )
-            self._align_clock(device)
+            self._run_action("align-clock", lambda: self._align_clock(device))
             self._run_action("agree-settings", self._agree_settings)
             if self.args.on_peer_failure is PeerFailure.ABORT:
                 self.peers = watch_peers(

@@ -31,6 +31,7 @@ from lifecycle.core.config import (
 from lifecycle.core.errors import ConfigError, LifecycleError
 from lifecycle.core.faults import parse_faults
 from lifecycle.core.planner import parse_size
+from lifecycle.runtime.phases import IMPORT_LIFECYCLE, MODEL_SPEC, mark
 from lifecycle.serve.dbcommand import add_db_command, fail, run_db_command
 from lifecycle.serve.firstrun import add_first_run
 from lifecycle.serve.logs import configure_logging, say, set_json_lines
@@ -252,6 +253,7 @@ def log_level_for(given: str | None, *, json_logs: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     created_at = time.time()
+    mark(IMPORT_LIFECYCLE, at=created_at)
     set_json_lines(json_logs_asked(sys.argv[1:] if argv is None else argv))
     ns = parse_command_line(argv)
     set_json_lines(bool(getattr(ns, "json_logs", False)))
@@ -272,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = server_args(ns)
     except ConfigError as exc:
         return fail(exc, shown=getattr(ns, SPELLING).message(exc))
+    mark(MODEL_SPEC)
     ns.log_level = log_level_for(ns.log_level, json_logs=ns.json_logs)
     configure_logging(json=ns.json_logs, level=ns.log_level)
     from lifecycle.serve.launchtime import launch_walls

@@ -11,6 +11,7 @@ from lifecycle.core.command import Exit
 from lifecycle.core.config import DEFAULT_LINGER_S, ServerArgs
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.states import State
+from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL, mark
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import watch_shutdown_signals
 from lifecycle.serve.launchtime import launch_walls
@@ -97,11 +98,17 @@ def _torchrun_env(env: Mapping[str, str]) -> str:
 def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     run_id = new_run_id(created_at)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=options.command)
+    mark(OPEN_JOURNAL)
     # Imported once the journal is open: a journal that cannot be is one line in a second,
     # not after torch's import.
+    import torch  # noqa: F401  (its import is a phase of its own)
+
+    mark(IMPORT_TORCH)
     from lifecycle.runtime.session import RankLaunch, RankSession
     from lifecycle.serve.console import boot_console
     from lifecycle.serve.steps import StepMark, counting_actions
+
+    mark(IMPORT_RUNTIME)
 
     recorder = Recorder(journal.writer(run_id=run_id, rank=0))
     console = boot_console(ProgressPrinter(run_created_at=created_at), ranks=1)

@@ -36,6 +36,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from lifecycle import __version__
+from lifecycle.core.accounting import account
 from lifecycle.core.command import installed_torch
 from lifecycle.core.errors import ErrorKind
 from lifecycle.core.events import (
@@ -103,6 +104,7 @@ class JournalMetrics(Collector):
             views, ended=self._ended() | lost, lost=lost, now=now, created_at=self._created_at
         )
         yield from _warmup_metrics(views)
+        yield from _startup_metrics(views, now=now)
         with self._lock:
             requests = dict(self._requests)
             timeouts = dict(self._timeouts)
@@ -251,6 +253,42 @@ def _warmup_metrics(views: dict[int, RankView]) -> Iterator[Metric]:
         if shape is not None:
             probe.add_metric([label, str(shape.width), str(shape.height), str(shape.frames)], 1)
     yield from (took, peak, probe)
+
+
+def _startup_metrics(views: dict[int, RankView], *, now: float) -> Iterator[Metric]:
+    phases = GaugeMetricFamily(
+        "lifecycle_startup_phase_seconds",
+        "Seconds of each phase of each rank's startup, from the launch to ready (so far, while"
+        " it starts); `unattributed` is what no phase holds.",
+        labels=["rank", "phase"],
+    )
+    loaded = GaugeMetricFamily(
+        "lifecycle_component_load_bytes",
+        "Bytes of each pipeline component each rank loaded (read from files, or built).",
+        labels=["rank", "component"],
+    )
+    load_seconds = GaugeMetricFamily(
+        "lifecycle_component_load_seconds",
+        "Seconds each rank took to load each pipeline component, its move to the device"
+        " included (so far, while it loads).",
+        labels=["rank", "component"],
+    )
+    for rank, view in sorted(views.items()):
+        kept = account(view, now=now)
+        if kept is None:
+            continue
+        label = str(rank)
+        spent: dict[str, float] = {}
+        for phase in kept.phases:
+            spent[phase.name] = spent.get(phase.name, 0.0) + phase.seconds
+        for name, seconds in spent.items():
+            phases.add_metric([label, name], seconds)
+        phases.add_metric([label, "unattributed"], kept.unattributed_s)
+        for load in kept.loads:
+            loaded.add_metric([label, load.component], float(load.bytes))
+            if load.seconds is not None:
+                load_seconds.add_metric([label, load.component], load.seconds)
+    yield from (phases, loaded, load_seconds)
 
 
 class Metrics:

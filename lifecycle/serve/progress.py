@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lifecycle.core.accounting import account, total_text
 from lifecycle.core.events import (
     ActionFinished,
     BuffersDropped,
@@ -12,6 +13,8 @@ from lifecycle.core.events import (
     Error,
     Expectations,
     FaultInjected,
+    LoadFinished,
+    LoadStarted,
     PlanBuilt,
     ResidencyApplied,
     ResidencyPlanned,
@@ -22,8 +25,9 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
+from lifecycle.core.fold import RankFold
 from lifecycle.core.launchphase import clock_offset
-from lifecycle.core.phrases import reuse_text
+from lifecycle.core.phrases import reuse_text, skip_hint
 from lifecycle.core.records import Role, StateExpectation
 from lifecycle.core.states import State, happy_trigger, next_state
 from lifecycle.core.view import RankView
@@ -134,6 +138,7 @@ class ProgressPrinter:
     _offsets: dict[int, float] = field(default_factory=dict)  # each rank's clock less rank 0's
     _launch_shown: bool = False
     _expected: dict[int, dict[str, StateExpectation]] = field(default_factory=dict)
+    _folds: dict[int, RankFold] = field(default_factory=dict)  # every rank's, for its account
 
     def feed(self, stored: StoredEvent) -> list[str]:
         rank = stored.rank
@@ -143,6 +148,10 @@ class ProgressPrinter:
         progress: list[str] = []  # this rank's own progress: shown for rank 0
         out: list[str] = []  # shown for every rank
         event = stored.event
+        fold = self._folds.get(rank)
+        if fold is None:
+            fold = self._folds[rank] = RankFold(run_id=stored.run_id, rank=rank)
+        fold.apply(stored)
         details = self._details.setdefault(rank, [])
         if rank not in self._entered:
             self._entered[rank] = (State.CREATED.value, stored.wall_time)
@@ -176,9 +185,13 @@ class ProgressPrinter:
                 if len(self._ready_done) == self.ranks and not self._announced:
                     self._announced = True
                     out.append(self._ready_line())
+                    out.extend(self._accounted_lines())
             case PlanBuilt():
                 if event.skip_reason is not None:
-                    details.append(f"calibration skipped: {event.skip_reason}")
+                    hint = skip_hint(event.skip_reason)
+                    details.append(
+                        f"calibration skipped: {event.skip_reason}" + (f" ({hint})" if hint else "")
+                    )
                 else:
                     probe = next((r for r in event.requests if r.role is Role.PROBE), None)
                     if probe is not None:
@@ -207,6 +220,22 @@ class ProgressPrinter:
                 )
             case ResidencyRolledBack():
                 details.append(f"rolled back {event.plan.plan_id}: {event.reason}")
+            case LoadFinished():
+                # A rate only for what was read from files (a built module's is no read).
+                read = any(
+                    isinstance(e, LoadStarted) and e.component == event.component and e.files
+                    for _, _, e in fold.loads
+                )
+                rate = (
+                    f" ({event.bytes / event.read_s / 1e9:.2f} GB/s)"
+                    if read and event.read_s
+                    else ""
+                )
+                failed = "" if event.ok else ", failed"
+                details.append(
+                    f"loaded {event.component} {format_bytes(event.bytes)} in"
+                    f" {event.seconds:.2f} s{rate}{failed}"
+                )
             case BuffersDropped():
                 freed = format_bytes(event.bytes_freed)
                 details.append(f"dropped {event.buffers} staging buffers, freed {freed}")
@@ -233,7 +262,9 @@ class ProgressPrinter:
         spawn_s = (started.process_started_wall or launched) - launched
         if spawn_s > SAME_INSTANT_S:  # a rank the launcher started, not the launcher itself
             parts.append(f"start +{spawn_s:.2f} s")
-        if started.imports_s is not None:
+        if started.phases:
+            parts.append(", ".join(f"{p.name} {p.seconds:.2f} s" for p in started.phases))
+        elif started.imports_s is not None:
             parts.append(f"imports {started.imports_s:.2f} s")
         # Each rank's launch on its own clock: before the alignment, rank clocks may differ.
         launches = {
@@ -244,7 +275,18 @@ class ProgressPrinter:
         if last != 0 and len(launches) == self.ranks:
             parts.append(f"rank {last} last, at {launches[last]:.2f} s")
         detail = f" ({'; '.join(parts)})" if parts else ""
-        return [f"  {'launch':<13} {created - launched:8.3f} s   {words}, torch imported{detail}"]
+        said = words if started.phases else f"{words}, torch imported"
+        return [f"  {'launch':<13} {created - launched:8.3f} s   {said}{detail}"]
+
+    def _accounted_lines(self) -> list[str]:
+        """The startup accounted: the rank whose phases leave the most unattributed (every
+        rank's is in `replay show`), its phases in order after the launch."""
+        accounts = [a for fold in self._folds.values() if (a := account(fold.view()))]
+        if not accounts:
+            return []
+        worst = max(accounts, key=lambda a: (a.unattributed_share, -a.rank))
+        who = f" (rank {worst.rank}, the least accounted)" if self.ranks > 1 else ""
+        return [f"  {'accounted':<13} {total_text(worst)}{who}"]
 
     def launched_at(self) -> float:
         """The launch on rank 0's clock: the earliest launcher start a rank journaled, else

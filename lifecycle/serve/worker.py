@@ -22,6 +22,15 @@ from lifecycle.core.errors import (
 from lifecycle.core.events import ActionFinished, StoredEvent
 from lifecycle.core.runid import checked_run_id
 from lifecycle.core.states import State
+from lifecycle.runtime.phases import (
+    AGREE_RUN_ID,
+    IMPORT_LIFECYCLE,
+    IMPORT_RUNTIME,
+    IMPORT_TORCH,
+    MODEL_SPEC,
+    OPEN_JOURNAL,
+    mark,
+)
 from lifecycle.runtime.signals import (
     block_shutdown_signals,
     leave_process,
@@ -168,6 +177,9 @@ def run_rank_process(
     reads from the rendezvous store); `leave(status)` ends the process from
     another thread (an agreed abort, a startup timeout); `before_signal_exit(sig)` is
     called on a shutdown signal once the session exists, before the rank journals it."""
+    import torch  # noqa: F401  (its import is a phase of its own)
+
+    mark(IMPORT_TORCH)
     from lifecycle.runtime.actions import STARTUP_ACTIONS
     from lifecycle.runtime.process_group import leave_process_group
     from lifecycle.runtime.recorder import Recorder, clock_for
@@ -176,6 +188,7 @@ def run_rank_process(
     from lifecycle.serve.steps import counting_actions, pipe_report
     from lifecycle.store.runs import launch_command, open_run
 
+    mark(IMPORT_RUNTIME)
     ranks = RankEnv.from_env(env)
     clock = clock_for(ranks.rank, env, world_size=ranks.world_size)
     secret = store_secret(env)
@@ -202,7 +215,10 @@ def run_rank_process(
 
     watch_shutdown_signals(on_signal)
     run_id = _agreed_run_id(env, created_at, ranks, args, secret)
+    if ranks.world_size > 1 and named_run_id(env) is None:
+        mark(AGREE_RUN_ID)  # the ranks joined their group to agree on it
     journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
+    mark(OPEN_JOURNAL)
     recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank), clock=clock)
     trust = StoreTrust(RunKey(secret, run_id=run_id), Rejections(record=recorder.record))
     if secret is None and ranks.world_size > 1 and ranks.local_rank == 0:
@@ -302,6 +318,7 @@ def _reporter(control: Connection | Line, rank: int) -> Callable[[str, int], Non
 def main() -> int:
     """Entry of a rank process spawned by the launcher (`python -m lifecycle.serve.worker`)."""
     created_at = time.time()
+    mark(IMPORT_LIFECYCLE, at=created_at)
     block_shutdown_signals()
     spec = WorkerSpec.from_env(os.environ[WORKER_ENV])
     configure_logging(json=spec.json_logs, level=spec.log_level)
@@ -312,6 +329,7 @@ def main() -> int:
             load_plugin(spec.pipeline)
         args = args_from_json(spec.config)
         register_model(args.model)
+        mark(MODEL_SPEC)
         control = None
         if spec.mode == "serve" and spec.control_port is not None:
             assert spec.control_host is not None and spec.control_authkey is not None

@@ -11,7 +11,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
-from lifecycle.core.deadlines import SAMPLE_RUNS, RankDurations, durations_before_ready
+from lifecycle.core.deadlines import (
+    SAMPLE_RUNS,
+    RankDurations,
+    durations_before_ready,
+    load_key,
+)
+from lifecycle.core.events import LoadFinished
 from lifecycle.core.fold import MAX_CLOCK_OFFSET_S, RankFold
 from lifecycle.core.states import State
 from lifecycle.store.dberrors import DATABASE_ERRORS, journal_error
@@ -35,7 +41,16 @@ def history_values(fold: RankFold) -> dict[str, Any] | None:
         "key": expected.key[:64],
         "ready_wall": ready_wall,
         "process_ready_s": _process_ready_s(fold, ready_wall),
-        "durations": json.dumps(dict(durations_before_ready(fold.spans))),
+        "durations": json.dumps({**dict(durations_before_ready(fold.spans)), **_loads(fold)}),
+    }
+
+
+def _loads(fold: RankFold) -> dict[str, float]:
+    """Each component's load that ended well, by its history name (`load NAME`)."""
+    return {
+        load_key(event.component): event.seconds
+        for _, _, event in fold.loads
+        if isinstance(event, LoadFinished) and event.ok
     }
 
 

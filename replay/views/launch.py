@@ -8,12 +8,15 @@ from lifecycle.core.launchphase import LaunchPhase
 SAME_INSTANT_S = 0.001
 
 
-def launch_text(launch: LaunchPhase) -> str:
+def launch_text(launch: LaunchPhase, *, phased: bool = False) -> str:
     """What the launch phase held: the rank's process start after its launcher's (none for a
-    rank that was its own launcher) and its imports up to its first event."""
+    rank that was its own launcher) and its imports up to its first event (`phased`: its
+    phases are shown apart, in the startup accounted)."""
     parts = []
     if launch.spawn_s is not None and launch.spawn_s > SAME_INSTANT_S:
         parts.append(f"process started +{launch.spawn_s:.2f} s")
-    if launch.imports_s is not None:
+    if launch.imports_s is not None and phased:
+        parts.append(f"{launch.imports_s:.2f} s in its process before its first event")
+    elif launch.imports_s is not None:
         parts.append(f"imports {launch.imports_s:.2f} s (torch, the lifecycle)")
     return ", ".join(parts) or "process started, torch imported"

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lifecycle.core.accounting import (
+    StartupAccount,
+    account,
+    account_json,
+    load_text,
+    phases_text,
+    total_text,
+)
 from lifecycle.core.events import (
     CollectiveFinished,
     CollectiveStarted,
@@ -18,7 +27,7 @@ from lifecycle.core.events import (
     StoredEvent,
 )
 from lifecycle.core.launchphase import LaunchPhase, launch_phase
-from lifecycle.core.phrases import reuse_text
+from lifecycle.core.phrases import reuse_text, skip_hint
 from lifecycle.core.planner import format_bytes
 from lifecycle.core.records import Role
 from lifecycle.core.text import clean, pad
@@ -117,8 +126,9 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
     if view.plan is not None:
         reason = view.plan.skip_reason
         probe = next((r for r in view.plan.requests if r.role is Role.PROBE), None)
+        hint = skip_hint(reason)
         details.setdefault("gate-check", []).append(
-            f"calibration skipped: {clean(reason)}"
+            f"calibration skipped: {clean(reason)}" + (f" ({hint})" if hint else "")
             if reason
             else f"calibration on, probe {probe.shape}"
             if probe
@@ -131,7 +141,14 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
         # that a launch a clock offset's fraction of a millisecond early reads +0.00.
         at = round(analysis.at(launch.launched_at), 2) + 0.0
         rows.append(
-            [f"{at:+.2f}", "launch", f"{launch.launch_s:.3f} s", clean(launch_text(launch))]
+            [
+                f"{at:+.2f}",
+                "launch",
+                f"{launch.launch_s:.3f} s",
+                clean(
+                    launch_text(launch, phased=bool(view.run_started and view.run_started.phases))
+                ),
+            ]
         )
     for span in view.spans:
         duration = span.duration_s()
@@ -144,6 +161,7 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
             ]
         )
     lines.extend("  " + line for line in table(["at", "state", "for", ""], rows).splitlines())
+    lines.extend(startup_lines(account(view)))
     fit = view.plan.probe_fit if view.plan is not None else None
     for record in view.warmup_records:
         stages = ", ".join(f"{s.name} {s.seconds:.2f}" for s in record.stages if s.ran)
@@ -206,6 +224,21 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
         lines.append(f"  sequence gaps: {gaps}")
     # Below the styled first line, plain text with journal values in it (states, groups, ops).
     return [lines[0], *map(clean, lines[1:])]
+
+
+def startup_lines(kept: StartupAccount | None) -> list[str]:
+    """The startup accounted: its time and what no phase holds, its phases, each load."""
+    if kept is None:
+        return []
+    lines = [f"  startup {total_text(kept)}:"]
+    lines.extend(
+        textwrap.wrap(
+            phases_text(kept), width=96, initial_indent="    ", subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
+    )  # fmt: skip
+    lines.extend(f"  load {load_text(load)}" for load in kept.loads)
+    return lines
 
 
 def residency_text(step: ResidencyEvent) -> str:
@@ -295,6 +328,7 @@ def show_json(
                     for s in view.spans
                 ],
                 "launch": _launch_json(launch_phase(view), analysis),
+                "startup": None if (kept := account(view)) is None else account_json(kept),
                 "skip_reason": view.skip_reason,
                 "warmup_records": [
                     {

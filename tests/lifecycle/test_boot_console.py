@@ -109,9 +109,13 @@ def test_a_terminal_shows_a_live_bar_with_each_requests_steps(tmp_path: Path) ->
     table = [line.split()[0] for line in shown if line.startswith("  ")]
     assert table == [
         "launch", "created", "gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers",
-        "ready",
+        "ready", "accounted",
     ]  # fmt: skip
-    assert "startup to ready" in shown[-1]
+    assert "startup to ready" in shown[-2]
+    assert re.fullmatch(
+        r"  accounted +[0-9.]+ s from the launch to ready, unattributed [0-9.]+ s \([0-9.]+ %\)",
+        shown[-1],
+    )
     assert not any("[info" in line for line in shown), shown
 
 
@@ -129,7 +133,8 @@ def test_a_terminal_keeps_the_ranks_logs_above_the_bars(tmp_path: Path) -> None:
             "[info     ] run_started" in line and f"rank={rank}" in line for line in shown
         ), shown[:20]
     table = [line for line in shown if line.startswith("  ")]
-    assert table[0].startswith("  launch") and "startup to ready" in table[-1]
+    assert table[0].startswith("  launch") and "startup to ready" in table[-2]
+    assert table[-1].startswith("  accounted") and "the least accounted" in table[-1]
     assert shown[-1] == "boot: exit 0: every rank got to ready"
 
 

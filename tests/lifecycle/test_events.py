@@ -43,9 +43,11 @@ DESIGN_KINDS = {
 # Beyond the designed kinds: the marker before the collective records a rank's ring writes on
 # trouble after ready (reason, records, dropped), so replay can say why and how many; each
 # rank's clock offset to rank 0, measured at the rendezvous; and the deadlines each state was
-# held to, learned from the journal's history at gate-check.
+# held to, learned from the journal's history at gate-check; and each pipeline component's
+# load, before it reads and after (the startup accounted).
 BEYOND_DESIGN_KINDS = {
     "collectives_dumped", "clock_aligned", "flight_recorder_dumped", "expectations",
+    "load_started", "load_finished",
 }  # fmt: skip
 
 

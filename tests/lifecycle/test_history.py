@@ -362,3 +362,14 @@ def test_a_history_row_that_does_not_decode_never_stops_a_boot_or_replay_history
     assert "Traceback" not in history.stderr
     (warning,) = history.stderr.strip().splitlines()
     assert f"1 startup history row(s) that do not decode left out (run {run_id} rank 0)" in warning
+
+
+def test_a_components_load_in_the_history_is_never_a_state_with_a_deadline() -> None:
+    """History rows hold each component's load beside the states' times: a startup learns no
+    deadline from them, only the states'."""
+    runs = [
+        run_of(f"r{i}", T0 + i, gate_check=1.0, **{"load transformer": 2.0})
+        for i in range(MIN_RUNS)
+    ]
+    expected = expect(KEY, runs)
+    assert [s.state for s in expected.states] == ["gate-check"]

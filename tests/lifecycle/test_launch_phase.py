@@ -57,12 +57,13 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Booted:
 
 
 def test_boot_prints_the_launch_before_created(two_ranks: Booted) -> None:
-    """The line after the run's is the launch (processes started, torch imported), then
-    `created`; off a terminal nothing but plain lines."""
+    """The line after the run's is the launch (processes started, and each phase of theirs
+    before their first event), then `created`; off a terminal nothing but plain lines."""
     lines = two_ranks.stdout.splitlines()
     assert lines[0].startswith(f"run {two_ranks.run_id}")
-    assert lines[1].startswith("  launch ") and "processes started, torch imported" in lines[1]
-    assert "imports " in lines[1]
+    assert lines[1].startswith("  launch ") and "processes started (start +" in lines[1]
+    for phase in ("start Python", "import lifecycle", "import torch", "open journal"):
+        assert f"{phase} " in lines[1], lines[1]
     assert lines[2].startswith("  created ")
     assert "\x1b" not in two_ranks.stdout and "━" not in two_ranks.stdout
 
@@ -107,11 +108,11 @@ def test_replay_show_gives_each_rank_its_launch(two_ranks: Booted) -> None:
     start, with the rank's process start and imports; --json the same figures."""
     result = run_cli("replay", ["show", "latest", "j.db"], cwd=two_ranks.cwd, timeout=60)
     assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if " launch " in line]
+    rows = [line for line in result.stdout.splitlines() if line.split()[1:2] == ["launch"]]
     assert len(rows) == 2
     for row in rows:
         assert row.split()[0] == "+0.00"
-        assert "process started +" in row and "imports " in row
+        assert "process started +" in row and "in its process before its first event" in row
     as_json = run_cli("replay", ["show", "latest", "j.db", "--json"], cwd=two_ranks.cwd)
     for rank in json.loads(as_json.stdout)["ranks"]:
         launch = rank["launch"]

@@ -79,6 +79,7 @@ def test_a_scrape_holds_what_the_readme_lists_and_what_operators_expect(tmp_path
                 served.client.get("/metrics").text
             )
         }  # fmt: skip
+        (rank,) = served.client.get("/lifecycle").json()["ranks"]
         now = time.time()
         assert served.stop() == 0
     listed: dict[str | None, str] = {}
@@ -95,6 +96,14 @@ def test_a_scrape_holds_what_the_readme_lists_and_what_operators_expect(tmp_path
             continue
         labels = {key for sample in families[family] for key in sample.labels} - {"le"}
         assert labels == table[name], name
+    # The startup accounted, in /lifecycle and as a phase per series (unattributed with them).
+    startup = rank["startup"]
+    assert startup["ready"] and {"text_encoder", "dit", "vae"} <= {
+        load["component"] for load in startup["loads"]
+    }
+    phases = {s.labels["phase"]: s.value for s in families["lifecycle_startup_phase_seconds"]}
+    assert phases["import torch"] > 0 and "gate-check/load-pipeline" in phases
+    assert phases["unattributed"] == pytest.approx(startup["unattributed_s"], abs=1e-6)
     duration = families["lifecycle_request_duration_seconds"]
     assert value(duration, "lifecycle_request_duration_seconds_count", outcome="ok") == 1
     assert value(families["lifecycle_queue_depth"], "lifecycle_queue_depth") == 0

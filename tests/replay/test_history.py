@@ -15,6 +15,8 @@ from lifecycle.core.events import (
     ActionStarted,
     Event,
     Expectations,
+    LoadFinished,
+    LoadStarted,
     RunStarted,
     Transition,
 )
@@ -30,10 +32,17 @@ LAUNCH_S = 2.0  # from a run's creation to its rank's first event
 
 
 def healthy_run(
-    journal: Journal, run_id: str, at: float, spent: dict[str, float], *, key: str = BOUNDED
+    journal: Journal,
+    run_id: str,
+    at: float,
+    spent: dict[str, float],
+    *,
+    key: str = BOUNDED,
+    loads: dict[str, float] | None = None,
 ) -> float:
     """A one-rank run created at `at` whose rank spends `spent` seconds in each state (created
-    first) and finishes its ready action; when it entered ready."""
+    first), loads each of `loads`'s components in the seconds it gives at gate-check, and
+    finishes its ready action; when it entered ready."""
     journal.create_run(RunRow(run_id=run_id, created_at=at, host="elsewhere", world_size=1,
                               config=CONFIG, lifecycle_version="t"))  # fmt: skip
     writer = journal.writer(run_id=run_id, rank=0)
@@ -48,6 +57,13 @@ def healthy_run(
         items.append((Transition(trigger="t", source=source, dest=dest), dest, wall))
         if dest == "gate-check":
             items.append((Expectations(key=key, runs=0, states=()), dest, wall))
+            for component, seconds in (loads or {}).items():
+                items.append((LoadStarted(component=component, files=(), bytes=1), dest, wall))
+                finished = LoadFinished(
+                    component=component, seconds=seconds, read_s=seconds, device_s=0.0,
+                    bytes=1, dtype="float32", ok=True,
+                )  # fmt: skip
+                items.append((finished, dest, wall))
     items.append((ActionStarted(action="mark-ready"), "ready", wall))
     items.append((ActionFinished(action="mark-ready", duration_s=0.0, ok=True), "ready", wall))
     for event, state, when in items:
@@ -166,3 +182,30 @@ def test_history_help_says_what_it_reads_and_its_exit_statuses() -> None:
     assert "revision 0004" in done.stdout
     listed = done.stdout.split("exit status:\n", 1)[1]
     assert [line.split()[0] for line in listed.splitlines() if line[:3].strip()] == ["0", "2"]
+
+
+def test_history_follows_each_components_load_and_names_a_load_that_regressed(
+    tmp_path: Path,
+) -> None:
+    """Each component's load per fingerprint (median, p95, runs), apart from the states, and
+    a run whose transformer took over 1.5x the median of the runs before it is named, while
+    no state's learned deadline counts a load."""
+    db = tmp_path / "j.db"
+    with Journal.open_for_write(str(db)) as journal:
+        for index in range(6):
+            seconds = 9.0 if index == 5 else 2.0 + 0.1 * index
+            healthy_run(
+                journal, f"run-{index}", T0 + 100 * index, spent(3.0),
+                loads={"text_encoder": 1.0, "transformer": seconds},
+            )  # fmt: skip
+    done = history(db, "--json")
+    assert done.returncode == 0, done.stderr
+    bounded = keyed(json.loads(done.stdout))[BOUNDED]
+    assert [s["state"] for s in bounded["states"]] == ["created", "gate-check", "bounded-warm"]
+    loads = {load["component"]: load for load in bounded["loads"]}
+    assert list(loads) == ["text_encoder", "transformer"]
+    assert loads["text_encoder"]["median_s"] == 1.0 and loads["transformer"]["count"] == 6
+    (regressed,) = bounded["regressions"]
+    assert (regressed["run_id"], regressed["what"]) == ("run-5", "load transformer")
+    text = history(db).stdout
+    assert "load transformer" in text and "run run-5: load transformer 9.00 s" in text

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from lifecycle.adapters.diffusers.directory import PipelineDirectory, read_directory
+from lifecycle.adapters.diffusers.loading import load_components
 from lifecycle.adapters.diffusers.specs import (
     ADAPTED,
     DIFFUSERS,
@@ -113,10 +114,10 @@ def _factory(spec: ModelSpec, comm: Comm) -> Pipeline:
 
     if spec.source is None:
         pipe = build_tiny_wan_checked()
+        pipe.to(comm.device)
     else:
         directory = read_directory(spec.source)
-        pipe = pipeline_class(directory).from_pretrained(str(directory.path), local_files_only=True)
-    pipe.to(comm.device)
+        pipe = load_components(pipeline_class(directory), directory, comm.device)
     if spec.backend == DIFFUSERS_COMPONENTS:
         return WanAdapter(spec, comm, pipe)
     return GenericAdapter(spec, comm, pipe)

@@ -33,6 +33,12 @@ class PipelineDirectory:
     components: dict[str, tuple[str | None, str | None]]  # name -> (library, class)
     name: str
     digest: str
+    files: tuple[ModelFile, ...] = ()  # every regular file, walked through links
+
+    def files_of(self, component: str) -> list[tuple[str, int]]:
+        """A component's files, by name inside the directory, with their sizes."""
+        prefix = f"{component}/"
+        return [(f.relative, f.size) for f in self.files if f.relative.startswith(prefix)]
 
     def config(self, component: str) -> dict[str, Any]:
         """A component's own config (config.json, or scheduler_config.json)."""
@@ -93,6 +99,7 @@ def read_directory(path: str) -> PipelineDirectory:
         components=components,
         name=_name_of(root.resolve()),
         digest=directory_digest(files, shown=path),
+        files=files,
     )
 
 

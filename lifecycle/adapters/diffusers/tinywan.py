@@ -10,9 +10,12 @@ tokenizes, and the same way on every rank and every start.
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from lifecycle.pipelines import component_load
 
 TINY_WAN = "tiny-wan"
 SEED = 20260601
@@ -31,6 +34,18 @@ def tiny_vocabulary() -> list[tuple[str, float]]:
     return specials + words + chars
 
 
+def _built(name: str, build: Callable[[], Any]) -> Any:
+    """A component built with its seeded weights, timed (and journaled inside a startup) as
+    its load."""
+    with component_load(name) as load:
+        module = build().eval()
+        load.read_done(
+            dtype=module.dtype,
+            nbytes=sum(p.numel() * p.element_size() for p in module.parameters()),
+        )
+    return module
+
+
 def build_tiny_wan() -> Any:
     """A WanPipeline of about a megabyte of weights, the same on every call."""
     from diffusers import (
@@ -41,28 +56,38 @@ def build_tiny_wan() -> Any:
     )
     from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
+    with component_load("tokenizer"):
+        tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
     generator_state = torch.random.get_rng_state()
     try:
+        # One after another: the weights are drawn from one generator, in this order.
         torch.manual_seed(SEED)
-        text_encoder = UMT5EncoderModel(
-            UMT5Config(
-                vocab_size=len(tokenizer), d_model=64, d_kv=16, d_ff=128, num_layers=2,
-                num_heads=4, relative_attention_num_buckets=8,
-            )
+        text_encoder = _built(
+            "text_encoder",
+            lambda: UMT5EncoderModel(
+                UMT5Config(
+                    vocab_size=len(tokenizer), d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                    num_heads=4, relative_attention_num_buckets=8,
+                )
+            ),
         )  # fmt: skip
-        transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=16,
-            out_channels=16, text_dim=64, freq_dim=64, ffn_dim=128, num_layers=2,
+        transformer = _built(
+            "transformer",
+            lambda: WanTransformer3DModel(
+                patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
+                in_channels=16, out_channels=16, text_dim=64, freq_dim=64, ffn_dim=128,
+                num_layers=2,
+            ),
         )  # fmt: skip
-        vae = AutoencoderKLWan(
-            base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-            temperal_downsample=[False, True, True],
+        vae = _built(
+            "vae",
+            lambda: AutoencoderKLWan(
+                base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                temperal_downsample=[False, True, True],
+            ),
         )  # fmt: skip
     finally:
         torch.random.set_rng_state(generator_state)
-    for module in (text_encoder, transformer, vae):
-        module.eval()
     return WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,

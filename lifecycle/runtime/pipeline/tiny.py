@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from torch import nn
 from lifecycle.core.modelspec import ModelSpec
 from lifecycle.core.records import ResidencyOption, Shape
 from lifecycle.runtime.comm import Comm, UlyssesAttention
+from lifecycle.runtime.phases import component_load
 from lifecycle.runtime.pipeline.decoder import Decoder, decode_video
 from lifecycle.runtime.pipeline.placement import (
     OFFLOADED,
@@ -175,6 +177,22 @@ class PromptEmbeds:
     branches: tuple[str, ...]  # which CFG branches this rank computes: "cond", "uncond"
 
 
+M = typing.TypeVar("M", bound=nn.Module)
+
+
+def _built(name: str, module: M, generator: torch.Generator, device: torch.device) -> M:
+    """A component's weights drawn and moved to the device, as its load."""
+    with component_load(name) as load, torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        load.read_done(
+            dtype=next(module.parameters()).dtype,
+            nbytes=sum(p.numel() * p.element_size() for p in module.parameters()),
+        )
+        module.to(device).eval()
+    return module
+
+
 class TinyVideoPipeline:
     """Text encoder, DiT and decoder of `tiny-video`, with deterministic random weights."""
 
@@ -186,14 +204,10 @@ class TinyVideoPipeline:
         self.comm = comm
         device = comm.device
         generator = _seeded(spec.name)
-        with torch.no_grad():
-            self.text_encoder = TextEncoder(self.cfg)
-            self.dit = DiT(self.cfg)
-            self.vae = Decoder(self.cfg)
-            for module in (self.text_encoder, self.dit, self.vae):
-                for param in module.parameters():
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-                module.to(device).eval()
+        # One after another: the weights are drawn from one generator, in this order.
+        self.text_encoder = _built("text_encoder", TextEncoder(self.cfg), generator, device)
+        self.dit = _built("dit", DiT(self.cfg), generator, device)
+        self.vae = _built("vae", Decoder(self.cfg), generator, device)
         self.attention = UlyssesAttention(comm)
         self.decoder_residency = DecoderResidency()
         self.offload_text_encoder = False
