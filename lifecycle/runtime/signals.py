@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 SHUTDOWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 # Asks a rank to write its ring of collective records to the journal, as Flight Recorder
@@ -53,9 +54,22 @@ def watch_dump_signal(on_dump: Callable[[], None]) -> None:
     threading.Thread(target=watch, name="lifecycle-dump-signal", daemon=True).start()
 
 
-def leave_process(status: int) -> None:
+# What must be done before the process ends at once (a bounded flush of the traces it made):
+# called, each bounded by itself, by leave_process from whichever thread ends the process.
+_BEFORE_LEAVING: list[Callable[[], object]] = []
+
+
+def before_leaving(call: Callable[[], object]) -> None:
+    """Call `call` before this process ends through leave_process."""
+    _BEFORE_LEAVING.append(call)
+
+
+def leave_process(status: int) -> NoReturn:
     """End this process now with `status`, from any thread: the main thread may be blocked
     in a collective or a hang for good, where nothing else would end it."""
+    for call in list(_BEFORE_LEAVING):
+        with contextlib.suppress(Exception):
+            call()
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()

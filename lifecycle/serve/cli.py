@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import platform
@@ -32,6 +31,7 @@ from lifecycle.core.errors import ConfigError, LifecycleError
 from lifecycle.core.faults import parse_faults
 from lifecycle.core.planner import parse_size
 from lifecycle.runtime.phases import IMPORT_LIFECYCLE, MODEL_SPEC, mark
+from lifecycle.runtime.signals import leave_process
 from lifecycle.serve.dbcommand import add_db_command, fail, run_db_command
 from lifecycle.serve.firstrun import add_first_run
 from lifecycle.serve.logs import configure_logging, say, set_json_lines
@@ -335,11 +335,8 @@ def entry() -> NoReturn:
     launcher's exit after its ranks had failed: time in which a supervisor (torchrun, a
     Kubernetes probe, a test) sees the group still running."""
     status = main()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
     logging.shutdown()
-    os._exit(status)
+    leave_process(status)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.states import State
 from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL, mark
 from lifecycle.runtime.recorder import Recorder
-from lifecycle.runtime.signals import watch_shutdown_signals
+from lifecycle.runtime.signals import leave_process, watch_shutdown_signals
 from lifecycle.serve.launchtime import launch_walls
 from lifecycle.serve.logs import configure_logging
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.supervisor import LaunchOptions
-from lifecycle.serve.worker import under_torchrun
+from lifecycle.serve.worker import trace_startup, under_torchrun
 from lifecycle.store import shown_location
 from lifecycle.store.runs import new_run_id, open_run
 
@@ -111,6 +111,7 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
     mark(IMPORT_RUNTIME)
 
     recorder = Recorder(journal.writer(run_id=run_id, rank=0))
+    trace_startup(recorder, run_id=run_id, rank=0, model=args.model.name, env=os.environ)
     console = boot_console(ProgressPrinter(run_created_at=created_at), ranks=1)
     logs = console.log_stream()
     if logs is not None:  # this process's own logs go above the bar, not through it
@@ -138,7 +139,7 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
         status = session.shutdown_by_signal(sig)
         console.close()
         sys.stdout.flush()
-        os._exit(status)
+        leave_process(status)
 
     watch_shutdown_signals(on_signal)
     try:

@@ -27,6 +27,7 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.fold import RankFold
 from lifecycle.core.view import RankView
+from lifecycle.runtime.signals import leave_process
 from lifecycle.serve.control import ControlChannel, FromRank, Hello, Stop
 from lifecycle.serve.crossnode import BEAT_S, SUSPECT_S, Broadcaster, RankBridge, RankLine
 from lifecycle.serve.logs import say
@@ -309,9 +310,7 @@ class Front:
         timeout): keep answering /liveness (503) for --linger first."""
         with self._leaving:
             self.finish(status)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
+            leave_process(status)
 
     def finish(self, status: int) -> int:
         """Rank 0's rank has ended with `status`: a failure is served for --linger, then the

@@ -32,6 +32,7 @@ from lifecycle.runtime.phases import (
     mark,
 )
 from lifecycle.runtime.signals import (
+    before_leaving,
     block_shutdown_signals,
     leave_process,
     watch_dump_signal,
@@ -211,7 +212,7 @@ def run_rank_process(
             leave_process(SIGNAL_EXIT_BASE + int(sig))
         if before_signal_exit is not None:
             before_signal_exit(sig)
-        os._exit(started[0].shutdown_by_signal(sig))
+        leave_process(started[0].shutdown_by_signal(sig))
 
     watch_shutdown_signals(on_signal)
     run_id = _agreed_run_id(env, created_at, ranks, args, secret)
@@ -225,6 +226,7 @@ def run_rank_process(
         recorder.subscribe(_warn_unauthenticated())
     if control is not None:
         trust.rejections.on_count(_reporter(control, ranks.rank))
+    trace_startup(recorder, run_id=run_id, rank=ranks.rank, model=args.model.name, env=env)
     if on_journal is not None:
         on_journal(run_id, recorder, trust)
     launched_at, process_started_at = launch_walls(env, entered_at=created_at)
@@ -282,6 +284,24 @@ def run_rank_process(
         session.linger(args.dist_timeout_s + LINGER_MARGIN_S, until=stop)
     session.close()
     return Exit.FAILED
+
+
+def trace_startup(
+    recorder: Recorder, *, run_id: str, rank: int, model: str, env: Mapping[str, str]
+) -> None:
+    """Send this rank's startup to the tracing collector the OTEL_* variables name, if any:
+    its events become spans as they are recorded, flushed (bounded) when the process ends."""
+    from lifecycle.runtime.rankspans import RankSpans
+    from lifecycle.runtime.tracing import Tracing
+
+    def warn(text: str) -> None:
+        say(f"lifecycle: warning: rank {rank}: {text}", event="otel-warning", out=sys.stderr)
+
+    tracing = Tracing.start(env, warn=warn if rank == 0 else lambda _text: None)
+    if tracing is None:
+        return
+    recorder.subscribe(RankSpans(tracing, run_id=run_id, rank=rank, attributes={"model": model}))
+    before_leaving(tracing.close)
 
 
 def _warn_unauthenticated() -> Callable[[StoredEvent], None]:
@@ -351,7 +371,7 @@ def main() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: a failed gloo group can abort in its destructor.
-    os._exit(status)
+    leave_process(status)
 
 
 if __name__ == "__main__":
