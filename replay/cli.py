@@ -89,10 +89,11 @@ def _diagnosis(
     check: bool = True,
     flight: bool = False,
     flight_dir: str | None = None,
-) -> Diagnosis:
+) -> tuple[Diagnosis, FlightFacts | None]:
     """The run's verdict, from each rank's summary and the events after it: the same verdict
     as from every event, at the cost of what the summaries hold (see Journals.views). With
-    `flight`, joined with the Flight Recorder's dumps (in `flight_dir`, else as journaled)."""
+    `flight`, joined with the Flight Recorder's dumps (in `flight_dir`, else as journaled),
+    which come back with it."""
     from replay.verdict.analysis import combine
     from replay.verdict.diagnose import diagnose
     from replay.verdict.liveness import dead_ranks, live_ranks
@@ -100,13 +101,14 @@ def _diagnosis(
     views = journals.views(run, check=check)
     analysis = combine(run, views)
     facts = _flight(journals, run, views, flight_dir) if flight else None
-    return diagnose(
+    diagnosis = diagnose(
         analysis,
         now=now,
         dead_ranks=dead_ranks(analysis),
         live_ranks=live_ranks(analysis),
         flight=facts,
     )
+    return diagnosis, facts
 
 
 def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -123,7 +125,7 @@ def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             summaries.append(
                 summarize_settled(run, settled)
                 if settled is not None
-                else summarize_run(run, _diagnosis(journals, run, now, check=False))
+                else summarize_run(run, _diagnosis(journals, run, now, check=False)[0])
             )
         _warn(journals.problems, err)
     if ns.json:
@@ -192,13 +194,15 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.flight.view import diagnose_lines, flight_json
     from replay.load import Journals
+    from replay.verdict.diagnose import exit_status
     from replay.views.diagnosis import diagnosis_json, format_diagnosis
 
     with Journals.open(_locations(ns.journals)) as journals:
         run = journals.resolve(ns.run)
-        diagnosis = _diagnosis(journals, run, _now(ns), flight=True, flight_dir=ns.flight_recorder)
+        diagnosis, facts = _diagnosis(
+            journals, run, _now(ns), flight=True, flight_dir=ns.flight_recorder
+        )
         _warn(journals.problems, err)
-    facts = diagnosis.flight
     if ns.json:
         doc = diagnosis_json(diagnosis)
         if facts is not None:
@@ -209,7 +213,7 @@ def cmd_diagnose(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if facts is not None:
             text = "\n".join([text, *diagnose_lines(facts, diagnosis.analysis)])
         print(text, file=out)
-    return diagnosis.exit_status
+    return exit_status(diagnosis)
 
 
 def cmd_verify(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -271,7 +275,7 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         profiles = []
         for ref in (ns.run_a, ns.run_b):
             run = journals.resolve(ref)
-            profiles.append(profile(_diagnosis(journals, run, now)))
+            profiles.append(profile(_diagnosis(journals, run, now)[0]))
         _warn(journals.problems, err)
     a, b = profiles
     if ns.json:

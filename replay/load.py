@@ -18,6 +18,7 @@ from lifecycle.core.view import RankView
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from lifecycle.store.summaries import Summary, with_latest_heartbeat
+from lifecycle.verdict.analysis import config_number
 from replay.exits import AmbiguousRun, ReplayError, RunNotFound
 
 # What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
@@ -42,10 +43,7 @@ class RunInfo(RunRow):
 
     def config_number(self, key: str, default: float | None) -> float | None:
         """A positive, finite number from the recorded config, else `default`."""
-        value = self.config.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return default
-        return float(value) if math.isfinite(value) and value > 0 else default
+        return config_number(self.config, key, default)
 
 
 @dataclass

@@ -3,6 +3,7 @@ session and for the run-id agreement under torchrun."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import ipaddress
@@ -253,10 +254,28 @@ def settings_disagreement(
     if isinstance(each, RankDisagreement):
         return each
     found = disagreements([json.loads(each[f"{prefix}{peer}"]) for peer in ranks])
+    _read_by_all(store, prefix, rank=rank, ranks=ranks)
     return RankDisagreement(
         f"the ranks were started with different settings: {describe_disagreements(found)}",
         rank=rank,
     )
+
+
+# How long rank 0 waits, once the ranks disagree, for every peer to have read what it needs
+# from the store: reading takes milliseconds; past this a peer is gone or stuck.
+READ_BY_ALL_S = 10.0
+
+
+def _read_by_all(store: Any, prefix: str, *, rank: int, ranks: range) -> None:
+    """Every rank that found a disagreement says it has read the settings; rank 0 (which may
+    host the store, as torch's own rendezvous has it without an agent) leaves only once all
+    have, or READ_BY_ALL_S has passed: a peer still reading would otherwise find the store
+    gone and fail on that instead of naming the settings."""
+    with contextlib.suppress(RuntimeError):
+        store.set(f"{prefix}{rank}/read", b"1")
+        if rank == 0:
+            keys = [f"{prefix}{peer}/read" for peer in ranks]
+            store.wait(keys, datetime.timedelta(seconds=READ_BY_ALL_S))
 
 
 class _Posts:

@@ -19,6 +19,7 @@ from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.config import PeerFailure, RankLayout, ServerArgs
 from lifecycle.core.errors import (
     COLLECTIVE_KINDS,
+    ConfigError,
     JournalError,
     JournalWriteFailed,
     RankDisagreement,
@@ -103,6 +104,10 @@ class RankSession:
         )
         # The ranks were started with different settings: bad input, not a rank's failure.
         self.disagreement: RankDisagreement | None = None
+        # Bad input the rank found itself (a plug-in's pipeline that does not follow the
+        # protocol, a model's component that cannot be loaded): it exits 2, as the launcher's
+        # own refusals do.
+        self.refused: ConfigError | None = None
         # The agreed abort (--on-peer-failure abort): the peers' failures, once joined.
         self.peers: AbortWatcher | None = None
         self.machine = LifecycleMachine(
@@ -275,6 +280,8 @@ class RankSession:
         peers (the agreed abort); `where` stands in for the traceback of an error that was not
         raised. An error that follows a peer's announced failure (a collective the failed peer
         left) is that failure's consequence: the rank aborts instead."""
+        if isinstance(exc, ConfigError) and self.refused is None:
+            self.refused = exc
         peers = self.peers
         earlier = peers.first_failure() if peers is not None else None
         if (
@@ -405,6 +412,22 @@ class RankSession:
                     self.fire(Trigger.STOP)
             except JournalWriteFailed as exc:
                 self.stop_unjournaled(exc)
+
+    def shutdown_before_start(self, sig: signal.Signals) -> int:
+        """A signal that came while the rank was starting (its imports, its journal being
+        opened): journal its start and then its stop, and the exit status to leave with."""
+        device = select_device(
+            self.args.device, local_rank=self.launch.rank % self.launch.local_ranks
+        )
+        self.recorder.record(
+            run_started(
+                self.launch,
+                world_size=self.args.num_ranks,
+                device=device,
+                wall=self.recorder.clock.wall(),
+            )
+        )
+        return self.shutdown_by_signal(sig)
 
     def shutdown_by_signal(self, sig: signal.Signals) -> int:
         """Journal a shutdown by `sig` and close; the exit status to leave with.

@@ -116,8 +116,10 @@ class CommandParser(OneLineParser):
     """The command's parser: a refused flag is the operator's one line, JSON with
     --json-logs as every other line then is."""
 
-    def error(self, message: str) -> NoReturn:
-        refuse(f"{self.prog}: error: {message}")
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            say(message.rstrip("\n"), event="error", out=sys.stderr, exit_status=status)
+        sys.exit(status)
 
 
 def refuse(line: str) -> NoReturn:

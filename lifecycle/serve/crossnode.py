@@ -87,11 +87,17 @@ class RankBridge:
     # The connection ControlInbox reads: a None in the queue is the channel gone.
     def recv(self) -> ToRank:
         message = self._down.get()
+        # Rank 0's stop, its loss or the channel gone, read after a silence of this rank's own
+        # that the group takes for lost: the group had gone on without this rank, which is
+        # the failure, whichever of its threads saw the end first.
+        ending = message is None or isinstance(message, Stop | Lost)
+        if ending and not (isinstance(message, Lost) and message.rank == self.rank):
+            why = self.taken_for_lost()
+            if why is not None:
+                return Lost(why=why, rank=self.rank)
         if message is None:
             raise EOFError("rank 0's control channel is gone")
-        why = self.taken_for_lost() if isinstance(message, Stop) else None
-        # Rank 0's stop was for a group that had gone on without this rank.
-        return message if why is None else Lost(why=why, rank=self.rank)
+        return message
 
     def send(self, message: FromRank) -> None:
         self._deliver(message)

@@ -1,11 +1,13 @@
 """One request in flight on every rank: each rank's result and its last sign of progress, and,
-when it fails, which rank failed of itself (the culprit) and which failed waiting on it."""
+when it fails, which rank failed of itself (the culprit, as the ranks' answers tell it, until
+the run's verdict names it) and which failed waiting on it."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from lifecycle.core.errors import COLLECTIVE_KINDS, LifecycleError
 from lifecycle.serve.control import Result, ServiceUnavailable
@@ -38,6 +40,29 @@ class RequestFailed(LifecycleError):
         said = [f"rank {culprit}: {error}"]
         said += [f"rank {r} failed waiting on it: {e}" for r, e in sorted(self.waited.items())]
         super().__init__("; ".join(said))
+
+    def answer(self, *, diagnose: str) -> dict[str, Any]:
+        """The request's answer: the culprit rank and its error, the ranks that failed
+        waiting on it, and the command (`diagnose`) that explains the run."""
+        return {
+            "detail": str(self),
+            "request_id": self.request_id,
+            "culprit_rank": self.culprit,
+            "error": self.error,
+            "waited": {str(rank): error for rank, error in sorted(self.waited.items())},
+            "diagnose": diagnose,
+        }
+
+    def named(self, *, culprit: int, error: str) -> RequestFailed:
+        """The same failure, its culprit and that rank's error as the run's verdict names them
+        (the answers name a rank whose process went away, not why it went)."""
+        return RequestFailed(
+            request_id=self.request_id,
+            culprit=culprit,
+            error=error,
+            waited={rank: e for rank, e in self.waited.items() if rank != culprit},
+            silent=self.silent,
+        )
 
 
 class RequestInFlight:

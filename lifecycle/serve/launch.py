@@ -15,7 +15,7 @@ from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL,
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.signals import leave_process, watch_shutdown_signals
 from lifecycle.serve.launchtime import launch_walls
-from lifecycle.serve.logs import configure_logging
+from lifecycle.serve.logs import configure_logging, say
 from lifecycle.serve.progress import ProgressPrinter
 from lifecycle.serve.supervisor import LaunchOptions
 from lifecycle.serve.worker import trace_startup, under_torchrun
@@ -144,6 +144,12 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
     watch_shutdown_signals(on_signal)
     try:
         state = session.boot()
+        if session.refused is not None:
+            console.close()
+            say(f"lifecycle: error: {session.refused}", event="error", out=sys.stderr)
+            session.close()
+            journal.close()
+            return Exit.USAGE
         if state is State.READY:
             session.stop(reason="boot complete")
         session.close()

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from lifecycle.core.accounting import account, account_json
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.launchphase import launch_phase
@@ -27,13 +28,15 @@ from lifecycle.serve.control import (
     Result,
     ServiceUnavailable,
 )
+from lifecycle.serve.failure import RunFailure
 from lifecycle.serve.inflight import RequestFailed, RequestInFlight
 from lifecycle.serve.logs import say
 from lifecycle.serve.metrics import JournalMetrics
 from lifecycle.serve.progress import ProgressPrinter, eta_s
 from lifecycle.serve.steps import StepMark
-from lifecycle.serve.supervisor import POLL_S, ended_unjournaled, exit_text
+from lifecycle.serve.supervisor import POLL_S
 from lifecycle.store import shown_location
+from lifecycle.verdict.launched import LaunchedRun, ended_unjournaled, exit_text
 
 # /generate requests that may wait behind the running one; more are refused with 503 at once,
 # so that waiting requests cannot take every worker thread.
@@ -86,7 +89,6 @@ class Service:
         self.views: dict[int, RankView] = {}
         self.exit_codes: list[int | None] = []
         self.steps: dict[int, StepMark] = {}  # each rank's latest denoising step
-        self.failure: str | None = None  # sticky: once set, /health stays 503
         self.stopping: str | None = None
         self._lock = threading.Lock()  # the fields above; never held across a request
         self._line = threading.Condition()  # /generate: the request running and those waiting
@@ -103,15 +105,26 @@ class Service:
             lost=lambda: set(group.lost()),
             rejected=control.rejected,
         )
-        self.failed_at: float | None = None  # monotonic time of the first failure
+        self.run_failure = RunFailure(
+            LaunchedRun.of(args, run_id=group.run_id, created_at=group.created_at)
+        )
 
     @property
     def failed(self) -> bool:
         return self.failure is not None
 
+    @property
+    def failure(self) -> str | None:
+        """Why the ranks failed for good: the first sign, then the run's verdict."""
+        return self.run_failure.reason
+
+    @property
+    def failed_at(self) -> float | None:
+        return self.run_failure.at  # monotonic
+
     def follow(self) -> None:
-        """Fold the journal every poll interval until told to stop."""
-        told: str | None = None
+        """Fold the journal every poll interval until told to stop; once the ranks failed and
+        their ends settled, say why, as the run's verdict names its culprit."""
         while not self._stop.is_set():
             # The exit statuses first: a rank that had ended by then has committed everything
             # it will, and the poll after reads it, so that a rank that journaled its end is
@@ -130,11 +143,17 @@ class Service:
             if failed:
                 self.fail(f"rank {failed[0].rank} failed")
             self._check_ranks()
-            if self.failure is not None and told is None:
-                # Printed here, not where the failure is seen: the probes must not wait on I/O.
-                told = self.failure
-                say(f"failed: {told}", event="serve-failed", why=told)
+            if self.run_failure.settled(codes, self.group.lost()):
+                # Judged and printed here, not where the failure is seen: the probes must not
+                # wait on the verdict or on I/O.
+                self._judge(views, codes)
             self._stop.wait(POLL_S)
+        if self.failed and not self.run_failure.judged:  # stopped before the ends settled
+            self._judge(self.views_now(), list(self.exit_codes))
+
+    def _judge(self, views: dict[int, RankView], codes: list[int | None]) -> None:
+        why = self.run_failure.judge(views, codes, self.group.lost())
+        say(f"failed: {why}", event="serve-failed", why=why)
 
     def _print(self, events: list[StoredEvent]) -> None:
         for stored in events:
@@ -153,12 +172,10 @@ class Service:
         self._stop.set()
 
     def fail(self, reason: str) -> None:
-        """Mark the ranks failed for good (the first reason is kept); refuse waiting requests."""
-        with self._lock:
-            if self.failure is not None:
-                return
-            self.failure = reason
-            self.failed_at = time.monotonic()
+        """Mark the ranks failed for good (the first reason is kept, until the run's verdict
+        names the culprit); refuse waiting requests."""
+        if not self.run_failure.seen(reason):
+            return
         with self._line:
             self._line.notify_all()
 
@@ -257,14 +274,7 @@ class Service:
         """A failed request's answer: the culprit rank and its error, the ranks that failed
         waiting on it, and the command that explains the run."""
         journal = shlex.quote(shown_location(self.args.db))
-        return {
-            "detail": str(exc),
-            "request_id": exc.request_id,
-            "culprit_rank": exc.culprit,
-            "error": exc.error,
-            "waited": {str(rank): error for rank, error in sorted(exc.waited.items())},
-            "diagnose": f"replay diagnose {self.group.run_id} {journal}",
-        }
+        return exc.answer(diagnose=f"replay diagnose {self.group.run_id} {journal}")
 
     def queue_depth(self) -> int:
         """The requests running or waiting for the ranks."""
@@ -349,7 +359,7 @@ class Service:
                 for rank, silent_s in exc.silent.items():
                     links[rank].send(GivenUp(request_id=request.request_id, silent_s=silent_s))
                 self.fail(f"request {request.request_id} failed: {exc}")
-                raise
+                raise self.run_failure.named(exc) from None
         finally:
             self.control.end(request)
 
@@ -364,7 +374,8 @@ def rank_json(
     """One rank's folded state as /lifecycle shows it: `state` is the journal's unless the
     process ended without journaling its end (`exited`; the journal's stays in
     `journaled_state`), and `exit` reads `exit_code` as every other line does. `launch` is
-    its launch phase and `startup_to_ready_s` counts from it; `step` is how far the request
+    its launch phase and `startup_to_ready_s` counts from it; `startup` accounts for every
+    second of it (to now, while it starts); `step` is how far the request
     it is denoising has got (from `step`, the latest mark the rank wrote: none once its last
     step is made, or from a state it has left), and `eta_s` what history expects it to need
     still before ready."""
@@ -389,6 +400,7 @@ def rank_json(
         "startup_to_ready_s": None
         if launch is None or ready_at is None
         else ready_at - launch.launched_at,
+        "startup": None if (kept := account(view, now=now)) is None else account_json(kept),
         "step": None
         if step is None or step.state != view.state or step.done >= step.steps
         else {"done": step.done, "steps": step.steps},

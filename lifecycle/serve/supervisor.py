@@ -35,6 +35,13 @@ from lifecycle.serve.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
 from lifecycle.store import Journal, shown_location
 from lifecycle.store.runs import new_run_id, open_run
 from lifecycle.store.summaries import with_latest_heartbeat
+from lifecycle.verdict.launched import (
+    LaunchedRun,
+    exit_text,
+    failure_reason,
+    launched_verdict,
+    summary_lines,
+)
 
 WORKER_MODULE = "lifecycle.serve.worker"  # the entry of a spawned rank process
 POLL_S = 0.2
@@ -344,7 +351,11 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     codes = group.exit_codes()
     group.close()
     unjournaled = [rank for rank, code in enumerate(codes) if code == Exit.UNJOURNALED]
-    reason = failure_reason(views, codes)
+    # The culprit `replay diagnose` names leads the reason, not the first rank to fail: that
+    # is often a victim (its collective timed out waiting on the rank that hung).
+    run = LaunchedRun.of(args, run_id=group.run_id, created_at=created_at)
+    verdict = launched_verdict(run, views, codes, now=time.time())
+    reason = failure_reason(verdict, views, codes)
     if unjournaled:
         # Above a failure or a signal: what the journal holds of this startup is incomplete.
         status: int = Exit.UNJOURNALED
@@ -352,6 +363,11 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     elif interrupted:
         status = SIGNAL_EXIT_BASE + int(interrupted[0])
         why = f"interrupted by {interrupted[0].name}"
+    elif Exit.USAGE in codes:
+        # A rank refused what it was given (a plug-in's pipeline it built): bad input, as the
+        # launcher's own refusals are.
+        status = Exit.USAGE
+        why = f"bad input: {reason}"
     else:
         status = Exit.OK if reason is None else Exit.FAILED
         why = reason or "every rank got to ready"
@@ -367,72 +383,3 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
             out=sys.stderr,
         )
     return status
-
-
-def exit_text(code: int | None) -> str:
-    """A process's exit status as every line and answer shows it: `exit 1`, `killed by
-    SIGKILL` (a signal it did not handle), `stopped by SIGTERM (143)` (a rank that journaled
-    its stop by that signal leaves with 128 + its number)."""
-    if code is None:
-        return "running"
-    if code < 0:
-        return f"killed by {_signal_name(-code)}"
-    if code > 128 and (name := _signal_name(code - 128)).startswith("SIG"):
-        return f"stopped by {name} ({code})"
-    return f"exit {code}"
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def ended_unjournaled(view: RankView, code: int | None) -> bool:
-    """The rank's process ended (exit status `code`) without journaling an end (a SIGKILL, a
-    crash): whatever state its journal last holds, the rank is no longer in it."""
-    return code is not None and not view.terminal
-
-
-def failure_reason(views: dict[int, RankView], codes: list[int | None]) -> str | None:
-    """What went wrong with each rank whose startup did not end in ready and a clean stop
-    (exit status 0), in rank order; None when nothing did. Which went wrong first is
-    replay's question: a peer's failure is often the consequence of another's."""
-    problems = []
-    aborted = []
-    for rank, view in sorted(views.items()):
-        code = codes[rank]
-        if view.state == State.FAILED and view.aborts and not view.errors:
-            aborted.append(rank)
-        elif view.state == State.FAILED:
-            problems.append(f"rank {rank} failed in {view.path[-2]}")  # the state before
-        elif ended_unjournaled(view, code):
-            problems.append(f"rank {rank} ended in {view.state}: {exit_text(code)}")
-        elif State.READY.value not in view.path:
-            problems.append(f"rank {rank} never got to ready ({exit_text(code)})")
-        elif view.state != State.STOPPED or code != 0:
-            problems.append(f"rank {rank} did not stop cleanly ({exit_text(code)})")
-    if aborted:
-        problems.append(f"rank {', '.join(map(str, aborted))} aborted (the agreed abort)")
-    return "; ".join(problems) or None
-
-
-def summary_lines(
-    views: dict[int, RankView], codes: list[int | None], *, created_at: float
-) -> list[str]:
-    """One line per rank: its state, when it entered ready, its exit status, its first error."""
-    lines = []
-    for rank, view in views.items():
-        code = codes[rank]
-        state = f"{view.state} (end not journaled)" if ended_unjournaled(view, code) else view.state
-        if view.aborts and not view.errors:
-            failed = view.aborts[0][2].failed_rank
-            state = "aborted" if failed is None else f"aborted (rank {failed} failed)"
-        ready_at = view.entered_at(State.READY.value)
-        ready = f"entered ready after {ready_at - created_at:.2f} s" if ready_at else "never ready"
-        error = (
-            f"; {view.errors[0][2].error_type}: {view.errors[0][2].message}" if view.errors else ""
-        )
-        lines.append(f"rank {rank}: {state:<12} {ready}; {exit_text(code)}{error}"[:300])
-    return lines

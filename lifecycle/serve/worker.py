@@ -195,9 +195,14 @@ def run_rank_process(
     secret = store_secret(env)
     stop = threading.Event()
     started: list[RankSession] = []
+    pending: list[signal.Signals] = []  # a shutdown signal that came before the session
 
     def on_signal(sig: signal.Signals) -> None:
         stop.set()
+        if not started and named_run_id(env) is not None:
+            # The run is known and the journal opens in a moment: the stop is journaled then.
+            pending.append(sig)
+            return
         if not started:
             # Before the session: the ranks may still be joining the group to agree on a run
             # id, which would hold this one until the rendezvous timeout, and no journal is
@@ -257,13 +262,17 @@ def run_rank_process(
         recorder.subscribe(console.feed)
     session = RankSession(args, launch, recorder, actions=actions, leave=leave, trust=trust)
     started.append(session)
+    if pending:
+        leave_process(session.shutdown_before_start(pending[0]))
     watch_dump_signal(lambda: session.dump_ring("signal"))
     state = session.boot()
-    if session.disagreement is not None:
-        # Every rank saw the same settings at the rendezvous and fails on them at once: none
-        # waits on a peer, so none lingers; bad input, as a flag refused at start is.
+    refused = session.disagreement or session.refused
+    if refused is not None:
+        # Every rank saw the same settings at the rendezvous (or built the same pipeline) and
+        # fails on them at once: none waits on a peer, so none lingers; bad input, as a flag
+        # refused at start is.
         say(
-            f"lifecycle: error: rank {ranks.rank}: {session.disagreement}",
+            f"lifecycle: error: rank {ranks.rank}: {refused}",
             event="error",
             out=sys.stderr,
             rank=ranks.rank,

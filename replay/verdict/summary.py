@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.records import Signature
-from replay.verdict import evidence as ev
-from replay.verdict.analysis import Mismatch, MismatchReason, SplitDisagreement
-from replay.verdict.diagnose import LOSS_ANNOUNCERS, Diagnosis, Outcome
-from replay.verdict.status import PendingInfo, RankVerdict, Status
+from lifecycle.verdict import evidence as ev
+from lifecycle.verdict.analysis import Mismatch, MismatchReason, SplitDisagreement
+from lifecycle.verdict.diagnose import LOSS_ANNOUNCERS, Outcome
+from lifecycle.verdict.status import PendingInfo, RankVerdict, Status
+from replay.verdict.diagnose import Diagnosis
 
 _MISMATCH_REASONS = {
     MismatchReason.OPS: "different ops",
@@ -145,6 +146,8 @@ def _opening(d: Diagnosis) -> list[str]:
     if d.outcome is Outcome.RUNNING:
         return ["still starting: " + ", ".join(map(_running_text, d.ranks))]
     if d.outcome is Outcome.INCOMPLETE:
+        if not d.ranks:  # no rank journaled anything: the missing ranks say so below
+            return ["the journal ends before a verdict"]
         states = ", ".join(f"rank {v.rank} {v.last_state} ({v.status})" for v in d.ranks)
         return [f"the journal ends before a verdict: {states}"]
     return []

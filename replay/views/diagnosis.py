@@ -8,9 +8,9 @@ from enum import StrEnum
 from typing import Any
 
 from lifecycle.core.text import clean
+from lifecycle.verdict.evidence import Evidence, FirstError
+from lifecycle.verdict.status import PendingInfo, RankVerdict
 from replay.verdict.diagnose import Diagnosis
-from replay.verdict.evidence import Evidence, FirstError
-from replay.verdict.status import PendingInfo, RankVerdict
 from replay.verdict.summary import mismatch_reason, purpose_text, rank_note, signature_text, summary
 from replay.views.render import Style, table
 
@@ -27,8 +27,15 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
         )
     if d.first_error is not None:
         e = d.first_error
+        # A victim's error comes first when the culprit journaled none (it hung, or died),
+        # or journaled it later: said, so that it is not read as the cause.
+        victim = (
+            f", a victim of rank {', '.join(map(str, d.culprit_ranks))}"
+            if d.first_error_by_a_victim and d.culprit_ranks
+            else ""
+        )
         out.append(
-            f"first error: rank {e.rank} in {clean(e.state)} at +{e.at_s:.2f} s:"
+            f"first error: rank {e.rank} in {clean(e.state)} at +{e.at_s:.2f} s{victim}:"
             f" {clean(e.error_type)}: {clean(e.message)}"
         )
     out.append("")

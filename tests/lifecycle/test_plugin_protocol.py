@@ -159,3 +159,33 @@ def test_an_earlier_pipeline_is_passed_only_what_it_takes() -> None:
 
     current = Current()
     assert conform(current, MODEL_PRESETS["micro-video"]) is current
+
+
+@pytest.mark.parametrize("ranks", ["1", "2"])
+def test_a_built_pipeline_without_decode_is_refused_by_the_rank_with_exit_2(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed], ranks: str
+) -> None:
+    """A plug-in whose factory is a plain function (what it builds is known only once built):
+    the rank refuses the pipeline it built, journals why, and the boot exits 2 with a last line
+    naming what it lacks."""
+    env = plugin(tmp_path, BY_FUNCTION + "\nPLUGIN = (SPEC, build)\n")
+    result = lifecycle_cli(
+        "boot", "--pipeline", "earlier_plugin:PLUGIN", "--num-ranks", ranks, "--db", "j.db",
+        "--log-level", "error", env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("lifecycle: error:")]
+    assert refusals and all("decode(latents, shape)" in line for line in refusals), result.stderr
+
+
+def test_a_plugin_whose_import_raises_is_one_line_and_exit_2(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A plug-in module that raises while it is imported (a NameError here) is one line naming
+    the target and the error, exit 2, no traceback."""
+    env = plugin(tmp_path, EARLIER + "\nPLUGIN = (SPEC, undefined_factory)\n")
+    result = lifecycle_cli("boot", "--pipeline", "earlier_plugin:PLUGIN", "--db", "j.db", env=env)
+    assert result.returncode == 2
+    line = one_clear_line(result)
+    assert "earlier_plugin:PLUGIN" in line and "NameError" in line

@@ -24,6 +24,7 @@ from lifecycle.core.events import (
     Shutdown,
     Transition,
 )
+from lifecycle.runtime.injection import FAULT_EXIT_CODE
 from tests.conftest import run_cli, wait_until
 from tests.lifecycle.test_server import BODY, Served, journal_events, serve
 
@@ -168,7 +169,7 @@ def test_a_stuck_rank_fails_the_request_and_no_later_request_gets_its_reply(
                 reply = answered.json()
                 # Rank 0 timed out waiting; the frozen rank 1 is the culprit the reply names.
                 assert reply["culprit_rank"] == 1, reply
-                assert reply["error"].startswith("no progress for "), reply
+                assert reply["error"].startswith("hung in ready: rank 0 waited for it in "), reply
                 assert reply["waited"]["0"].startswith("CollectiveTimeout"), reply
                 health = served.get("/health")
                 assert health is not None and health.status_code == 503
@@ -208,9 +209,10 @@ def test_a_failed_request_names_its_culprit_its_id_and_the_diagnose_command(
         reply = answered.json()
         assert reply["request_id"] == "req-7.a"
         assert reply["culprit_rank"] == 1, reply
-        assert reply["error"] == "rank process went away", reply
+        # Its process ended without a word: it crashed, as the verdict says.
+        assert reply["error"] == f"crashed in ready: exit {FAULT_EXIT_CODE}", reply
         assert set(reply["waited"]) <= {"0"}, reply
-        assert reply["detail"].startswith("rank 1: rank process went away")
+        assert reply["detail"].startswith(f"rank 1: crashed in ready: exit {FAULT_EXIT_CODE}")
         (run,) = {e.run_id for e in journal_events(served.db)}
         assert reply["diagnose"] == f"replay diagnose {run} j.db"
         stop_within(served, 60)

@@ -135,7 +135,8 @@ def test_the_launchers_store_is_on_loopback_and_a_forged_abort_ends_nothing(
     of rank 1 forged in the store's abort slot by another client (compare-and-set, unsealed)
     ends nothing: /health stays 200 and /generate answers, each rank journals the dropped
     message once and /metrics and /lifecycle count it. Rank 1 killed afterwards is announced
-    by the launcher in the forgery's place, and rank 0 aborts naming it."""
+    by the launcher in the forgery's place, and rank 0 aborts naming it: serve's failure
+    line names rank 1 and rank 0 aborted (the dropped message failed nothing)."""
     with serve(tmp_path, "--num-ranks", "2", "--linger", "1") as served:
         served.wait_for_health(200, within=240)
         pids = {e.rank: e.event.pid for e in events_of(served.db) if e.kind == "run_started"}  # type: ignore[attr-defined]
@@ -181,6 +182,11 @@ def test_the_launchers_store_is_on_loopback_and_a_forged_abort_ends_nothing(
         (0, 1, "launcher")
     ]
     assert "killed by SIGKILL" in aborted[0].event.message
+    said = [line for line in (tmp_path / "serve.log").read_text().splitlines()
+            if line.startswith("failed: ")]  # fmt: skip
+    assert said == [
+        "failed: rank 1 crashed in ready: killed by SIGKILL; then rank 0 aborted (the agreed abort)"
+    ], said
 
 
 # -- ranks under torchrun's environment, on one host --------------------------------------------

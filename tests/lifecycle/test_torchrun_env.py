@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import Error, Shutdown, StoredEvent
+from lifecycle.core.events import Error, RunStarted, Shutdown, StoredEvent
 from lifecycle.serve.supervisor import free_port
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed, one_clear_line, reaped, run_cli, wait_until
@@ -220,3 +220,32 @@ def test_ranks_started_with_different_settings_all_stop_at_the_rendezvous(
         assert (error.error_kind, error.message, error.fatal) == ("rank-disagreement", said, True)
     verdict = run_cli("replay", ["diagnose", "latest", "j.db"], cwd=tmp_path).stdout
     assert verdict.splitlines()[0].endswith(": failed"), verdict
+
+
+def _blocks_sigterm(pid: int) -> bool:
+    """Whether process `pid` holds SIGTERM blocked (its entry did that before importing
+    torch), from its SigBlk mask in /proc."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:"))
+    return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.ranks
+def test_a_sigterm_while_a_rank_imports_torch_is_journaled(tmp_path: Path) -> None:
+    """SIGTERM to a rank whose run is named, as soon as its entry holds the signal and while
+    it still imports torch: once its journal is open it journals its start and the stop by
+    SIGTERM, and exits 143 (it left nothing behind before)."""
+    port = free_port()
+    env = rank_env(0, 2, port, TORCHELASTIC_RUN_ID="job-3")
+    with rank_process(tmp_path, env) as rank:
+        wait_until(lambda: _blocks_sigterm(rank.proc.pid), within=60, what="its entry")
+        rank.proc.send_signal(signal.SIGTERM)
+        status, err = rank.stopped_with(within=60)
+    assert status == 143, err[-2000:]
+    events = events_by_rank(tmp_path / "j.db")[0]
+    assert isinstance(events[0].event, RunStarted)
+    (stop,) = [e for e in events if isinstance(e.event, Shutdown)]
+    assert (stop.state, stop.event.signal) == ("created", "SIGTERM")

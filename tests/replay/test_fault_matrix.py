@@ -45,8 +45,9 @@ def expected_outcome(produced: Produced, ranks: dict[int, dict]) -> str:  # type
         own = ranks[1]["first_error"]
         if own is None or own["kind"] != "rank-disagreement":
             return "hung"
-    # Rank 1 failed on its own, and the agreed abort stopped its peer: blocked if it was
-    # waiting for rank 1 in a collective then (a hang), else merely aborted.
+    # Rank 1 failed on its own, and the agreed abort stopped its peer: blocked if it had
+    # waited for rank 1 in a collective for longer than a hang takes to show when rank 1
+    # failed, else merely aborted (a raise its peer learned of at once is a failure).
     return "hung" if ranks[0]["status"] == "blocked" else "failed"
 
 
@@ -91,6 +92,23 @@ def test_diagnosis_names_the_faulty_rank_state_and_outcome(
         assert key in doc
     for rank in doc["ranks"]:
         assert {"last_state", "status", "pending_collective", "last_heartbeat_age_s"} <= set(rank)
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_the_boots_last_line_names_the_culprit_diagnose_names(
+    fault_matrix: dict[str, Produced], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The launcher's last line leads with the rank `replay diagnose` names as the culprit, in
+    the state it names, not with the first rank to fail (with a hang, that is its peer, whose
+    collective timed out waiting for it)."""
+    produced = fault_matrix[name]
+    main(["diagnose", "latest", str(produced.db), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    (culprit,), state = doc["culprit_ranks"], doc["culprit_state"]
+    last = [line for line in produced.log.splitlines() if line.startswith("boot: ")][-1]
+    assert re.match(rf"boot: exit 1: rank {culprit} [a-z ]+ in {state}(:|;|$)", last), (
+        last, doc["summary"],
+    )  # fmt: skip
 
 
 def test_summaries_agree_with_the_full_fold_on_the_fault_matrix(

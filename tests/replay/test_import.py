@@ -13,8 +13,10 @@ def test_importing_the_cli_leaves_torch_unimported() -> None:
     modules = (
         "replay.cli", "replay.load", "replay.verify", "replay.diff", "replay.output",
         "replay.verdict.analysis", "replay.verdict.diagnose", "replay.verdict.summary",
-        "replay.verdict.status", "replay.verdict.culprits", "replay.verdict.evidence",
-        "replay.verdict.liveness", "replay.views.trace", "replay.views.render",
+        "replay.verdict.status", "replay.verdict.liveness", "lifecycle.verdict.analysis",
+        "lifecycle.verdict.diagnose", "lifecycle.verdict.status", "lifecycle.verdict.culprits",
+        "lifecycle.verdict.evidence", "lifecycle.verdict.endings", "lifecycle.verdict.headline",
+        "lifecycle.verdict.launched", "replay.views.trace", "replay.views.render",
         "replay.views.runs", "replay.views.diagnosis", "replay.views.timeline",
     )  # fmt: skip
     code = f"import sys, {', '.join(modules)}; sys.exit(1 if 'torch' in sys.modules else 0)"

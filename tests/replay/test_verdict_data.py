@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.events import (
-    Aborted,
     ActionFinished,
     ActionStarted,
     Error,
@@ -20,11 +19,11 @@ from lifecycle.core.events import (
     Shutdown,
     Stalled,
 )
+from lifecycle.verdict.evidence import Code
 from replay.cli import main
 from replay.load import Journals
 from replay.verdict.analysis import analyze
 from replay.verdict.diagnose import Diagnosis, diagnose
-from replay.verdict.evidence import Code
 from tests.replay.builder import (
     AS_WRITTEN,
     T0,
@@ -35,7 +34,7 @@ from tests.replay.builder import (
     done,
     timeout_error,
 )
-from tests.replay.scenarios import hung_then_stopped, signalled, warming
+from tests.replay.scenarios import aborted_by_a_peer, hung_then_stopped, signalled, warming
 
 
 def diagnosed(db: Path, capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
@@ -217,19 +216,6 @@ def ended_at_its_timeout(b: JournalBuilder) -> None:
             b.rank(0).add(t, beat(waiting))
         b.rank(1).add(t, beat())
     b.rank(1).add(12.0, signalled(12))
-
-
-def aborted_by_a_peer(b: JournalBuilder) -> None:
-    """Rank 1 raises in bounded-warm; rank 0, waiting in ulysses0 #0, learns it through the
-    agreed abort and stops."""
-    warming(b)
-    b.rank(0).add(1.0, a2a("ulysses0", 0))
-    b.rank(1).add(1.1, error("injected", "raised in bounded-warm", error_type="InjectedFault"))
-    b.rank(1).walk(1.2, "failed")
-    b.rank(0).add(1.4, Aborted(failed_rank=1, error_type="InjectedFault", error_kind="injected",
-                               message="raised in bounded-warm", failed_state="bounded-warm",
-                               announced_by="rank", learned_after_s=0.3))  # fmt: skip
-    b.rank(0).walk(1.5, "failed")
 
 
 SCENARIOS: dict[str, tuple[Callable[[JournalBuilder], None], int, frozenset[int]]] = {

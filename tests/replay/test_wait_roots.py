@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from lifecycle.core.errors import ErrorKind
-from replay.verdict.culprits import wait_roots
-from replay.verdict.evidence import FirstError
-from replay.verdict.status import PendingInfo, RankVerdict, Status
+from lifecycle.verdict.culprits import wait_roots
+from lifecycle.verdict.evidence import FirstError
+from lifecycle.verdict.status import PendingInfo, RankVerdict, Status
 
 
 def _verdict(rank: int, status: Status, **fields: object) -> RankVerdict:

@@ -101,6 +101,10 @@ def load_plugin(target: str) -> ModelSpec:
         value = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(PIPELINE, f" {target}: {exc}") from exc
+    except Exception as exc:  # the plug-in's own code failed while it was imported
+        raise ConfigError(
+            PIPELINE, f" {target}: importing it raised {type(exc).__name__}: {exc}"
+        ) from exc
     if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], ModelSpec)):
         raise ConfigError(PIPELINE, f" {target} must name a (ModelSpec, factory) pair")
     check_factory(target, value[1], value[0])

@@ -2,7 +2,7 @@
 
 Every string an item holds is an identifier, a state or group name, or text copied from the
 journal (an error's type and message, a signal's name, a shutdown's reason); the sentences a
-person reads are made from these by `replay.verdict.summary`.
+person reads are made from these by `replay.verdict.summary` and `lifecycle.verdict.headline`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from lifecycle.core.errors import ErrorKind
-from replay.verdict.analysis import MismatchReason, SplitDisagreement
+from lifecycle.verdict.analysis import MismatchReason, SplitDisagreement
 
 
 class Code(StrEnum):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from lifecycle.core.errors import ErrorKind
-from replay.verdict.analysis import Mismatch, RunAnalysis
-from replay.verdict.evidence import LateArrival
-from replay.verdict.status import RankVerdict, Status, blocked
+from lifecycle.verdict.analysis import Mismatch, Run, RunAnalysis
+from lifecycle.verdict.evidence import LateArrival
+from lifecycle.verdict.status import RankVerdict, Status, blocked
 
 
 def wait_roots(verdicts: dict[int, RankVerdict], missing: tuple[int, ...]) -> list[int]:
@@ -41,7 +41,7 @@ def wait_roots(verdicts: dict[int, RankVerdict], missing: tuple[int, ...]) -> li
 
 
 def late_arrivals(
-    verdicts: dict[int, RankVerdict], analysis: RunAnalysis
+    verdicts: dict[int, RankVerdict], analysis: RunAnalysis[Run]
 ) -> dict[int, LateArrival]:
     """Members that entered a collective only after a peer's wait there had timed out."""
     late: dict[int, LateArrival] = {}
@@ -68,7 +68,7 @@ def late_arrivals(
     return late
 
 
-def hang_culprits(verdicts: dict[int, RankVerdict], analysis: RunAnalysis) -> list[int]:
+def hang_culprits(verdicts: dict[int, RankVerdict], analysis: RunAnalysis[Run]) -> list[int]:
     roots = wait_roots(verdicts, analysis.missing_ranks)
     if roots:
         return sorted(roots, key=lambda r: _when_wrong(verdicts.get(r), analysis))
@@ -114,7 +114,7 @@ def _mismatch_minorities(mismatches: tuple[Mismatch, ...]) -> set[int]:
     return odd
 
 
-def _when_wrong(verdict: RankVerdict | None, analysis: RunAnalysis) -> float:
+def _when_wrong(verdict: RankVerdict | None, analysis: RunAnalysis[Run]) -> float:
     if verdict is None:
         return float("inf")
     if verdict.first_error is not None:

@@ -1,0 +1,361 @@
+"""The verdict on a run as data: outcome, culprit ranks and state, first error, each rank's
+status and the evidence items they rest on (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Generic
+
+from lifecycle.core.errors import ErrorKind, recorded_kind
+from lifecycle.core.records import shared_fields
+from lifecycle.core.states import State
+from lifecycle.core.view import RankView
+from lifecycle.verdict.analysis import GroupEvidence, Mismatch, Run, RunAnalysis, RunT, RunT_co
+from lifecycle.verdict.culprits import hang_culprits, late_arrivals
+from lifecycle.verdict.endings import (
+    Findings,
+    aborted_while_waiting,
+    broken_by_stop,
+    ended_at_timeout,
+    killed_together,
+    stuck_when_killed,
+)
+from lifecycle.verdict.evidence import (
+    AbortedBy,
+    Blocked,
+    ConnectionBroke,
+    CrashedSilent,
+    Evidence,
+    FirstError,
+    Mismatched,
+    MissingRank,
+    NeverEntered,
+    NoProgress,
+    PidDead,
+    RankEvidence,
+    ShutDown,
+    StoppedBySignal,
+    WaitEnd,
+)
+from lifecycle.verdict.status import (
+    RankVerdict,
+    Status,
+    blocked,
+    cut_off,
+    pending_info,
+    rank_status,
+    stop_signal,
+    where,
+)
+
+
+class Outcome(StrEnum):
+    READY = "ready"
+    FAILED = "failed"
+    HUNG = "hung"
+    CRASHED = "crashed"
+    STOPPED = "stopped"  # stopped from outside before ready, with no failure before the stop
+    RUNNING = "running"  # still starting: every rank alive and moving
+    INCOMPLETE = "incomplete"  # the journals end before a verdict (a rank's journal missing)
+
+
+# Places ranks in collectives the journal does not show them in (PyTorch's Flight Recorder
+# saw them there): each rank's verdict, updated.
+Placement = Callable[[dict[int, RankVerdict]], dict[int, RankVerdict]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis(Generic[RunT_co]):
+    run_id: str
+    outcome: Outcome
+    culprit_ranks: tuple[int, ...]
+    culprit_state: str | None
+    first_error: FirstError | None
+    ranks: tuple[RankVerdict, ...]
+    # Each rank's items in rank order (in the order they were found), then the run's own.
+    evidence: tuple[Evidence, ...]
+    groups: tuple[GroupEvidence, ...]
+    mismatches: tuple[Mismatch, ...]
+    missing_ranks: tuple[int, ...]
+    startup_to_ready_s: float | None
+    analysis: RunAnalysis[RunT_co]
+
+    @property
+    def first_error_by_a_victim(self) -> bool:
+        """The first error was journaled by a rank that is not a culprit: it failed because
+        of what a culprit did (its collective timed out waiting on one), not of itself."""
+        return self.first_error is not None and self.first_error.rank not in self.culprit_ranks
+
+    def verdict_of(self, rank: int) -> RankVerdict | None:
+        return next((v for v in self.ranks if v.rank == rank), None)
+
+    def about(self, rank: int) -> tuple[RankEvidence, ...]:
+        """The evidence items about `rank`, in the order they were found."""
+        return tuple(e for e in self.evidence if isinstance(e, RankEvidence) and e.rank == rank)
+
+
+def _first_error(view: RankView, analysis: RunAnalysis[Run]) -> FirstError | None:
+    for at, state, error in view.errors:
+        if error.fatal:
+            return FirstError(
+                rank=view.rank,
+                kind=recorded_kind(error.error_kind),
+                error_type=error.error_type,
+                message=error.message,
+                state=state,
+                at_s=analysis.at(at),
+            )
+    return None
+
+
+def _verdict(
+    view: RankView,
+    analysis: RunAnalysis[Run],
+    findings: Findings,
+    *,
+    now: float | None,
+    dead: frozenset[int],
+    live: frozenset[int] = frozenset(),
+) -> RankVerdict:
+    status = rank_status(view, analysis, now=now, dead=dead, live=live)
+    error = _first_error(view, analysis)
+    found = findings.setdefault(view.rank, [])
+    if error is not None:
+        found.append(error)
+    if status is Status.CRASHED:
+        found.append(CrashedSilent(rank=view.rank, last_event_s=analysis.at(view.last_wall or 0.0)))
+        lost = cut_off(view, analysis)
+        if view.rank in dead and view.run_started is not None:
+            found.append(PidDead(rank=view.rank, pid=view.run_started.pid))
+        elif lost is not None:
+            found.append(lost)
+    signal = stop_signal(view)
+    if status is Status.STOPPED:
+        if signal is not None:
+            found.append(StoppedBySignal(rank=view.rank, signal=signal, state=where(view)))
+        else:
+            reason = view.shutdown.reason if view.shutdown is not None else None
+            found.append(ShutDown(rank=view.rank, reason=reason, state=where(view)))
+    if status is Status.HUNG:
+        found.append(NoProgress(rank=view.rank, state=view.state))
+    for _, _, aborted in view.aborts[:1]:
+        found.append(
+            AbortedBy(
+                rank=view.rank,
+                failed_rank=aborted.failed_rank,
+                error_type=aborted.error_type,
+                state=where(view),
+                learned_after_s=aborted.learned_after_s,
+                announced_by=aborted.announced_by,
+            )
+        )
+    return RankVerdict(
+        rank=view.rank,
+        state=view.state,
+        last_state=where(view),
+        status=status,
+        pending=pending_info(view, analysis),
+        last_heartbeat_age_s=None
+        if view.last_heartbeat_wall is None
+        else analysis.end_wall - view.last_heartbeat_wall,
+        first_error=error,
+        faults=tuple(f.fault for _, _, f in view.faults),
+        stalls=len(view.stalls),
+        stop_signal=signal,
+        stop_reason=view.shutdown.reason if view.shutdown is not None else None,
+        aborted=bool(view.aborts) and error is None,
+        aborted_by=view.aborts[0][2].failed_rank if view.aborts else None,
+    )
+
+
+def _peer_evidence(verdicts: dict[int, RankVerdict], findings: Findings) -> dict[int, RankVerdict]:
+    """What blocked ranks say of the peers they waited for.
+
+    A peer whose connection broke under a waiting rank, and that journaled no end of its own,
+    died (crashed). A peer that others waited for while it was alive and not in that
+    collective, and that was then stopped from outside, or by the agreed abort of the waiting
+    rank's own failure (its wait ran out), was hung. A peer the abort of another rank's failure
+    stopped before it got to the collective is that failure's victim, as the waiting rank is.
+    """
+    updated = dict(verdicts)
+    for verdict in verdicts.values():
+        if verdict.pending is None or not blocked(verdict):
+            continue
+        broken = verdict.first_error is not None and verdict.first_error.kind is ErrorKind.PEER_GONE
+        for peer in verdict.pending.waiting_for:
+            other = updated.get(peer)
+            if other is None or other.pending is not None:
+                continue
+            if broken and other.status in (Status.RUNNING, Status.BLOCKED):
+                updated[peer] = replace(other, status=Status.CRASHED)
+                findings[peer].append(ConnectionBroke(rank=peer, peer=verdict.rank))
+            elif other.status in (Status.STOPPED, Status.RUNNING) or (
+                other.status is Status.ABORTED and other.aborted_by in (verdict.rank, None)
+            ):
+                updated[peer] = replace(other, status=Status.HUNG)
+                findings[peer].append(
+                    NeverEntered(
+                        rank=peer,
+                        peer=verdict.rank,
+                        group=verdict.pending.group,
+                        group_seq=verdict.pending.group_seq,
+                    )
+                )
+    return updated
+
+
+def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
+    p = verdict.pending
+    if p is None or not blocked(verdict):
+        return None
+    error = verdict.first_error
+    # A wait that lasted its group's timeout ended there: in an error the rank journaled (a
+    # wait only the Flight Recorder saw), or with the process (NCCL's watchdog).
+    outlasted = p.timeout_s is not None and p.waited_s >= 0.9 * p.timeout_s
+    timed_out = error is not None and error.kind is ErrorKind.COLLECTIVE_TIMEOUT
+    if error is None and verdict.aborted:
+        ended = WaitEnd.ABORTED
+    elif error is None and not outlasted:
+        ended = WaitEnd.WAITING
+    elif timed_out or (outlasted and (error is None or p.from_flight_recorder)):
+        ended = WaitEnd.TIMED_OUT
+    else:
+        ended = WaitEnd.BROKE
+    return Blocked(rank=verdict.rank, ended=ended, **shared_fields(p, Blocked))
+
+
+# Who announces a rank lost rather than failed: rank 0's server under torchrun (a beat that
+# stopped), or a peer (rank 0's broadcasts that stopped).
+LOSS_ANNOUNCERS = ("server", "peer")
+
+
+def _outcome(
+    verdicts: dict[int, RankVerdict],
+    analysis: RunAnalysis[Run],
+    errors: list[FirstError],
+    *,
+    killed: bool,
+) -> tuple[Outcome, list[int]]:
+    crashed = [r for r, v in verdicts.items() if v.status is Status.CRASHED]
+    failed = [r for r, v in verdicts.items() if v.status is Status.FAILED]
+    statuses = {v.status for v in verdicts.values()}
+    hung_evidence = any(blocked(v) for v in verdicts.values()) or Status.HUNG in statuses
+    complete = bool(verdicts) and not analysis.missing_ranks
+    if killed and hung_evidence:
+        return Outcome.HUNG, hang_culprits(verdicts, analysis)
+    if crashed:
+        return Outcome.CRASHED, sorted(crashed, key=lambda r: analysis.views[r].last_wall or 0.0)
+    if complete and statuses == {Status.READY}:
+        return Outcome.READY, []
+    if hung_evidence:
+        return Outcome.HUNG, hang_culprits(verdicts, analysis)
+    if errors or failed:
+        return Outcome.FAILED, [errors[0].rank] if errors else failed[:1]
+    # Aborted for a rank whose own journal holds no failure, announced lost by the server or
+    # a peer: the group took it for lost (its process stopped, its host cut off), whatever it
+    # journaled afterwards.
+    lost = [
+        v.aborted_by
+        for v in verdicts.values()
+        if v.aborted
+        and v.aborted_by in verdicts
+        and analysis.views[v.rank].aborts[0][2].announced_by in LOSS_ANNOUNCERS
+    ]
+    if lost:
+        return Outcome.FAILED, lost[:1]
+    if complete and statuses <= {Status.READY, Status.STOPPED}:
+        return Outcome.STOPPED, []
+    if complete and statuses <= {Status.READY, Status.STOPPED, Status.RUNNING}:
+        return Outcome.RUNNING, []
+    return Outcome.INCOMPLETE, []
+
+
+def diagnose(
+    analysis: RunAnalysis[RunT],
+    *,
+    now: float | None = None,
+    dead_ranks: frozenset[int] = frozenset(),
+    live_ranks: frozenset[int] = frozenset(),
+    in_flight: Placement | None = None,
+) -> Diagnosis[RunT]:
+    """Decide the outcome and the culprits from the evidence alone.
+
+    `now` (the reader's clock) only matters for a journal whose ranks all stopped writing
+    together: without it, a journal that simply ends reads as crashed only relative to the
+    other ranks. `dead_ranks` are ranks whose process the reader saw gone: one of them that
+    journaled no end crashed, however recent its last event; `live_ranks` those it saw
+    running: silence alone does not make one of them crashed. `in_flight` places ranks in the
+    collectives only PyTorch's Flight Recorder saw.
+    """
+    findings: Findings = {}
+    verdicts = {
+        r: _verdict(v, analysis, findings, now=now, dead=dead_ranks, live=live_ranks)
+        for r, v in analysis.views.items()
+    }
+    verdicts = ended_at_timeout(verdicts, analysis, findings)
+    verdicts = aborted_while_waiting(verdicts, analysis)
+    killed = killed_together(verdicts, analysis)
+    if killed:
+        verdicts = stuck_when_killed(verdicts, analysis)
+    if in_flight is not None:
+        verdicts = in_flight(verdicts)
+    verdicts = _peer_evidence(verdicts, findings)
+    verdicts = broken_by_stop(verdicts, analysis, findings)
+    errors = sorted(
+        (
+            v.first_error
+            for v in verdicts.values()
+            if v.first_error is not None and v.status is not Status.STOPPED
+        ),
+        key=lambda e: (e.at_s, e.rank),
+    )
+    outcome, culprits = _outcome(verdicts, analysis, errors, killed=killed)
+    culprit_state = None
+    if culprits:
+        lead = verdicts.get(culprits[0])
+        if lead is not None:
+            culprit_state = lead.first_error.state if lead.first_error else lead.last_state
+    ready_times = [
+        v.entered_at(State.READY.value)
+        for v in analysis.views.values()
+        if State.READY.value in v.path
+    ]
+    startup = (
+        max(t for t in ready_times if t is not None) - analysis.run.created_at
+        if ready_times and len(ready_times) == analysis.run.world_size
+        else None
+    )
+    evidence: list[Evidence] = []
+    for rank in sorted(verdicts):
+        evidence.extend(findings.get(rank, ()))
+        waiting = _blocked_evidence(verdicts[rank])
+        if waiting is not None:
+            evidence.append(waiting)
+    evidence.extend(late_arrivals(verdicts, analysis).values())
+    evidence.extend(
+        Mismatched(
+            group=m.group,
+            group_seq=m.group_seq,
+            ranks=tuple(rank for rank, _ in m.by_rank),
+            reason=m.reason,
+            split=m.split,
+        )
+        for m in analysis.mismatches
+    )
+    evidence.extend(MissingRank(rank=rank) for rank in analysis.missing_ranks)
+    return Diagnosis(
+        run_id=analysis.run.run_id,
+        outcome=outcome,
+        culprit_ranks=tuple(culprits),
+        culprit_state=culprit_state,
+        first_error=errors[0] if errors else None,
+        ranks=tuple(verdicts[r] for r in sorted(verdicts)),
+        evidence=tuple(evidence),
+        groups=tuple(analysis.groups.values()),
+        mismatches=analysis.mismatches,
+        missing_ranks=analysis.missing_ranks,
+        startup_to_ready_s=startup,
+        analysis=analysis,
+    )
