@@ -37,6 +37,7 @@ from lifecycle.runtime.comm import Comm, RecordedGroup, StagingBuffers, UlyssesA
 from lifecycle.runtime.device import MemoryMeter, memory_meter, synchronize
 from lifecycle.runtime.phases import ComponentLoad, component_load
 from lifecycle.runtime.pipeline import (
+    CompilablePipeline,
     MeasuredPipeline,
     Pipeline,
     PipelineFactory,
@@ -51,6 +52,7 @@ __all__ = [
     "MAX_STEPS",
     "NATIVE_BACKEND",
     "Comm",
+    "CompilablePipeline",
     "ComponentLoad",
     "ConfigError",
     "Generation",

@@ -13,6 +13,7 @@ from lifecycle.core.command import DEFAULT_JOURNAL
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.faults import FaultKind, FaultSpec
 from lifecycle.core.modelspec import MODEL_PRESETS, MemoryModel, ModelSpec
+from lifecycle.core.records import Shape
 from lifecycle.core.states import State
 from lifecycle.core.validation import validate
 
@@ -71,7 +72,11 @@ class ServerArgs:
     disable_auto_residency: bool = False
     disagg_role: DisaggRole = DisaggRole.NONE
     enable_cuda_graph: bool = False
-    enable_torch_compile: bool = False
+    enable_torch_compile: bool = False  # --compile: the denoiser's repeated block
+    compile_mode: str = "default"  # torch.compile's mode (COMPILE_MODES)
+    # How long warming the shapes traffic used may take at most; None: from history.
+    warm_budget_s: float | None = None
+    warm_shapes: tuple[Shape, ...] = ()  # --warm-shape: shapes warmed beside the learned ones
     enable_cache_dit: bool = False
     max_batch_size: int = 1
     num_ranks: int = 1
@@ -145,6 +150,7 @@ def args_from_json(doc: dict[str, Any]) -> ServerArgs:
             if key in values:
                 values[key] = enum(values[key])
         faults = tuple(parse_fault(s) for s in doc.get("faults", ()))
+        values["warm_shapes"] = tuple(Shape(**shape) for shape in values.get("warm_shapes", ()))
         return ServerArgs(model=model, faults=faults, **values)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"recorded config cannot be read: {exc}") from exc

@@ -156,6 +156,37 @@ class LoadFinished(LoadEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Compiled(Event):
+    """The denoiser's repeated block compiled (torch.compile), or why not (`cache` "off"):
+    how long compiling took (a one-step request at the bounded shape that runs it), and what
+    the journal's artifacts did for it: loaded (hit), none of its key (miss), or found and not
+    used (rejected, `reason` says why)."""
+
+    kind: ClassVar[str] = "compiled"
+    key: str | None  # the compile key (None: nothing compiled)
+    blocks: int  # the blocks compiled
+    backend: str
+    mode: str
+    seconds: float
+    cache: str  # a CacheUse
+    reason: str | None
+    artifact_bytes: int  # the artifact loaded (hit), else 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompileKept(Event):
+    """After the warmups, the compiler's artifacts kept in the journal for the next startup of
+    the key, or why not (`kept` false: too large, another pod kept one first, a write that
+    failed)."""
+
+    kind: ClassVar[str] = "compile_kept"
+    key: str
+    bytes: int
+    kept: bool
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WarmupRecord(Event, RequestResult):
     """One warmup request's result, with its role in the plan and its tokens. Version 2 nests
     the shape (version 1 flattened it)."""
@@ -438,6 +469,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ActionFinished,
         LoadStarted,
         LoadFinished,
+        Compiled,
+        CompileKept,
         WarmupRecord,
         CollectiveStarted,
         CollectiveFinished,

@@ -177,6 +177,7 @@ class Role(StrEnum):
     BOUNDED = "bounded"
     PROBE = "probe"
     REWARM = "rewarm"
+    LEARNED = "learned"  # a shape the fingerprint's traffic used, or one --warm-shape names
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

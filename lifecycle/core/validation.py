@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lifecycle.core.compiling import COMPILE_MODES, MAX_LEARNED_SHAPES
 from lifecycle.core.errors import ConfigError, Setting
 from lifecycle.core.faults import FaultKind, FaultSpec
 from lifecycle.core.records import Shape
@@ -118,6 +119,25 @@ def validate(args: ServerArgs) -> None:
                 field="faults",
             )
     validate_shape(args.model, args.model.default_shape, args.model.default_steps)
+    if args.compile_mode not in COMPILE_MODES:
+        raise ConfigError(
+            Setting("compile_mode"),
+            f" must be one of {', '.join(COMPILE_MODES)}, not {args.compile_mode!r}",
+        )
+    if args.warm_budget_s is not None and not 0 <= args.warm_budget_s <= 86400:
+        raise ConfigError(
+            Setting("warm_budget_s"), f" must be in [0, 86400] seconds, not {args.warm_budget_s}"
+        )
+    if len(args.warm_shapes) > MAX_LEARNED_SHAPES:
+        raise ConfigError(
+            Setting("warm_shapes"),
+            f" takes at most {MAX_LEARNED_SHAPES} shapes, not {len(args.warm_shapes)}",
+        )
+    for shape in args.warm_shapes:
+        try:
+            validate_shape(args.model, shape, 1)
+        except ConfigError as exc:
+            raise ConfigError(Setting("warm_shapes"), f" {shape}: {exc}") from None
 
 
 def validate_shape(model: ModelSpec, shape: Shape, steps: int) -> None:

@@ -47,7 +47,9 @@ from lifecycle.core.records import (
     shared_fields,
 )
 from lifecycle.core.states import State
+from lifecycle.runtime.compiler import compile_denoiser, keep_compiled
 from lifecycle.runtime.device import probe_platform, release_cache
+from lifecycle.runtime.learned import agreed_shapes, chosen_shapes
 from lifecycle.runtime.phases import recording_loads
 from lifecycle.runtime.pipeline import build_pipeline
 from lifecycle.runtime.rankruntime import RankRuntime
@@ -195,6 +197,13 @@ def bounded_warm(rt: RankRuntime) -> None:
         _warm(rt, request)
 
 
+def warm_learned(rt: RankRuntime) -> None:
+    """The shapes traffic used and --warm-shape's, as every rank agreed (runtime.learned)."""
+    mine = chosen_shapes(rt) if rt.layout.rank == 0 else []
+    for shape, steps in agreed_shapes(rt, mine):
+        _warm(rt, WarmupRequest(role=Role.LEARNED, shape=shape, steps=steps))
+
+
 def probe(rt: RankRuntime) -> None:
     for request in _plan(rt).by_role(Role.PROBE):
         _warm(rt, request)
@@ -248,12 +257,22 @@ def generate(
     request_id: str | None = None,
     keep_video: bool = False,
     after_step: Callable[[int], None] | None = None,
+    traceparent: str | None = None,
 ) -> Generated:
     """Run one request on this rank, journaled as request_started / request_finished under
     `request_id` (the server's, the same on every rank; a new one when None); `after_step`
-    runs after each denoising step (see run_request)."""
+    runs after each denoising step (see run_request). A request the server cancelled is
+    journaled with why (a non-fatal error) before it finishes. Its span, when traces are
+    sent, is a child of `traceparent` (the server's span of it)."""
+    from lifecycle.core.events import error_event
+    from lifecycle.core.requesttime import RequestCancelled
+    from lifecycle.runtime.rankspans import current_rank_spans
+
     assert rt.pipeline is not None
     request_id = request_id or uuid.uuid4().hex[:12]
+    spans = current_rank_spans()
+    if spans is not None:
+        spans.join_request(request_id, traceparent)
     before = sum(m.count for m in rt.comm.marks())
     rt.recorder.record(
         RequestStarted(
@@ -277,7 +296,9 @@ def generate(
             keep_video=keep_video,
             after_step=after_step,
         )
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, RequestCancelled):
+            rt.recorder.record(error_event(exc, fatal=False, trigger=None, traceback=""))
         rt.recorder.record(
             RequestFinished(
                 request_id=request_id,
@@ -321,10 +342,15 @@ Action = Callable[[RankRuntime], None]
 # to the states the transition table says run actions (ACTION_STATES).
 STARTUP_ACTIONS: Mapping[State, tuple[tuple[str, Action], ...]] = MappingProxyType(
     {
-        State.GATE_CHECK: (("load-pipeline", load_pipeline), ("decide-path", decide_path)),
+        State.GATE_CHECK: (
+            ("load-pipeline", load_pipeline),
+            ("decide-path", decide_path),
+            ("compile", compile_denoiser),
+        ),
         State.BOUNDED_WARM: (
             ("apply-reused-residency", apply_reused),
             ("bounded-warmup", bounded_warm),
+            ("warm-learned-shapes", warm_learned),
         ),
         State.PROBE: (("probe", probe), ("plan-residency", plan_after_probe)),
         State.RE_WARM: (
@@ -333,6 +359,20 @@ STARTUP_ACTIONS: Mapping[State, tuple[tuple[str, Action], ...]] = MappingProxyTy
             ("verify-residency", verify_after_rewarm),
         ),
         State.DROP_BUFFERS: (("drop-buffers", drop_buffers),),
-        State.READY: (("mark-ready", ready),),
+        State.READY: (("keep-compiled", keep_compiled), ("mark-ready", ready)),
     }
 )
+
+# The actions that run only under some settings, by name; every other runs on every startup.
+ACTION_RUNS_WHEN: Mapping[str, Callable[[ServerArgs], bool]] = MappingProxyType(
+    {
+        "compile": lambda args: args.enable_torch_compile,
+        "keep-compiled": lambda args: args.enable_torch_compile,
+    }
+)
+
+
+def action_runs(name: str, args: ServerArgs) -> bool:
+    """Whether the action `name` runs on a startup of `args`."""
+    when = ACTION_RUNS_WHEN.get(name)
+    return when is None or when(args)

@@ -4,9 +4,11 @@ the layout, its recorder, communicator and device, and what the startup has foun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from lifecycle.core.compiling import CacheUse, CompileKey
 from lifecycle.core.config import RankLayout, ServerArgs
 from lifecycle.core.fingerprint import Reuse, StoredPlan
 from lifecycle.core.plan import WarmupPlan
@@ -41,6 +43,14 @@ class RankRuntime:
     residency: ResidencyPlan | None = None  # the plan this rank runs, until a rollback
     residency_failure: str | None = None  # why applying it failed on this rank
     over_budget_fault: bool = False  # --fault RANK:re-warm:over-budget fired
+    # --compile (lifecycle.runtime.compiler): the key, this rank's compiler cache folder, what
+    # the journal's artifact did, the folder's files once it was loaded, and whether what it keeps
+    # replaces the key's artifact (one loaded, or one found corrupt).
+    compile_key: CompileKey | None = None
+    compile_folder: Path | None = None
+    compile_cache: CacheUse = CacheUse.OFF
+    compile_files: frozenset[tuple[str, int]] = frozenset()
+    compile_replaces: bool = False  # the key's artifact is kept anew in its place
 
     @property
     def decodes(self) -> bool:

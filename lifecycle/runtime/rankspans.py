@@ -69,6 +69,7 @@ class RankSpans:
         self._loads: dict[str, Any] = {}
         self._requests: dict[str, Any] = {}
         self._request_contexts: dict[str, Any] = {}  # a request's parent, from its traceparent
+        self._request_errors: dict[str, str] = {}  # a request's error, for its span's status
         self._lock = threading.Lock()
         _CURRENT[0] = self
 
@@ -82,6 +83,8 @@ class RankSpans:
         if isinstance(event, ev.RunStarted):
             self._start_rank(event, wall)
         elif self._rank_span is None:
+            if self._launched is not None:
+                self._serving(event, wall)  # after the startup's end: the requests it serves
             return
         elif isinstance(event, ev.Transition):
             self._enter(State(event.dest), wall)
@@ -125,24 +128,6 @@ class RankSpans:
             self._rank_span.set_attributes(
                 {f"{ATTRIBUTE_PREFIX}fingerprint": fingerprint, f"{ATTRIBUTE_PREFIX}path": path}
             )
-        elif isinstance(event, ev.RequestStarted) and self._state_span is None:
-            self._requests[event.request_id] = self._tracing.tracer.start_span(
-                "lifecycle.request",
-                context=self._request_contexts.pop(event.request_id, self._run_context),
-                start_time=nanos(wall),
-                attributes={
-                    **self._attributes,
-                    f"{ATTRIBUTE_PREFIX}request_id": event.request_id,
-                    f"{ATTRIBUTE_PREFIX}shape": str(event.shape),
-                    f"{ATTRIBUTE_PREFIX}steps": event.steps,
-                },
-            )
-        elif isinstance(event, ev.RequestFinished):
-            span = self._requests.pop(event.request_id, None)
-            if span is not None:
-                if not event.ok:
-                    self._failed(span, f"request {event.request_id} failed")
-                span.end(end_time=nanos(wall))
         elif isinstance(event, ev.WarmupRecord):
             span = self._child(
                 f"lifecycle.warmup {event.role}",
@@ -181,6 +166,46 @@ class RankSpans:
             self._event(
                 "lifecycle.stalled", wall, {f"{ATTRIBUTE_PREFIX}state": stored.state}, error=False
             )
+
+    def _serving(self, event: ev.Event, wall: float) -> None:
+        """After ready: a span per request served, under the trace its server span names (see
+        join_request), with its errors (a cancel) as span events."""
+        if isinstance(event, ev.RequestStarted):
+            self._requests[event.request_id] = self._tracing.tracer.start_span(
+                "lifecycle.request",
+                context=self._request_contexts.pop(event.request_id, self._run_context),
+                start_time=nanos(wall),
+                attributes={
+                    **self._attributes,
+                    f"{ATTRIBUTE_PREFIX}request_id": event.request_id,
+                    f"{ATTRIBUTE_PREFIX}shape": str(event.shape),
+                    f"{ATTRIBUTE_PREFIX}steps": event.steps,
+                },
+            )
+        elif isinstance(event, ev.RequestFinished):
+            span = self._requests.pop(event.request_id, None)
+            error = self._request_errors.pop(event.request_id, "")
+            if span is not None:
+                if not event.ok:
+                    self._failed(span, error or f"request {event.request_id} failed")
+                span.end(end_time=nanos(wall))
+        elif isinstance(event, ev.Error) and self._requests:
+            request_id, span = next(reversed(self._requests.items()))
+            span.add_event(
+                "exception",
+                attributes={
+                    "exception.type": event.error_type,
+                    "exception.message": event.message[:1000],
+                    f"{ATTRIBUTE_PREFIX}error_kind": event.error_kind,
+                },
+                timestamp=nanos(wall),
+            )
+            self._request_errors[request_id] = event.message
+
+    @property
+    def tracing(self) -> Tracing:
+        """The process's tracing (rank 0's HTTP front under torchrun sends its spans with it)."""
+        return self._tracing
 
     def join_request(self, request_id: str, traceparent: str | None) -> None:
         """Put the spans of request `request_id` under the trace its client sent (a W3C

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from lifecycle.core.compiling import LearnedTraffic
 from lifecycle.core.errors import ConfigError, ErrorKind, JournalError
 from lifecycle.core.events import (
     Aborted,
@@ -36,6 +37,7 @@ from lifecycle.core.events import (
 )
 from lifecycle.core.states import State
 from lifecycle.runtime.rankmetrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
+from lifecycle.store.artifacts import ArtifactStore
 from lifecycle.store.history import HistoryRead
 from lifecycle.store.writer import RankWriter
 
@@ -212,6 +214,14 @@ class Recorder:
         """The journal's healthy startups of `key` (fingerprint and path), newest first: what
         a startup learns its states' deadlines from."""
         return self._writer.startup_history(key, ranks=ranks)
+
+    def served(self, fingerprint_key: str) -> LearnedTraffic:
+        """What the fingerprint's newest healthy runs served: the shapes to warm."""
+        return self._writer.served(fingerprint_key)
+
+    def artifacts(self) -> ArtifactStore:
+        """The journal's compile artifacts."""
+        return self._writer.artifacts()
 
     def beat_in_place(self) -> None:
         """A heartbeat that journals no event: its time, stamped as an event would be, kept in

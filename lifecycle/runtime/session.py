@@ -39,7 +39,7 @@ from lifecycle.core.events import (
 from lifecycle.core.machine import LifecycleMachine
 from lifecycle.core.states import TERMINAL_STATES, TRANSITIONS, Edge, State, Trigger, happy_trigger
 from lifecycle.runtime.abort import AbortWatcher, Failure, failure_of, watch_peers
-from lifecycle.runtime.actions import STARTUP_ACTIONS, Action
+from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, action_runs
 from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
 from lifecycle.runtime.flightrecorder import FlightDumper, folder_for, turn_on
@@ -254,7 +254,8 @@ class RankSession:
                 state = self.fire(trigger)
                 self.faults.inject_on_entering(state)
                 for name, action in self.actions.get(state, ()):
-                    self._run_action(name, functools.partial(action, runtime))
+                    if action_runs(name, self.args):
+                        self._run_action(name, functools.partial(action, runtime))
         except JournalWriteFailed as exc:
             self.stop_unjournaled(exc)
         except Exception as exc:  # every failure of a startup step is journaled, then fails it

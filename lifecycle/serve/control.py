@@ -47,6 +47,8 @@ class Generate:
     request_id: str
     request: Generation
     return_video: bool = False  # the rank that decodes sends the video with its result
+    # The server's span of the request (W3C traceparent): each rank's span of it is its child.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +76,38 @@ class Result:
     peak_bytes: int | None = None
     memory_source: str | None = None
     video: Any = None  # uint8 (frames, height, width, 3), when asked for and decoded here
+    cancelled_after: int | None = None  # cancelled (CancelAt) after this step, from 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    """Cancel a request between denoising steps: say the step after which this rank will
+    wait for the step every rank stops after (CancelPoint; answered by the rank's reader
+    thread, whatever its main thread is doing)."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelPoint:
+    """Where a rank waits in a request being cancelled: after step `step` (from 0), the step
+    after its last one made; it makes no step past it before CancelAt says."""
+
+    request_id: str
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelAt:
+    """Every rank stops the request after step `step` (the latest CancelPoint: no rank is
+    past it, so none is left in a collective its peers never enter); None: the cancel is
+    withdrawn (not every rank said where it can stop) and the request goes on."""
+
+    request_id: str
+    step: int | None
+    reason: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,8 +155,8 @@ class Rejected:
     total: int
 
 
-ToRank = Generate | Stop | Dump | GivenUp | Lost
-FromRank = Hello | Ready | Progress | Result | Rejected
+ToRank = Generate | Stop | Dump | GivenUp | Lost | Cancel | CancelAt
+FromRank = Hello | Ready | Progress | Result | Rejected | CancelPoint
 
 # -- the launcher's end ------------------------------------------------------------------------
 
@@ -291,12 +325,14 @@ class ControlChannel:
                 request = self._request
             # A result or progress for any other request is late: that request was already
             # answered (failed or abandoned), and its result must not answer the next one.
-            if not isinstance(message, Progress | Result) or request is None:
+            if not isinstance(message, Progress | Result | CancelPoint) or request is None:
                 continue
             if message.request_id != request.request_id:
                 continue
             if isinstance(message, Progress):
                 request.progress(rank)
+            elif isinstance(message, CancelPoint):
+                request.cancel_point(rank, message.step)
             else:
                 request.deliver(message)
 
@@ -342,11 +378,13 @@ class ControlInbox:
         on_dump: Callable[[str], object],
         on_given_up: Callable[[GivenUp], object],
         on_lost: Callable[[Lost], object] | None = None,
+        on_cancel: Callable[[Cancel | CancelAt], object] | None = None,
     ) -> None:
         self._control = control
         self._on_dump = on_dump
         self._on_given_up = on_given_up
         self._on_lost = on_lost
+        self._on_cancel = on_cancel
         self._messages: queue.Queue[Generate | Stop | Lost] = queue.Queue()
         self._stop_requested = threading.Event()
         self.stop_message = Stop(reason="stop requested")
@@ -374,6 +412,8 @@ class ControlInbox:
                 self._on_dump(message.reason)
             elif isinstance(message, GivenUp):
                 self._on_given_up(message)
+            elif isinstance(message, Cancel | CancelAt) and self._on_cancel is not None:
+                self._on_cancel(message)
 
     @property
     def stopping(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
+import os
 import signal
 import socket
 import sys
@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from types import FrameType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import anyio.to_thread
 import uvicorn
@@ -21,124 +21,38 @@ from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lifecycle.core.config import ServerArgs
-from lifecycle.core.errors import ConfigError, LifecycleError
+from lifecycle.core.errors import ConfigError
 from lifecycle.core.records import Generation, Shape
 from lifecycle.core.runid import is_run_id
-from lifecycle.core.validation import MAX_FRAMES, MAX_PROMPT_CHARS, MAX_SEED, MAX_SIDE, MAX_STEPS
 from lifecycle.core.validation import validate_shape as check_shape
+from lifecycle.runtime.tracing import Tracing
 from lifecycle.serve.accesslog import AccessLog
+from lifecycle.serve.bodies import (
+    MAX_BODY_BYTES,
+    REQUEST_ID_RULE,
+    BodyLimit,
+    GenerateBody,
+    refuse_body,
+)
+from lifecycle.serve.bounds import BoundsMetrics, refusal_answer
+from lifecycle.serve.cancel import RequestPastDeadline
 from lifecycle.serve.control import (
     ControlChannel,
     ServiceUnavailable,
     Stop,
 )
+from lifecycle.serve.httpspans import GenerateSpans, process_tracing, span_of
 from lifecycle.serve.inflight import RequestFailed
 from lifecycle.serve.logs import say
 from lifecycle.serve.media import MEDIA_TYPES, mp4_bytes, npy_bytes
 from lifecycle.serve.metrics import Metrics
-from lifecycle.serve.service import Service
+from lifecycle.serve.service import Service, new_request_id
 from lifecycle.serve.supervisor import POLL_S, LaunchOptions, RankGroup
 from lifecycle.store import shown_location
 
-MAX_BODY_BYTES = 64 * 1024
-MAX_GUIDANCE = 100.0
-REQUEST_ID_RULE = (
-    "X-Request-ID must be 1 to 64 letters, digits, '.', '-' or '_', starting with a letter or digit"
-)
 STOP_GRACE_S = 10.0  # how long serving ranks get to stop on request before SIGTERM
-
-
-class BodyTooLarge(LifecycleError):
-    """A request body passed the size limit while it was being read."""
-
-    def __init__(self, *, limit: int) -> None:
-        super().__init__(f"body over {limit} bytes")
-        self.limit = limit
-
-
-class GenerateBody(BaseModel):
-    """The body of POST /generate; omitted fields take the model's defaults.
-
-    Strict: a size is a JSON integer, never a float (3.0, NaN, 1e400), a bool or a string;
-    a float field, if one is added, is finite.
-    """
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    width: int | None = Field(default=None, ge=16, le=MAX_SIDE)
-    height: int | None = Field(default=None, ge=16, le=MAX_SIDE)
-    frames: int | None = Field(default=None, ge=1, le=MAX_FRAMES)
-    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
-    negative_prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
-    guidance_scale: float | None = Field(default=None, ge=0.0, le=MAX_GUIDANCE)
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    response_format: Literal["json", "npy", "mp4"] = "json"
-
-
-class BodyLimit:
-    """Refuse a request body over `max_bytes` with 413: at once when its declared length is
-    over, else as soon as that many bytes have arrived (a chunked body declares none), so
-    that no more of it is held.
-
-    The connection stays open: uvicorn drops the rest of the body as it arrives, where
-    closing with unread data would reset the connection and could lose the 413 on its way.
-    """
-
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await self._refuse(send)
-            return
-        received = 0
-        over = False
-        responded = False
-
-        async def counted_receive() -> Message:
-            nonlocal received, over
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    over = True
-                    raise BodyTooLarge(limit=self.max_bytes)
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            nonlocal responded
-            if over:
-                return  # the application's answer to a body it never got whole is replaced
-            responded = True
-            await send(message)
-
-        with contextlib.suppress(BodyTooLarge):
-            await self.app(scope, counted_receive, guarded_send)
-        if over and not responded:
-            await self._refuse(send)
-
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": f"body over {self.max_bytes} bytes"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
 
 def _unavailable(exc: ServiceUnavailable) -> HTTPException:
@@ -146,29 +60,31 @@ def _unavailable(exc: ServiceUnavailable) -> HTTPException:
     return HTTPException(status_code=503, detail=exc.detail, headers=headers)
 
 
-async def _refuse_body(_request: Request, exc: Exception) -> JSONResponse:
-    """422 naming each field that was refused, and why, without the value sent: NaN or an
-    infinity (which Python's JSON reader accepts) cannot be written back as JSON."""
-    assert isinstance(exc, RequestValidationError)
-    detail = [
-        {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
-        for error in exc.errors()
-    ]
-    return JSONResponse(status_code=422, content={"detail": detail})
-
-
-def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) -> FastAPI:
+def create_app(
+    service: Service,
+    metrics: Metrics,
+    *,
+    access_log: bool = False,
+    tracing: Tracing | None = None,
+) -> FastAPI:
     """The FastAPI application; every endpoint reads the service, none touches torch.
 
     The probes are coroutines that take no lock a request holds, so they answer on the event
     loop whatever the worker threads are doing; /generate waits for the ranks in a worker
-    thread, and only so many requests may wait at once.
+    thread, and only so many requests may wait at once. With `tracing` (else this process's
+    own, when it is rank 0's under torchrun) each /generate is a span of the run's trace.
     """
     app = FastAPI(title="lifecycle", version="0.1.0")
+    bounds = BoundsMetrics(metrics.registry)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(
+        GenerateSpans,
+        tracing=tracing if tracing is not None else process_tracing(),
+        run_id=lambda: service.group.run_id,
+    )
     if access_log:
         app.add_middleware(AccessLog)  # outermost: it sees refusals by the body limit too
-    app.add_exception_handler(RequestValidationError, _refuse_body)
+    app.add_exception_handler(RequestValidationError, refuse_body)
 
     @app.get("/liveness")
     async def liveness() -> JSONResponse:
@@ -202,10 +118,14 @@ def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) 
     @app.post("/generate", response_model=None)
     async def generate(
         body: GenerateBody,
+        http: Request,
         x_request_id: Annotated[str | None, Header()] = None,
     ) -> dict[str, Any] | Response:
         """One request on every rank. `X-Request-ID` names it (a new id when absent): the
-        reply echoes it, and every rank journals its request under it."""
+        reply echoes it, and every rank journals its request under it. Refused (422) when its
+        predicted peak memory exceeds a rank's budget; cut short between denoising steps on
+        every rank (504) past its deadline."""
+        span = span_of(http.state)
         if x_request_id is not None and not is_run_id(x_request_id):
             raise HTTPException(
                 status_code=422,
@@ -226,6 +146,16 @@ def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) 
             check_shape(model, shape, steps)
         except ConfigError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
+        request_id = x_request_id or new_request_id()
+        span.name_request(request_id)
+        named = {"X-Request-ID": request_id}
+        refusal = service.bounds.refusal(service.views_now(), shape)
+        if refusal is not None:
+            bounds.refuse(refusal, request_id=request_id)
+            span.fail(refusal.text())
+            return JSONResponse(
+                status_code=422, content=refusal_answer(refusal, request_id), headers=named
+            )
         request = Generation(
             prompt=body.prompt,
             negative_prompt=body.negative_prompt,
@@ -237,14 +167,21 @@ def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) 
             seed=service.args.seed if body.seed is None else body.seed,
         )
         media = body.response_format != "json"
-        run = partial(service.generate, request, request_id=x_request_id, return_video=media)
+        run = partial(
+            service.generate,
+            request,
+            request_id=request_id,
+            return_video=media,
+            traceparent=span.traceparent,
+        )
         try:
             with service.place_in_line():
                 began = time.monotonic()
                 try:
                     reply = await anyio.to_thread.run_sync(run)
-                except RequestFailed:
-                    metrics.request_seconds.labels("failed").observe(time.monotonic() - began)
+                except (RequestFailed, RequestPastDeadline) as exc:
+                    outcome = "failed" if isinstance(exc, RequestFailed) else "cancelled"
+                    metrics.request_seconds.labels(outcome).observe(time.monotonic() - began)
                     raise
                 metrics.request_seconds.labels("ok").observe(time.monotonic() - began)
         except ServiceUnavailable as exc:
@@ -255,6 +192,10 @@ def create_app(service: Service, metrics: Metrics, *, access_log: bool = False) 
                 content=service.failed_request(exc),
                 headers={"X-Request-ID": exc.request_id},
             )
+        except RequestPastDeadline as exc:
+            bounds.cancel(request_id=request_id, why=str(exc))
+            span.fail(str(exc))
+            return JSONResponse(status_code=504, content=exc.answer(), headers=named)
         headers = {"X-Request-ID": reply.summary["request_id"]}
         if not media:
             return JSONResponse(content=reply.summary, headers=headers)
@@ -383,6 +324,9 @@ def serve_http(
     )
     url = f"http://{host}:{bound_port}"
     say(f"serving on {url} ({scope})", event="serving", url=url, loopback_only=is_loopback(host))
+    # The ranks warn of a collector in trouble (rank 0 once for the run); the front's spans go
+    # to the same collector and say nothing more.
+    tracing = Tracing.start(os.environ, warn=lambda _text: None)
     service = Service(args, group, control)
     metrics.add(service.metrics, queue_depth=service.queue_depth)
     threading.Thread(
@@ -392,7 +336,7 @@ def serve_http(
     follower = threading.Thread(target=service.follow, name="journal-follower", daemon=True)
     follower.start()
     config = uvicorn.Config(
-        create_app(service, metrics, access_log=access_log),
+        create_app(service, metrics, access_log=access_log, tracing=tracing),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(STOP_GRACE_S),
@@ -425,6 +369,8 @@ def serve_http(
         group.close()
         sock.close()
         metrics.close()
+        if tracing is not None:
+            tracing.close()
     say(f"stopped run {group.run_id}", event="serve-stopped", out=sys.stderr, run_id=group.run_id)
     # A rank that died or failed while serving (not because the server stopped) fails the run.
     failed = service.failed or any(v.state == "failed" for v in group.views().values())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lifecycle.core.errors import COLLECTIVE_KINDS, LifecycleError
@@ -65,15 +65,20 @@ class RequestFailed(LifecycleError):
         )
 
 
+class PastDeadline(LifecycleError):
+    """A request's deadline passed before every rank answered it."""
+
+
 class RequestInFlight:
-    """One request sent to every rank: each rank's result and its last sign of progress,
-    matched to the request by id."""
+    """One request sent to every rank: each rank's result and its last sign of progress (and,
+    while it is cancelled, where each can stop), matched to the request by id."""
 
     def __init__(self, *, request_id: str, ranks: Iterable[int]) -> None:
         self.request_id = request_id
-        now = time.monotonic()
+        now = self.started_at = time.monotonic()
         self._last_progress = dict.fromkeys(ranks, now)
         self._results: dict[int, Result] = {}  # in the order they came
+        self._points: dict[int, int] = {}  # rank: the step after which it waits, cancelled
         self._first_failure_at: float | None = None
         self._abandoned: str | None = None
         self._changed = threading.Condition()
@@ -86,9 +91,16 @@ class RequestInFlight:
     def deliver(self, result: Result) -> None:
         with self._changed:
             self._results.setdefault(result.rank, result)
-            if not result.ok and self._first_failure_at is None:
+            if not result.ok and result.cancelled_after is None and self._first_failure_at is None:
                 self._first_failure_at = time.monotonic()
             self._changed.notify_all()
+
+    def cancel_point(self, rank: int, step: int) -> None:
+        with self._changed:
+            if rank in self._last_progress:
+                self._points[rank] = step
+                self._last_progress[rank] = time.monotonic()
+                self._changed.notify_all()
 
     def fail_rank(self, rank: int, error: str) -> None:
         """The rank itself is gone (its link closed): its own failure, never a wait."""
@@ -99,17 +111,47 @@ class RequestInFlight:
             self._abandoned = reason
             self._changed.notify_all()
 
-    def wait(self, *, silence_s: float) -> dict[int, Result]:
-        """Every rank's result; raise RequestFailed once a rank failed of itself (or, when
-        every failure so far is a wait on a peer, CULPRIT_GRACE_S after the first), at the
-        first rank silent for `silence_s`, or ServiceUnavailable when abandoned."""
+    def wait(self, *, silence_s: float, until: float | None = None) -> dict[int, Result]:
+        """Every rank's result (a rank's cancelled result included); raise RequestFailed once
+        a rank failed of itself (or, when every failure so far is a wait on a peer,
+        CULPRIT_GRACE_S after the first), at the first rank silent for `silence_s`,
+        ServiceUnavailable when abandoned, or PastDeadline at `until` (monotonic)."""
+        if not self._wait_for(lambda waiting: not waiting, silence_s=silence_s, until=until):
+            raise PastDeadline(f"request {self.request_id} past its deadline")
+        with self._changed:
+            return dict(self._results)
+
+    def wait_for_points(
+        self, *, silence_s: float, within_s: float, answered: int
+    ) -> dict[int, int] | None:
+        """Where each rank stops making steps while the request is cancelled: its CancelPoint,
+        or `answered` for a rank that answered (it made every step); None when some rank did
+        not say within `within_s`. Failures raise as `wait` says."""
+        done = self._wait_for(
+            lambda left: all(rank in self._points for rank in left),
+            silence_s=silence_s,
+            until=time.monotonic() + within_s,
+        )
+        if not done:
+            return None
+        with self._changed:
+            return {
+                r: answered if r in self._results else self._points[r] for r in self._last_progress
+            }
+
+    def _wait_for(
+        self, enough: Callable[[set[int]], bool], *, silence_s: float, until: float | None
+    ) -> bool:
+        """Until `enough` holds of the ranks yet to answer (True) or `until` passes (False)."""
         with self._changed:
             while True:
                 if self._abandoned is not None:
                     raise ServiceUnavailable(status="stopping", detail=self._abandoned)
                 now = time.monotonic()
                 waiting = {r: t for r, t in self._last_progress.items() if r not in self._results}
-                failed = [m for m in self._results.values() if not m.ok]
+                failed = [
+                    m for m in self._results.values() if not m.ok and m.cancelled_after is None
+                ]
                 if failed:
                     own = [m for m in failed if m.error_kind not in COLLECTIVE_KINDS]
                     assert self._first_failure_at is not None
@@ -118,8 +160,10 @@ class RequestInFlight:
                         raise self._failed(failed, own, waiting, now=now)
                     self._changed.wait(timeout=max(0.01, grace_ends - now))
                     continue
-                if not waiting:
-                    return dict(self._results)
+                if enough(set(waiting)):
+                    return True
+                if until is not None and now >= until:
+                    return False
                 silent = {r: now - t for r, t in waiting.items() if now - t > silence_s}
                 if silent:
                     culprit = max(silent, key=lambda r: silent[r])
@@ -129,7 +173,8 @@ class RequestInFlight:
                         error=f"no progress for {silent[culprit]:.0f} s",
                         silent=silent,
                     )
-                self._changed.wait(timeout=max(0.05, min(waiting.values()) + silence_s - now))
+                wake = min(waiting.values()) + silence_s
+                self._changed.wait(timeout=max(0.05, min(wake, until or wake) - now))
 
     def _failed(
         self, failed: list[Result], own: list[Result], waiting: dict[int, float], *, now: float

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lifecycle.core.command import DEFAULT_JOURNAL_HELP, JOURNAL_ENV, default_journal
+from lifecycle.core.compiling import COMPILE_MODES
 from lifecycle.core.config import (
     DEFAULT_LINGER_S,
     DEFAULT_RING_CAPACITY,
@@ -214,6 +215,12 @@ HELP = {
     " shape); on a pipeline without residency options, measure only (default: off)",
     "--memory-budget": "the residency planner's budget per rank, e.g. 600MiB or 2GiB (default:"
     " the device's free memory less max(1 GiB, total / 50) of headroom)",
+    "--compile": "compile the denoiser's repeated block with torch.compile; its artifacts are"
+    " kept in the journal per fingerprint, for the next startup on any machine (default: off)",
+    "--compile-mode": "torch.compile's mode (default: %(default)s)",
+    "--warm-budget": "the most seconds warming the shapes traffic used may take (default: a"
+    " quarter of the fingerprint's median time to ready, at least 10)",
+    "--warm-shape": "warm this request shape too, after the bounded warmup (repeatable)",
     "--smoke-request": "run one request at ready; auto: after drop-buffers (default: %(default)s)",
     "--state-deadline": "a state that lasts longer is journaled as stalled, with every stack"
     " (default: %(default)g)",
@@ -283,6 +290,10 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(warmup, "--calibrate", action="store_true")
     add(warmup, "--memory-budget", type=_size_text, metavar="SIZE")
     add(warmup, "--smoke-request", choices=[m.value for m in SmokeRequest], default="auto")
+    add(warmup, "--compile", action="store_true")
+    add(warmup, "--compile-mode", choices=list(COMPILE_MODES), default=COMPILE_MODES[0])
+    add(warmup, "--warm-budget", **seconds)
+    add(warmup, "--warm-shape", action="append", type=_shape, default=[], metavar="WxHxF")
     add(warmup, "--state-deadline", default=300.0, **seconds)
     add(warmup, "--startup-timeout", default=DEFAULT_STARTUP_TIMEOUT_S, **seconds)
 
@@ -390,6 +401,13 @@ def _checked(where: str, action: argparse.Action, value: object) -> Any:
             raise ConfigError(f"{where}: expected true or false, not {_kind(value)}")
         off = action.off if isinstance(action, _Switch) else not action.const
         return action.const if value else off
+    if isinstance(action, argparse._AppendAction) and action.type is _shape:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of WxHxF strings, not {_kind(value)}")
+        try:
+            return [_shape(v) for v in value]
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     if isinstance(action, _Faults):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings, not {_kind(value)}")

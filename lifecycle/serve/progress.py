@@ -6,10 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lifecycle.core.accounting import account, total_text
+from lifecycle.core.compiling import compiled_text
 from lifecycle.core.events import (
     ActionFinished,
     BuffersDropped,
     ClockAligned,
+    Compiled,
+    CompileKept,
     Error,
     Expectations,
     FaultInjected,
@@ -196,6 +199,14 @@ class ProgressPrinter:
                     probe = next((r for r in event.requests if r.role is Role.PROBE), None)
                     if probe is not None:
                         details.append(f"calibration on: probe {probe.shape}")
+            case Compiled():
+                details.append(compiled_text(event))
+            case CompileKept():
+                details.append(
+                    f"kept the compiler's artifact ({format_bytes(event.bytes)})"
+                    if event.kept
+                    else f"compiler's artifact not kept: {event.reason}"
+                )
             case WarmupRecord():
                 self._warmup_s[rank] = self._warmup_s.get(rank, 0.0) + event.total_s
                 details.append(

@@ -9,8 +9,19 @@ from typing import TYPE_CHECKING
 
 from lifecycle.core.errors import PeerGone, RequestAborted, RequestStalled, classify
 from lifecycle.core.records import shared_fields
+from lifecycle.core.requesttime import RequestCancelled
 from lifecycle.core.validation import validate_shape
-from lifecycle.serve.control import ControlInbox, Line, Lost, Progress, Ready, Result, Stop
+from lifecycle.serve.cancel import StepCancels
+from lifecycle.serve.control import (
+    CancelPoint,
+    ControlInbox,
+    Line,
+    Lost,
+    Progress,
+    Ready,
+    Result,
+    Stop,
+)
 from lifecycle.serve.crossnode import RankBridge
 
 if TYPE_CHECKING:
@@ -46,6 +57,11 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
     runtime = session.runtime
     assert runtime is not None
     rank = session.launch.rank
+
+    def answer(message: CancelPoint) -> None:
+        inbox.send(message)  # the inbox made below: its reader thread answers a cancel
+
+    cancels = StepCancels(rank=rank, send=answer)
     inbox = ControlInbox(
         control,
         on_dump=session.dump_ring,
@@ -54,7 +70,12 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
             where=f"the server gave request {given.request_id} up",
         ),
         on_lost=lambda lost: _lost(session, lost),
+        on_cancel=cancels.on_message,
     )
+
+    def stopping() -> str | None:
+        return inbox.stop_message.reason if inbox.stopping else None
+
     session.serve_collectives_from_ring()
     if isinstance(control, RankBridge):
         control.join_control_group()  # every rank at once, as it enters its serve loop
@@ -71,20 +92,22 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
             continue
         request_id = message.request_id
         served += 1
+        cancels.begin(request_id)
 
         def after_step(
             step: int,
             request_id: str = request_id,
             nth: int = served,
-            half_way: int = max(1, message.request.steps // 2),
+            steps: int = message.request.steps,
         ) -> None:
             if inbox.stopping:
                 raise RequestAborted(
                     request_id=request_id, step=step, reason=inbox.stop_message.reason
                 )
-            if step + 1 == half_way:
+            if step + 1 == max(1, steps // 2):
                 session.faults.inject_in_request(nth)
             inbox.send(Progress(request_id=request_id, rank=rank, step=step))
+            cancels.after_step(request_id, step, steps=steps, stopping=stopping)
 
         try:
             request = message.request
@@ -96,8 +119,10 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
                 request_id=request_id,
                 keep_video=message.return_video,
                 after_step=after_step,
+                traceparent=message.traceparent,
             )
             video = None if generated.video is None else generated.video.numpy()
+            cancels.end(request_id)
             inbox.send(
                 Result(
                     request_id=request_id,
@@ -107,7 +132,20 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
                     **shared_fields(generated.result, Result),
                 )
             )
+        except RequestCancelled as exc:  # journaled by generate; the rank serves on
+            cancels.end(request_id)
+            inbox.send(
+                Result(
+                    request_id=request_id,
+                    rank=rank,
+                    ok=False,
+                    error=str(exc),
+                    error_kind=classify(exc),
+                    cancelled_after=exc.step,
+                )
+            )
         except Exception as exc:  # the request failed on this rank: journal it, fail, report
+            cancels.end(request_id)
             hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
             stopped = (
                 isinstance(exc, RequestAborted)

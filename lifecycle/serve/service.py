@@ -12,13 +12,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from lifecycle.core.accounting import account, account_json
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
-from lifecycle.core.launchphase import launch_phase
 from lifecycle.core.records import Generation
-from lifecycle.core.states import State
+from lifecycle.core.requesttime import Prediction
 from lifecycle.core.view import RankView
+from lifecycle.serve.bounds import RequestBounds
+from lifecycle.serve.cancel import wait_within
 from lifecycle.serve.console import PlainConsole
 from lifecycle.serve.control import (
     ControlChannel,
@@ -32,11 +32,12 @@ from lifecycle.serve.failure import RunFailure
 from lifecycle.serve.inflight import RequestFailed, RequestInFlight
 from lifecycle.serve.logs import say
 from lifecycle.serve.metrics import JournalMetrics
-from lifecycle.serve.progress import ProgressPrinter, eta_s
+from lifecycle.serve.progress import ProgressPrinter
+from lifecycle.serve.rankjson import at, rank_json
 from lifecycle.serve.steps import StepMark
 from lifecycle.serve.supervisor import POLL_S
 from lifecycle.store import shown_location
-from lifecycle.verdict.launched import LaunchedRun, ended_unjournaled, exit_text
+from lifecycle.verdict.launched import LaunchedRun, exit_text
 
 # /generate requests that may wait behind the running one; more are refused with 503 at once,
 # so that waiting requests cannot take every worker thread.
@@ -69,6 +70,11 @@ class Ranks(Protocol):
     def lost(self) -> dict[int, str]: ...
 
     def hosts(self) -> dict[int, str]: ...
+
+
+def new_request_id() -> str:
+    """An id for a request whose client named none."""
+    return uuid.uuid4().hex[:12]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +114,7 @@ class Service:
         self.run_failure = RunFailure(
             LaunchedRun.of(args, run_id=group.run_id, created_at=group.created_at)
         )
+        self.bounds = RequestBounds(args)
 
     @property
     def failed(self) -> bool:
@@ -249,7 +256,7 @@ class Service:
             },
             "ranks": [
                 {
-                    **rank_json(view, now=now, exit_code=_at(codes, r), step=steps.get(r)),
+                    **rank_json(view, now=now, exit_code=at(codes, r), step=steps.get(r)),
                     "host": hosts.get(r),
                     "lost": lost.get(r),
                     # A rank lost (its host gone, its process stopped) is in no state its
@@ -258,6 +265,7 @@ class Service:
                 }
                 for r, view in views.items()
             ],
+            "admission": self.bounds.describe(views),
         }
 
     def _refusal(self) -> ServiceUnavailable | None:
@@ -300,10 +308,17 @@ class Service:
                 self._in_line -= 1
 
     def generate(
-        self, request: Generation, *, request_id: str | None = None, return_video: bool = False
+        self,
+        request: Generation,
+        *,
+        request_id: str | None = None,
+        return_video: bool = False,
+        traceparent: str | None = None,
     ) -> Reply:
         """Run one request on every rank once the one running now is done, under
-        `request_id` (a new one when None); rank 0's result (it decodes) is the answer."""
+        `request_id` (a new one when None), within the deadline its prediction sets
+        (RequestPastDeadline past it); rank 0's result (it decodes) is the answer.
+        `traceparent` is the server's span of it, which the ranks' spans join."""
         with self._line:
             while self._running is not None and self._refusal() is None:
                 self._line.wait()
@@ -311,13 +326,18 @@ class Service:
             if refusal is not None:
                 raise refusal
             links = self.control.snapshot()
-            running = RequestInFlight(request_id=request_id or uuid.uuid4().hex[:12], ranks=links)
+            running = RequestInFlight(request_id=request_id or new_request_id(), ranks=links)
             self._running = running
         try:
             message = Generate(
-                request_id=running.request_id, request=request, return_video=return_video
+                request_id=running.request_id,
+                request=request,
+                return_video=return_video,
+                traceparent=traceparent,
             )
-            replies = self._run(running, links, message)
+            prediction = self.bounds.prediction(self.views_now(), request)
+            replies = self._run(running, links, message, prediction)
+            self.bounds.served(request, replies)
         finally:
             with self._line:
                 self._running = None
@@ -342,7 +362,11 @@ class Service:
         return Reply(summary=summary, video=lead.video)
 
     def _run(
-        self, request: RequestInFlight, links: dict[int, RankLink], message: Generate
+        self,
+        request: RequestInFlight,
+        links: dict[int, RankLink],
+        message: Generate,
+        prediction: Prediction | None,
     ) -> dict[int, Result]:
         self.control.begin(request)
         try:
@@ -350,7 +374,13 @@ class Service:
                 if not link.send(message):
                     request.fail_rank(rank, "control connection closed")
             try:
-                return request.wait(silence_s=self.args.request_silence_limit_s)
+                return wait_within(
+                    request,
+                    links,
+                    silence_s=self.args.request_silence_limit_s,
+                    prediction=prediction,
+                    steps=message.request.steps,
+                )
             except RequestFailed as exc:
                 # A rank that fails a request has failed (it journals so and leaves), and one
                 # that went silent is stuck in it: neither can serve the next request. A
@@ -362,73 +392,3 @@ class Service:
                 raise self.run_failure.named(exc) from None
         finally:
             self.control.end(request)
-
-
-def _at(codes: list[int | None], index: int) -> int | None:
-    return codes[index] if index < len(codes) else None
-
-
-def rank_json(
-    view: RankView, *, now: float, exit_code: int | None, step: StepMark | None = None
-) -> dict[str, Any]:
-    """One rank's folded state as /lifecycle shows it: `state` is the journal's unless the
-    process ended without journaling its end (`exited`; the journal's stays in
-    `journaled_state`), and `exit` reads `exit_code` as every other line does. `launch` is
-    its launch phase and `startup_to_ready_s` counts from it; `startup` accounts for every
-    second of it (to now, while it starts); `step` is how far the request
-    it is denoising has got (from `step`, the latest mark the rank wrote: none once its last
-    step is made, or from a state it has left), and `eta_s` what history expects it to need
-    still before ready."""
-    pending = view.pending
-    first_error = view.errors[0] if view.errors else None
-    state = "exited" if ended_unjournaled(view, exit_code) else view.state
-    launch = launch_phase(view)
-    ready_at = view.entered_at(State.READY.value)
-    return {
-        "rank": view.rank,
-        "state": state,
-        "journaled_state": view.state,
-        "healthy": view.healthy and exit_code is None,
-        "time_in_state_s": view.time_in_state_s(now=now),
-        "launch": None
-        if launch is None
-        else {
-            "launch_s": launch.launch_s,
-            "process_started_s": launch.spawn_s,
-            "imports_s": launch.imports_s,
-        },
-        "startup_to_ready_s": None
-        if launch is None or ready_at is None
-        else ready_at - launch.launched_at,
-        "startup": None if (kept := account(view, now=now)) is None else account_json(kept),
-        "step": None
-        if step is None or step.state != view.state or step.done >= step.steps
-        else {"done": step.done, "steps": step.steps},
-        "eta_s": eta_s(view, now=now),
-        "path": list(view.path),
-        "skip_reason": view.skip_reason,
-        "calibrated": view.calibrated,
-        "pending_collective": None
-        if pending is None
-        else {
-            "group": pending.started.group,
-            "group_seq": pending.started.group_seq,
-            "op": pending.started.op,
-            "purpose": pending.started.purpose,
-            "waiting_s": now - pending.at,
-        },
-        "last_heartbeat_age_s": None
-        if view.last_heartbeat_wall is None
-        else now - view.last_heartbeat_wall,
-        "first_error": None
-        if first_error is None
-        else {
-            "state": first_error[1],
-            "type": first_error[2].error_type,
-            "message": first_error[2].message,
-        },
-        "live_buffer_bytes": view.live_buffer_bytes,
-        "requests": view.requests_finished,
-        "exit_code": exit_code,
-        "exit": None if exit_code is None else exit_text(exit_code),
-    }

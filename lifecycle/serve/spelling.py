@@ -22,6 +22,9 @@ OPTION_OF_FIELD = {
     "memory_budget_bytes": "memory_budget",
     "flight_recorder_entries": "flight_recorder",
     "faults": "fault",
+    "enable_torch_compile": "compile",
+    "warm_budget_s": "warm_budget",
+    "warm_shapes": "warm_shape",
 }
 
 

@@ -12,6 +12,9 @@ from lifecycle.core.codec import decode_or_unknown, dumps_record, encode, loads_
 from lifecycle.core.errors import CorruptEvent
 from lifecycle.core.events import StoredEvent
 from lifecycle.serve.control import (
+    Cancel,
+    CancelAt,
+    CancelPoint,
     Dump,
     FromRank,
     Generate,
@@ -44,12 +47,13 @@ def beat_key(run_id: str, rank: int) -> str:
 
 # -- up: a rank's replies and events ------------------------------------------------------------
 
-_MESSAGES: dict[str, type[Hello | Ready | Progress | Result | Rejected]] = {
+_MESSAGES: dict[str, type[Hello | Ready | Progress | Result | Rejected | CancelPoint]] = {
     "hello": Hello,
     "ready": Ready,
     "progress": Progress,
     "result": Result,
     "rejected": Rejected,
+    "cancel_point": CancelPoint,
 }
 _NAMES = {cls: name for name, cls in _MESSAGES.items()}
 
@@ -101,11 +105,13 @@ def beat_from_wire(data: bytes) -> int | None:
 
 # -- down: rank 0's orders, each with the ranks it is for ----------------------------------------
 
-_ORDERS: dict[str, type[Generate | Stop | Dump | GivenUp]] = {
+_ORDERS: dict[str, type[Generate | Stop | Dump | GivenUp | Cancel | CancelAt]] = {
     "generate": Generate,
     "stop": Stop,
     "dump": Dump,
     "given_up": GivenUp,
+    "cancel": Cancel,
+    "cancel_at": CancelAt,
 }
 _ORDER_NAMES: dict[type, str] = {cls: name for name, cls in _ORDERS.items()}
 

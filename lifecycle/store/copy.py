@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lifecycle.core.errors import ConfigError, JournalConflict, JournalError, JournalWriteFailed
 from lifecycle.core.events import UnknownEvent
 from lifecycle.core.runid import checked_run_id
+from lifecycle.store.artifacts import FIRST_KEPT, ArtifactStore, ArtifactUnusable
+from lifecycle.store.dberrors import DATABASE_ERRORS
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from lifecycle.store.writer import RankWriter, StoredRow
@@ -35,6 +37,8 @@ class Copied:
     completed: int = 0  # ranks it held the start of, completed
     undecodable: int = 0  # rows this lifecycle cannot read, written as they are
     left_out: int = 0  # rows that cannot be written as they are (a malformed row): seq gaps
+    artifacts: int = 0  # compile artifacts of the runs copied, carried with them
+    artifacts_left: list[str] = field(default_factory=list)  # why each one was not
 
     def written(self) -> str:
         return f"{self.events:,} events of {self.ranks} rank(s) in {self.runs} run(s)"
@@ -52,6 +56,11 @@ class Copied:
             text += f"; {self.present} rank(s) already there, left as they are"
         if self.left_out:
             text += f"; {self.left_out} malformed row(s) left out (a gap in their rank's seq)"
+        if self.artifacts:
+            text += f"; {self.artifacts} compile artifact(s) carried with them"
+        if self.artifacts_left:
+            text += f"; {len(self.artifacts_left)} compile artifact(s) not carried"
+            text += f" ({self.artifacts_left[0]})"
         return text
 
 
@@ -109,7 +118,35 @@ def copy_journal(source: Journal, destination: Journal, *, run_ids: Sequence[str
             raise CopyStopped(
                 error=exc, copied=done, run_id=run.run_id, destination=destination.location
             ) from None
+    _copy_artifacts(
+        source, destination, {run.run_id for run in runs_to_copy(source, run_ids)}, done
+    )
     return done
+
+
+def _copy_artifacts(source: Journal, destination: Journal, run_ids: set[str], done: Copied) -> None:
+    """Carry the compile artifacts that the copied runs stored or used, each checked against
+    its digest; one the destination has (by key) is left as it is there."""
+    try:
+        wanted = [
+            a for a in ArtifactStore(source.engine, source.backend.url).every()
+            if a.stored_run in run_ids or a.used_run in run_ids
+        ]  # fmt: skip
+    except DATABASE_ERRORS as exc:
+        done.artifacts_left.append(f"{source.location}: could not be read: {exc}"[:200])
+        return
+    into = ArtifactStore(destination.engine, destination.backend.url)
+    for artifact in wanted:
+        try:
+            data = ArtifactStore(source.engine, source.backend.url).read(artifact)
+        except ArtifactUnusable as exc:
+            done.artifacts_left.append(f"{artifact.key}: {exc}")
+            continue
+        why = into.keep(artifact.compile_key, data, run_id=artifact.stored_run)
+        if why is None:
+            done.artifacts += 1
+        elif why != FIRST_KEPT:
+            done.artifacts_left.append(f"{artifact.key}: {why}")
 
 
 def _copy_run(source: Journal, destination: Journal, run: RunRow, done: Copied) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Delete, Engine, Table, delete, func, inspect, select
 
 from lifecycle.core.errors import ConfigError
+from lifecycle.store.artifacts import ArtifactStore, prune_artifacts
 from lifecycle.store.dberrors import DATABASE_ERRORS, is_retryable, journal_error
 from lifecycle.store.dumps import ThisJournal, find_dumps, remove_dumps
 from lifecycle.store.journal import Journal
@@ -92,6 +93,8 @@ class PruneOutcome:
     # journal's own dump folders (lifecycle.store.dumps), and how many of them were removed.
     dump_files: tuple[Path, ...] = ()
     dumps_removed: int = 0
+    # Compile artifacts that no run left in the journal stored or used, removed with the runs.
+    artifacts_removed: int = 0
 
 
 def plan_prune(
@@ -138,6 +141,8 @@ def format_outcome(outcome: PruneOutcome, location: str) -> str:
         + (f", {dumps} Flight Recorder dump file(s)" if dumps else "")
         + f") {' and '.join(why)}; {kept} {plan.kept}"
     )
+    if outcome.artifacts_removed:
+        line += f"; removed {outcome.artifacts_removed} compile artifact(s) no kept run used"
     if plan.skipped_active:
         line += f"; skipped {plan.skipped_active} still being written"
     return line
@@ -188,6 +193,7 @@ def prune(
         raise journal_error(exc, journal.location, opened=True) from None
     finally:
         reader.dispose()
+    artifacts = _prune_artifacts(journal)
     if journal.engine.dialect.name == "sqlite":
         _truncate_wal(journal)
     return PruneOutcome(
@@ -197,7 +203,19 @@ def prune(
         dry_run=False,
         dump_files=tuple(dumps),
         dumps_removed=remove_dumps(dumps),
+        artifacts_removed=artifacts,
     )
+
+
+def _prune_artifacts(journal: Journal) -> int:
+    """Remove the compile artifacts no kept run stored or used, their files after the rows."""
+    try:
+        with journal.engine.begin() as conn:
+            removed, digests = prune_artifacts(conn)
+    except DATABASE_ERRORS as exc:
+        raise journal_error(exc, journal.location, writing=True, opened=True) from None
+    ArtifactStore(journal.engine, journal.backend.url).remove_files(digests)
+    return removed
 
 
 def _activity(conn: Connection) -> list[RunActivity]:

@@ -11,6 +11,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -23,7 +24,7 @@ from sqlalchemy.schema import SchemaItem
 # Every Alembic revision of the journal, oldest first; the last is head. Readers check a
 # journal's revision against this without importing Alembic; a test keeps it equal to the
 # scripts in migrations/versions.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -134,4 +135,28 @@ startup_history = _per_rank(
     Column("process_ready_s", Float, nullable=True),  # its process's start to ready, if known
     Column("durations", Text, nullable=False),  # JSON: {state: seconds} for each state left
     Index(None, "key", "ready_wall"),
+)
+
+# The compiler's artifacts, one row per compile key (revision 0005): its parts, the artifact's
+# digest and size, who stored it and who last used it. The bytes are in `data` on a server, and
+# beside a SQLite journal in files named by their digest (`data` NULL).
+compile_artifacts = Table(
+    "compile_artifacts",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("model", String(255), nullable=False),
+    Column("torch", String(64), nullable=False),
+    Column("python", String(32), nullable=False),
+    Column("machine", String(255), nullable=False),
+    Column("backend", String(64), nullable=False),
+    Column("mode", String(64), nullable=False),
+    Column("digest", String(64), nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("stored_run", String(64), nullable=False),
+    Column("stored_at", Float, nullable=False),
+    Column("used_run", String(64), nullable=True),
+    Column("used_at", Float, nullable=True),
+    Column("data", LargeBinary, nullable=True),
+    Index(None, "model", "stored_at"),
 )

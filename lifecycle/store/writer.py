@@ -13,14 +13,17 @@ from sqlalchemy import Dialect, Engine, Table, bindparam, select
 from sqlalchemy.sql.expression import ClauseElement
 
 from lifecycle.core.codec import encode
+from lifecycle.core.compiling import LearnedTraffic
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
 from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
 from lifecycle.core.fold import RankFold
+from lifecycle.store.artifacts import ArtifactStore
 from lifecycle.store.backend import Backend
 from lifecycle.store.dberrors import DATABASE_ERRORS, append_error, is_retryable, journal_error
 from lifecycle.store.history import HistoryRead, history_values, recent_history
 from lifecycle.store.plans import planned_inputs, residency_history
 from lifecycle.store.schema import events, rank_checkpoints, rank_summaries, startup_history
+from lifecycle.store.served import fingerprint_runs, served_requests
 from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
 
 # A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):
@@ -140,6 +143,7 @@ class RankWriter:
         self.run_id = run_id
         self.rank = rank
         self._location = backend.location
+        self._url = backend.url
         self._engine = engine
         self._lock = threading.Lock()
         self._failure: JournalWriteFailed | None = None
@@ -382,6 +386,23 @@ class RankWriter:
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self._location, opened=True) from None
         return found
+
+    def served(self, fingerprint_key: str) -> LearnedTraffic:
+        """The requests the newest healthy runs of `fingerprint_key` served, and their times
+        to ready (store.served), read on a connection of its own."""
+        try:
+            with self._engine.connect() as conn:
+                found = fingerprint_runs(conn, fingerprint_key)
+                requests = served_requests(conn, [run for run, _ in found], self._location)
+        except DATABASE_ERRORS as exc:
+            raise journal_error(exc, self._location, opened=True) from None
+        return LearnedTraffic(
+            requests=requests, ready_s=[ready for _, ready in found if ready is not None]
+        )
+
+    def artifacts(self) -> ArtifactStore:
+        """The journal's compile artifacts (store.artifacts)."""
+        return ArtifactStore(self._engine, self._url)
 
     def planned_inputs(self, run_id: str) -> list[StoredEvent]:
         """Every rank's `residency_planned` events of `run_id` (store.plans), read on a

@@ -122,7 +122,16 @@ def test_a_file_no_load_can_read_is_one_line_within_seconds(
     assert not (tmp_path / "j.db").exists()
 
 
-@pytest.mark.parametrize("named", ["utils", "UNet2DModel", "DiffusionPipeline", "__version__"])
+@pytest.mark.parametrize(
+    "named",
+    [
+        "utils",
+        *(
+            pytest.param(n, marks=pytest.mark.slow)
+            for n in ("UNet2DModel", "DiffusionPipeline", "__version__")
+        ),
+    ],
+)
 def test_a_class_name_that_is_not_a_pipeline_class_is_one_line(tmp_path: Path, named: str) -> None:
     """model_index.json naming a module of diffusers (`utils`), a model class, the pipelines'
     base class or any other name diffusers holds that is not a pipeline class: one line

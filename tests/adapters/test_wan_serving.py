@@ -59,7 +59,7 @@ def diffusers_video(wan_dir: Path) -> np.ndarray:
 @pytest.mark.parametrize(
     "layout",
     [
-        (),
+        pytest.param((), marks=pytest.mark.slow),
         pytest.param(("--num-ranks", "2", "--cfg-parallel", "2"), marks=pytest.mark.slow),
         ("--num-ranks", "2", "--ulysses", "2"),
     ],

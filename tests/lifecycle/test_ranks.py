@@ -89,7 +89,11 @@ def collective_signatures(events: list[StoredEvent]) -> dict[str, list[tuple[obj
             False,
             marks=pytest.mark.slow,
         ),
-        (["--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2"], True),
+        pytest.param(
+            ["--num-ranks", "4", "--cfg-parallel", "2", "--ulysses", "2"],
+            True,
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=[
         "ulysses2-bounded",

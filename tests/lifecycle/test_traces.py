@@ -102,7 +102,14 @@ def test_a_failure_is_an_error_event_on_its_span(
     assert rank.attributes["lifecycle.outcome"] == "failed"
 
 
-@pytest.mark.parametrize("collector", ["down", "slow", "refusing"])
+@pytest.mark.parametrize(
+    "collector",
+    [
+        "down",
+        pytest.param("slow", marks=pytest.mark.slow),
+        pytest.param("refusing", marks=pytest.mark.slow),
+    ],
+)
 def test_a_collector_in_trouble_costs_one_warning_line(
     tmp_path: Path, receiver: Receiver, lifecycle_cli: Callable[..., Completed], collector: str
 ) -> None:

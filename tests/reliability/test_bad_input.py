@@ -226,7 +226,7 @@ def test_a_number_replay_cannot_hold_is_one_line_and_exit_2(tmp_path: Path) -> N
 QUIET_BOOT = ["boot", "--model", "micro-video", "--log-level", "error"]
 
 
-@pytest.mark.parametrize("name", ["a?1.db", "x%41.db"])
+@pytest.mark.parametrize("name", [pytest.param("a?1.db", marks=pytest.mark.slow), "x%41.db"])
 def test_a_journal_path_is_a_path_whatever_characters_it_holds(tmp_path: Path, name: str) -> None:
     """`--db` with `?` or `%` in it writes a file of exactly that name (not `a`, not `xA.db`),
     and replay reads it back by that name."""
@@ -276,9 +276,10 @@ def test_a_journal_that_is_not_a_regular_file_is_refused(
     ("url", "expected"),
     [
         ("garbage://x", ["garbage://x: no database dialect 'garbage' is installed"]),
-        (
+        pytest.param(
             "mysql+pymysql://u@h/db",
             ["driver 'pymysql' for 'mysql+pymysql' is not installed", "pip install 'PyMySQL'"],
+            marks=pytest.mark.slow,
         ),
         (
             "postgresql+psycopg2://u:secret@h/db",

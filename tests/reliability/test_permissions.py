@@ -44,7 +44,9 @@ def test_replay_reads_a_journal_in_a_read_only_directory(tmp_path: Path, booted:
     assert file_digest(booted) == digest
 
 
-@pytest.mark.parametrize("reader", ["unprivileged", "privileged"])
+@pytest.mark.parametrize(
+    "reader", ["unprivileged", pytest.param("privileged", marks=pytest.mark.slow)]
+)
 def test_reading_a_read_only_journal_leaves_nothing_that_blocks_a_later_writer(
     tmp_path: Path, booted: Path, reader: str
 ) -> None:

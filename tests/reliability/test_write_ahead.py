@@ -59,7 +59,8 @@ def test_every_action_is_announced_on_disk_before_it_runs(tmp_path: Path) -> Non
     assert session.boot() is State.READY
     session.close()
     assert [name for name, *_ in seen] == [
-        "load-pipeline", "decide-path", "apply-reused-residency", "bounded-warmup", "probe",
+        "load-pipeline", "decide-path", "apply-reused-residency", "bounded-warmup",
+        "warm-learned-shapes", "probe",
         "plan-residency", "apply-residency", "re-warmup", "verify-residency", "drop-buffers",
         "mark-ready",
     ]  # fmt: skip

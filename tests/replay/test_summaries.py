@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from alembic import command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,6 +29,7 @@ from tests.strategies import events, rank_streams
 T0 = 1_800_000_000.0
 
 
+@pytest.mark.slow
 def test_summaries_agree_on_real_startups(
     bounded_and_calibrated: Journaled, two_ranks: Journaled
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lifecycle.adapters.diffusers.regions import repeated_blocks_of
 from lifecycle.pipelines import (
     Comm,
     ConfigError,
@@ -79,6 +80,9 @@ class GenericAdapter:
             if isinstance(module, torch.nn.Module)
             for p in module.parameters()
         )
+
+    def repeated_blocks(self) -> tuple[Any, ...]:
+        return repeated_blocks_of(*self.pipe.components.values())
 
     def _enter(self, name: str) -> None:
         measure = self._measures[name]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lifecycle.adapters.diffusers.regions import repeated_blocks_of
 from lifecycle.adapters.diffusers.ulysses import ulysses_transformer
 from lifecycle.adapters.diffusers.wanplacement import WanResidency, tile_size, wan_options
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, ResidencyOption, Shape
@@ -67,6 +68,9 @@ class WanAdapter:
     def parameter_bytes(self) -> int:
         modules = (self.pipe.text_encoder, *self._transformers, self.pipe.vae)
         return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+    def repeated_blocks(self) -> tuple[Any, ...]:
+        return repeated_blocks_of(*self._transformers)
 
     # -- text encoder ------------------------------------------------------------------------
 

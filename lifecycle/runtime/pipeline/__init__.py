@@ -62,6 +62,26 @@ class MeasuredPipeline(Pipeline, Protocol):
     def measured_stages(self) -> tuple[StageRecord, ...]: ...
 
 
+class CompilablePipeline(Pipeline, Protocol):
+    """A pipeline whose denoiser repeats one block (a transformer's layers): `repeated_blocks`
+    returns every instance, and `--compile` compiles each with torch.compile, one compiled
+    graph serving them all (regional compilation, as diffusers' `compile_repeated_blocks`).
+    A pipeline without it runs eager under `--compile`, and its startup says so."""
+
+    def repeated_blocks(self) -> Sequence[torch.nn.Module]: ...
+
+
+def repeated_blocks(pipeline: Pipeline) -> tuple[torch.nn.Module, ...] | None:
+    """The pipeline's repeated blocks; None when it declares none (or none that are modules)."""
+    declared = getattr(pipeline, "repeated_blocks", None)
+    if not callable(declared):
+        return None
+    blocks = tuple(declared())
+    if not blocks or not all(isinstance(b, torch.nn.Module) for b in blocks):
+        return None
+    return blocks
+
+
 def resident(pipeline: Pipeline | None) -> ResidentPipeline | None:
     """The pipeline as one the planner can drive, or None when it declares no options."""
     if pipeline is None or not pipeline.spec.declares_residency:

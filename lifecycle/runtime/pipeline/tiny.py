@@ -221,6 +221,9 @@ class TinyVideoPipeline:
             for p in m.parameters()
         )
 
+    def repeated_blocks(self) -> tuple[nn.Module, ...]:
+        return tuple(self.dit.blocks)
+
     def branches(self) -> tuple[str, ...]:
         if self.comm.layout.cfg_parallel == 1:
             return ("cond", "uncond")

@@ -1,0 +1,69 @@
+"""The `warm-learned-shapes` action: after the bounded warmup, the shapes that the fingerprint's
+traffic used (from the journal's served requests), the most used first, and those --warm-shape
+names, each warmed as a warmup record of role `learned`, within --warm-budget. Rank 0 decides
+which, and every rank warms the same (each warmup runs the group's collectives). See the
+README's "Compile and shapes, paid once per fingerprint"."""
+
+from __future__ import annotations
+
+import structlog
+import torch
+
+from lifecycle.core.compiling import (
+    LEARNED_WARM_STEPS,
+    MAX_LEARNED_SHAPES,
+    LearnedShape,
+    learned_shapes,
+    warm_budget,
+    within_budget,
+)
+from lifecycle.core.errors import ConfigError, JournalError
+from lifecycle.core.plan import bounded_shape
+from lifecycle.core.records import Shape
+from lifecycle.core.validation import validate_shape
+from lifecycle.runtime.rankruntime import RankRuntime
+
+log = structlog.get_logger("lifecycle.runtime")
+
+_COLUMNS = 4  # width, height, frames, steps
+
+
+def chosen_shapes(rt: RankRuntime) -> list[tuple[Shape, int]]:
+    """This rank's choice of shapes to warm, with their steps: --warm-shape's first, then the
+    learned ones that fit the budget. A history that cannot be read teaches nothing."""
+    args = rt.args
+    steps = min(LEARNED_WARM_STEPS, args.model.default_steps)
+    given = [(shape, steps) for shape in args.warm_shapes]
+    assert rt.fingerprint is not None, "decide-path fingerprints the startup first"
+    try:
+        traffic = rt.recorder.served(rt.fingerprint.key)
+    except JournalError as exc:
+        log.warning("served_requests_unreadable", error=str(exc))
+        return given
+    skip = [bounded_shape(args.model), *args.warm_shapes]
+    learned: list[LearnedShape] = []
+    for shape in learned_shapes(traffic.requests, skip=skip):
+        try:
+            validate_shape(args.model, shape.shape, 1)  # a journal's row is not trusted blindly
+        except ConfigError:  # a shape this model cannot run is not warmed
+            continue
+        learned.append(shape)
+    budget = warm_budget(args.warm_budget_s, traffic.ready_s)
+    fitting = within_budget(learned, budget_s=budget)
+    return (given + [(s.shape, min(steps, s.steps)) for s in fitting])[:MAX_LEARNED_SHAPES]
+
+
+def agreed_shapes(rt: RankRuntime, mine: list[tuple[Shape, int]]) -> list[tuple[Shape, int]]:
+    """Rank 0's choice, on every rank: ranks reading other journals (one a node) or reading
+    at other moments could choose otherwise, and a warmup that one rank runs alone hangs."""
+    table = torch.zeros((MAX_LEARNED_SHAPES, _COLUMNS), dtype=torch.int64)
+    if rt.layout.rank == 0:
+        for row, (shape, steps) in enumerate(mine):
+            table[row] = torch.tensor([shape.width, shape.height, shape.frames, steps])
+    if rt.comm.world.size > 1:
+        rt.comm.world.all_reduce(table, op="sum", purpose="learned-shapes-agree")
+    return [
+        (Shape(width=int(w), height=int(h), frames=int(f)), int(s))
+        for w, h, f, s in table.tolist()
+        if s > 0
+    ]
