@@ -47,7 +47,8 @@ DEEPER_BLOCKS = 8
 
 
 def _deeper_factory(spec: ModelSpec, comm: Comm) -> Pipeline:
-    from lifecycle.runtime.pipeline.tiny import TinyConfig, TinyVideoPipeline
+    from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
+    from lifecycle.runtime.pipeline.tinyconfig import TinyConfig
 
     cfg = TinyConfig(heads=spec.attention_heads, layers=DEEPER_BLOCKS)
     return TinyVideoPipeline(spec, comm=comm, cfg=cfg)
@@ -122,16 +123,26 @@ class Served:
 class Server:
     """`lifecycle serve` in a session of its own, in front of RANKS rank processes."""
 
-    def __init__(self, settings: Settings, model: Model) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        model: Model,
+        *,
+        ranks: int = RANKS,
+        db: Path | None = None,
+        extra: tuple[str, ...] = (),
+        ready_within: float = READY_TIMEOUT_S,
+    ) -> None:
         from lifecycle.serve.supervisor import free_port
 
-        self.db = settings.workdir / f"serving-{model.label}.db"
-        self.log_path = settings.workdir / f"serving-{model.label}.log"
+        self.ready_within = ready_within
+        self.db = db or settings.workdir / f"serving-{model.label}.db"
+        self.log_path = self.db.with_suffix(".log")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "lifecycle", "serve", *model.args,
-                   "--num-ranks", str(RANKS), "--db", str(self.db), "--port", str(port),
-                   "--log-level", "warning"]  # fmt: skip
+                   "--num-ranks", str(ranks), "--db", str(self.db), "--port", str(port),
+                   "--log-level", "warning", *extra]  # fmt: skip
         pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(":")
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -141,7 +152,7 @@ class Server:
             )  # fmt: skip
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + self.ready_within
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise BenchError(f"lifecycle serve exited {self.proc.returncode}: {self.tail()}")
@@ -153,10 +164,10 @@ class Server:
                 if response.status == 200:
                     return
             time.sleep(0.1)
-        raise BenchError(f"/health not 200 within {READY_TIMEOUT_S:.0f} s: {self.tail()}")
+        raise BenchError(f"/health not 200 within {self.ready_within:.0f} s: {self.tail()}")
 
-    def generate(self, steps: int) -> None:
-        body = json.dumps({"prompt": "a lighthouse in a storm", **SHAPE, "steps": steps})
+    def generate(self, steps: int, shape: dict[str, int] | None = None) -> None:
+        body = json.dumps({"prompt": "a lighthouse in a storm", **(shape or SHAPE), "steps": steps})
         request = urllib.request.Request(
             f"{self.url}/generate",
             data=body.encode(),
@@ -201,8 +212,16 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(settings: Settings, model: Model) -> Iterator[Server]:
-    server = Server(settings, model)
+def serving(
+    settings: Settings,
+    model: Model,
+    *,
+    ranks: int = RANKS,
+    db: Path | None = None,
+    extra: tuple[str, ...] = (),
+    ready_within: float = READY_TIMEOUT_S,
+) -> Iterator[Server]:
+    server = Server(settings, model, ranks=ranks, db=db, extra=extra, ready_within=ready_within)
     try:
         server.wait_ready()
         yield server

@@ -154,6 +154,10 @@ def _load_artifact(
         newest = found[0]
         why = f"the journal's artifact of {key.model} is not this key's: "
         return CacheUse.REJECTED, why + stale_reason(key, newest.compile_key), 0
+    if exact.compile_key != key:  # a row under this key that says it was compiled otherwise
+        rt.compile_replaces = True
+        why = "the artifact of this key is not used: "
+        return CacheUse.REJECTED, why + stale_reason(key, exact.compile_key), 0
     try:
         data = store.read(exact)
         _unpack(data, folder)

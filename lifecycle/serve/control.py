@@ -13,14 +13,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from lifecycle.core.errors import LifecycleError
 from lifecycle.core.records import Generation, StageRecord
 from lifecycle.runtime.storetrust import CHANNELS
 
-if TYPE_CHECKING:
-    from lifecycle.serve.inflight import RequestInFlight
+
+class InFlight(Protocol):
+    """What the channel's readers tell the request in flight (serve.inflight's): each rank's
+    progress, cancel point and result, or that its process went away."""
+
+    request_id: str
+
+    def progress(self, rank: int) -> None: ...
+
+    def cancel_point(self, rank: int, step: int) -> None: ...
+
+    def deliver(self, result: Result) -> None: ...
+
+    def fail_rank(self, rank: int, error: str) -> None: ...
+
 
 # -- messages ----------------------------------------------------------------------------------
 
@@ -246,7 +259,7 @@ class ControlChannel:
         self.links: dict[int, RankLink] = {}
         self._rejected: dict[tuple[int, str], int] = {}  # (rank, channel): messages it dropped
         self._lock = threading.Lock()
-        self._request: RequestInFlight | None = None
+        self._request: InFlight | None = None
         self._closed = threading.Event()
 
     def accept(self, count: int) -> None:
@@ -336,11 +349,11 @@ class ControlChannel:
             else:
                 request.deliver(message)
 
-    def begin(self, request: RequestInFlight) -> None:
+    def begin(self, request: InFlight) -> None:
         with self._lock:
             self._request = request
 
-    def end(self, request: RequestInFlight) -> None:
+    def end(self, request: InFlight) -> None:
         with self._lock:
             if self._request is request:
                 self._request = None

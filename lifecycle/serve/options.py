@@ -220,7 +220,8 @@ HELP = {
     "--compile-mode": "torch.compile's mode (default: %(default)s)",
     "--warm-budget": "the most seconds warming the shapes traffic used may take (default: a"
     " quarter of the fingerprint's median time to ready, at least 10)",
-    "--warm-shape": "warm this request shape too, after the bounded warmup (repeatable)",
+    "--warm-shape": "warm this request shape too, after the bounded warmup, as often as given"
+    " (default: none)",
     "--smoke-request": "run one request at ready; auto: after drop-buffers (default: %(default)s)",
     "--state-deadline": "a state that lasts longer is journaled as stalled, with every stack"
     " (default: %(default)g)",

@@ -136,6 +136,8 @@ def test_a_stale_or_corrupt_artifact_is_never_loaded_and_the_boot_compiles_cold(
 
 @pytest.mark.slow
 @pytest.mark.timeout(COMPILE_S)
+# torch's own inductor imports torch.utils.mkldnn, which warns of its own deprecated API.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_blocks_give_the_eager_output() -> None:
     """micro-video's DiT blocks compiled (inductor) denoise to latents within 1e-5 of eager
     (measured: 3e-7 of latents of scale 4), and decode to the same uint8 video within one

@@ -225,6 +225,7 @@ def test_an_offloaded_text_encoder_gives_its_weights_back_and_encodes_the_same()
     assert not any(p.is_meta for p in pipeline.text_encoder.parameters())
 
 
+@pytest.mark.slow
 def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
@@ -281,7 +282,6 @@ def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
     )
 
 
-@pytest.mark.slow
 def test_a_verified_plan_that_keeps_the_reference_residency_is_reused(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:

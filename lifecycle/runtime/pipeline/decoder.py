@@ -3,17 +3,13 @@ once, and spatial tiles."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lifecycle.core.records import Shape
 from lifecycle.runtime.pipeline.placement import DecoderResidency
-
-if TYPE_CHECKING:
-    from lifecycle.runtime.pipeline.tiny import TinyConfig
+from lifecycle.runtime.pipeline.tinyconfig import TinyConfig
 
 
 class Decoder(nn.Module):
