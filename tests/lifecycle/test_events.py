@@ -44,10 +44,11 @@ DESIGN_KINDS = {
 # trouble after ready (reason, records, dropped), so replay can say why and how many; each
 # rank's clock offset to rank 0, measured at the rendezvous; and the deadlines each state was
 # held to, learned from the journal's history at gate-check; and each pipeline component's
-# load, before it reads and after (the startup accounted).
+# load, before it reads and after (the startup accounted); and the compile, and the compiler's
+# artifact kept (README: "Compile and shapes, paid once per fingerprint").
 BEYOND_DESIGN_KINDS = {
     "collectives_dumped", "clock_aligned", "flight_recorder_dumped", "expectations",
-    "load_started", "load_finished",
+    "load_started", "load_finished", "compiled", "compile_kept",
 }  # fmt: skip
 
 
