@@ -115,6 +115,10 @@ def predict(
         others = released - option.released_bytes
         peak = max(peak, baseline_bytes - others + round(working * option.peak_scale))
         seconds += cost.seconds * option.time_scale + option.reload_s
+    # An option of a component no stage measures (Wan 2.2's expert not in use) still costs its
+    # reloads: without them, releasing it would look free.
+    measured = {cost.component for cost in costs}
+    seconds += sum(o.reload_s for o in choices if o.component not in measured)
     return peak, seconds
 
 

@@ -4,6 +4,7 @@ their rules in /lifecycle."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -50,12 +51,33 @@ class RequestBounds:
         """The request's predicted time (its deadline with it); None before anything was
         measured."""
         model = self.args.model
-        return predict(
-            self._timings(views),
-            tokens=model.tokens(request.shape),
-            pixels=request.shape.pixels,
-            steps=request.steps,
+        timings = self._timings(views)
+        tokens = model.tokens(request.shape)
+        found = predict(timings, tokens=tokens, pixels=request.shape.pixels, steps=request.steps)
+        recompile = self._recompile_s(views)
+        if found is None or recompile is None:
+            return found
+        if any(t.tokens == tokens and t.pixels == request.shape.pixels for t in timings):
+            return found
+        # Under --compile a shape this run never ran compiles again on its first request: it
+        # may take what the startup's compile took, which no step time predicts.
+        return dataclasses.replace(
+            found,
+            seconds=found.seconds + recompile,
+            basis=f"{found.basis}, and a compile for a shape not run yet ({recompile:.1f} s)",
         )
+
+    def _recompile_s(self, views: Mapping[int, RankView]) -> float | None:
+        """The slowest rank's `compile` action, under --compile; None without one."""
+        if not self.args.enable_torch_compile:
+            return None
+        compiles = [
+            done.seconds
+            for view in views.values()
+            for done in view.actions_done
+            if done.action == "compile" and done.ok
+        ]
+        return max(compiles, default=None)
 
     def served(self, request: Generation, results: Mapping[int, Result]) -> None:
         """Keep what every rank measured of a request it answered."""

@@ -1,6 +1,7 @@
 """Small pipeline directories written by diffusers' own `save_pretrained`, from configs built
-here (as diffusers' tests build theirs): Wan with a scheduler other than tiny-wan's, and
-classes run through their own call (DDPM, LTX-Video); and weights rewritten in place."""
+here (as diffusers' tests build theirs): Wan with a scheduler other than tiny-wan's, Wan 2.2
+with its two experts, and classes run through their own call (DDPM, LTX-Video); and weights
+rewritten in place."""
 
 from __future__ import annotations
 
@@ -51,6 +52,39 @@ def small_wan(*, heads: int = 2, layers: int = 1, scheduler: str = "unipc") -> A
 
 def save_small_wan(path: Path, **kw: Any) -> Path:
     small_wan(**kw).save_pretrained(str(path))
+    return path
+
+
+def small_wan22(
+    *, boundary_ratio: float = 0.75, heads: int = 2, layers: int = 2, heads_2: int | None = None,
+    head_dim_2: int = 8, ffn_dim: int = 32,
+) -> Any:  # fmt: skip
+    """A Wan 2.2 WanPipeline: a high-noise expert (`transformer`) and a low-noise one
+    (`transformer_2`, its own weights; another width when `heads_2` or `head_dim_2` say so)
+    switching at `boundary_ratio`."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    base = small_wan(heads=heads, layers=layers, scheduler="unipc")
+
+    def expert(heads: int, head_dim: int) -> Any:
+        return WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
+            in_channels=16, out_channels=16, text_dim=32, freq_dim=32, ffn_dim=ffn_dim,
+            num_layers=layers,
+        ).eval()  # fmt: skip
+
+    torch.manual_seed(8)
+    transformer = expert(heads, 8)
+    transformer_2 = expert(heads if heads_2 is None else heads_2, head_dim_2)
+    return WanPipeline(
+        tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
+        scheduler=base.scheduler, transformer=transformer, transformer_2=transformer_2,
+        boundary_ratio=boundary_ratio,
+    )  # fmt: skip
+
+
+def save_small_wan22(path: Path, **kw: Any) -> Path:
+    small_wan22(**kw).save_pretrained(str(path))
     return path
 
 
@@ -129,3 +163,11 @@ def rewrite_weights(weights: Path, *, seed: int | None = None, dtype: Any = None
     before = weights.stat().st_size
     save_file(tensors, str(weights), metadata=metadata)
     assert weights.stat().st_size == before, "the rewrite was to keep the file's size"
+
+
+def save_tiny_qwen_image(path: Path) -> Path:
+    """tiny-qwen-image, saved by diffusers as a Qwen-Image directory."""
+    from lifecycle.adapters.diffusers.tinyqwen import build_tiny_qwen_image
+
+    build_tiny_qwen_image().save_pretrained(str(path))
+    return path

@@ -45,9 +45,11 @@ class GenericAdapter:
 
     def __init__(self, spec: ModelSpec, comm: Comm, pipe: Any) -> None:
         if comm.layout.world_size > 1:
+            from lifecycle.adapters.diffusers.families import driven_classes
+
             raise ConfigError(
                 f"{type(pipe).__name__} runs on one rank only (the lifecycle drives the"
-                " components of WanPipeline alone): use --num-ranks 1",
+                f" components of {', '.join(driven_classes())} alone): use --num-ranks 1",
                 field="num_ranks",
             )
         self.spec = spec

@@ -40,6 +40,15 @@ class PipelineDirectory:
         prefix = f"{component}/"
         return [(f.relative, f.size) for f in self.files if f.relative.startswith(prefix)]
 
+    def index(self) -> dict[str, Any]:
+        """model_index.json itself: the pipeline's own config beside its components."""
+        return _json_object(self.path / INDEX)
+
+    def has(self, component: str) -> bool:
+        """Whether model_index.json names `component` with a library (not `[null, null]`)."""
+        library, _ = self.components.get(component, (None, None))
+        return library is not None
+
     def config(self, component: str) -> dict[str, Any]:
         """A component's own config (config.json, or scheduler_config.json)."""
         for file in ("config.json", "scheduler_config.json"):

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-from lifecycle.pipelines import component_load
+from lifecycle.adapters.diffusers.library import diffusers_offline
+from lifecycle.adapters.diffusers.specs import wan_spec
+from lifecycle.pipelines import ModelSpec, component_load
 
 TINY_WAN = "tiny-wan"
 SEED = 20260601
@@ -34,7 +36,7 @@ def tiny_vocabulary() -> list[tuple[str, float]]:
     return specials + words + chars
 
 
-def _built(name: str, build: Callable[[], Any]) -> Any:
+def seeded_component(name: str, build: Callable[[], Any]) -> Any:
     """A component built with its seeded weights, timed (and journaled inside a startup) as
     its load."""
     with component_load(name) as load:
@@ -46,8 +48,23 @@ def _built(name: str, build: Callable[[], Any]) -> Any:
     return module
 
 
+def tiny_wan_spec() -> ModelSpec:
+    """tiny-wan's spec: WanPipeline's grid and heads at a default request small enough that a
+    calibrated startup takes seconds on two CPU cores (and still larger than the bounded
+    warmup, so that it can calibrate)."""
+    pipe = build_tiny_wan()
+    return wan_spec(
+        name=TINY_WAN,
+        source=None,
+        digest="",
+        pipe_configs={"vae": dict(pipe.vae.config), "transformer": dict(pipe.transformer.config)},
+        defaults={"width": 128, "height": 128, "num_frames": 33, "num_inference_steps": 20},
+    )
+
+
 def build_tiny_wan() -> Any:
     """A WanPipeline of about a megabyte of weights, the same on every call."""
+    diffusers_offline()
     from diffusers import (
         AutoencoderKLWan,
         FlowMatchEulerDiscreteScheduler,
@@ -62,7 +79,7 @@ def build_tiny_wan() -> Any:
     try:
         # One after another: the weights are drawn from one generator, in this order.
         torch.manual_seed(SEED)
-        text_encoder = _built(
+        text_encoder = seeded_component(
             "text_encoder",
             lambda: UMT5EncoderModel(
                 UMT5Config(
@@ -71,7 +88,7 @@ def build_tiny_wan() -> Any:
                 )
             ),
         )  # fmt: skip
-        transformer = _built(
+        transformer = seeded_component(
             "transformer",
             lambda: WanTransformer3DModel(
                 patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
@@ -79,7 +96,7 @@ def build_tiny_wan() -> Any:
                 num_layers=2,
             ),
         )  # fmt: skip
-        vae = _built(
+        vae = seeded_component(
             "vae",
             lambda: AutoencoderKLWan(
                 base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,

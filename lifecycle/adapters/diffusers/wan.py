@@ -47,16 +47,24 @@ class WanAdapter:
         self.comm = comm
         self.pipe = pipe
         pipe.set_progress_bar_config(disable=True)
-        self.residency = WanResidency(pipe, comm.device, tile_size(spec.default_shape))
         transformers = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m]
         self._transformers = transformers
-        heads = transformers[0].config.num_attention_heads
-        if heads % comm.ulysses.size:
-            raise ConfigError(
-                f"--ulysses {comm.ulysses.size} does not divide {spec.name}'s {heads} attention"
-                " heads",
-                field="ulysses",
-            )
+        # Wan 2.2: the high-noise expert until the boundary, the low-noise one after it.
+        self._experts = transformers if pipe.config.boundary_ratio is not None else transformers[:1]
+        self.residency = WanResidency(
+            pipe,
+            comm.device,
+            tile_size(spec.default_shape),
+            self._experts if len(self._experts) == 2 else (),
+        )
+        for transformer in self._experts:
+            heads = transformer.config.num_attention_heads
+            if heads % comm.ulysses.size:
+                raise ConfigError(
+                    f"--ulysses {comm.ulysses.size} does not divide {spec.name}'s {heads}"
+                    " attention heads",
+                    field="ulysses",
+                )
         if comm.ulysses.size > 1 and pipe.config.expand_timesteps:
             raise ConfigError(
                 f"{spec.name} embeds a timestep per token (expand_timesteps): Ulysses is not"
@@ -70,7 +78,7 @@ class WanAdapter:
         return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
     def repeated_blocks(self) -> tuple[Any, ...]:
-        return repeated_blocks_of(*self._transformers)
+        return repeated_blocks_of(*self._experts)
 
     # -- text encoder ------------------------------------------------------------------------
 
@@ -109,10 +117,14 @@ class WanAdapter:
         seed: int,
         guidance_scale: float,
         on_step: Callable[[int], None],
+        guidance_scale_2: float | None = None,
     ) -> torch.Tensor:
-        """WanPipeline's denoising loop, each branch where the layout puts it."""
+        """WanPipeline's denoising loop, each branch where the layout puts it; Wan 2.2's
+        low-noise expert guided by `guidance_scale_2` (None: `guidance_scale`, as
+        WanPipeline)."""
         pipe, comm = self.pipe, self.comm
         device = comm.device
+        # WanPipeline guides every step, both experts', when its first scale asks for it.
         guided = guidance_scale > 1.0
         if not guided and COND not in embeds.embeds:
             embeds.embeds[COND] = self._encode(embeds.texts[COND])
@@ -132,15 +144,21 @@ class WanAdapter:
         )
         mask = torch.ones(latents.shape, dtype=torch.float32, device=device)
         pipe.scheduler.set_begin_index(0)
-        boundary = pipe.config.boundary_ratio
-        boundary_t = (
-            None if boundary is None else boundary * pipe.scheduler.config.num_train_timesteps
-        )
+        experts = self._expert_of_steps(timesteps)
+        scales = (guidance_scale, guidance_scale if guidance_scale_2 is None else guidance_scale_2)
+        # This rank's last pass of a step: where a handover to the next expert rides along.
+        last_branch = COND if not guided else (UNCOND if UNCOND in embeds.embeds else COND)
+        swap = self.residency.experts
+        swap.begin_request()
         with contextlib.ExitStack() as parallel:
-            for transformer in self._transformers:  # Wan 2.2 has two
+            for transformer in self._experts:
                 parallel.enter_context(ulysses_transformer(transformer, comm))
             for step, t in enumerate(timesteps):
-                model = first if boundary_t is None or t >= boundary_t else self._transformers[-1]
+                expert = experts[step]
+                # After the last step, back to the expert the next request starts with.
+                following = experts[step + 1] if step + 1 < len(experts) else experts[0]
+                swap.ready(expert)
+                model = self._experts[expert]
                 x = latents.to(model.dtype)
                 if pipe.config.expand_timesteps:
                     timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0)
@@ -148,20 +166,41 @@ class WanAdapter:
                     timestep = t.expand(latents.shape[0])
 
                 def predict(
-                    branch: str, model: Any = model, x: Any = x, timestep: Any = timestep
+                    branch: str,
+                    model: Any = model,
+                    x: Any = x,
+                    timestep: Any = timestep,
+                    handover: Any = (expert, following, step),
                 ) -> torch.Tensor:
-                    out: torch.Tensor = model(
-                        hidden_states=x,
-                        timestep=timestep,
-                        encoder_hidden_states=embeds.embeds[branch],
-                        return_dict=False,
-                    )[0]
+                    carried = (
+                        swap.handing_over(*handover)
+                        if branch == last_branch
+                        else contextlib.nullcontext()
+                    )
+                    with carried:
+                        out: torch.Tensor = model(
+                            hidden_states=x,
+                            timestep=timestep,
+                            encoder_hidden_states=embeds.embeds[branch],
+                            return_dict=False,
+                        )[0]
                     return out
 
-                noise = self._guided(predict, embeds, guided=guided, scale=guidance_scale)
+                noise = self._guided(predict, embeds, guided=guided, scale=scales[expert])
                 latents = pipe.scheduler.step(noise, t, latents, return_dict=False)[0]
                 on_step(step)
+            swap.settle()
         return latents  # type: ignore[no-any-return]
+
+    def _expert_of_steps(self, timesteps: torch.Tensor) -> list[int]:
+        """Each step's expert, as WanPipeline picks it: the high-noise one (0) while the
+        timestep is at least boundary_ratio x num_train_timesteps, the low-noise one (1)
+        after; 0 throughout without a boundary."""
+        ratio = self.pipe.config.boundary_ratio
+        if ratio is None or len(self._experts) < 2:
+            return [0] * len(timesteps)
+        boundary = ratio * self.pipe.scheduler.config.num_train_timesteps
+        return [0 if t >= boundary else 1 for t in timesteps]
 
     def _guided(
         self,
@@ -205,7 +244,8 @@ class WanAdapter:
     # -- residency ---------------------------------------------------------------------------
 
     def residency_options(self, shape: Shape) -> tuple[ResidencyOption, ...]:
-        return wan_options(self.pipe, shape, self.residency.tiling, self.comm.device.type)
+        experts = self._experts if len(self._experts) == 2 else ()
+        return wan_options(self.pipe, shape, self.residency.tiling, self.comm.device.type, experts)
 
     def apply_residency(self, choices: Sequence[ResidencyOption]) -> None:
         self.residency.apply(choices)

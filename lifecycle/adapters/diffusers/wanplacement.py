@@ -1,7 +1,8 @@
 """The Wan adapter's residency options, diffusers' own knobs: the VAE decodes in spatial tiles
-(`AutoencoderKLWan.enable_tiling`) or whole, and the text encoder stays resident or is
-offloaded between requests (the lifecycle's offloader on CPU: weights written to a file and
-freed; on CUDA moved to host memory).
+(`AutoencoderKLWan.enable_tiling`) or whole, the text encoder stays resident or is offloaded
+between requests (the lifecycle's offloader on CPU: weights written to a file and freed; on
+CUDA moved to host memory), and Wan 2.2's two experts stay resident or are swapped
+(`experts.py`).
 
 The expected effects are estimated from the decoder's geometry at the request's shape: the VAE
 decodes one latent frame at a time (four video frames), its working memory is the full-size
@@ -13,12 +14,14 @@ tile is a decoder call of its own.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from lifecycle.adapters.diffusers.experts import EXPERTS, SWAPPED, ExpertSwap, experts_options
 from lifecycle.pipelines import Offloader, ResidencyOption, Shape, reload_seconds
 
 VAE, TEXT_ENCODER = "vae", "text_encoder"
@@ -106,9 +109,11 @@ class TileGrid:
 def _vae_tiled(vae: Any, shape: Shape, tiling: Tiling) -> ResidencyOption:
     """The tiled VAE's peak and time against decoding whole, at `shape`."""
     config = vae.config
-    base = int(config.decoder_base_dim or config.base_dim)
-    temporal = int(config.scale_factor_temporal or 4)
-    grid = TileGrid.of(shape, tiling, int(config.scale_factor_spatial or 8))
+    base = int(config.get("decoder_base_dim") or config["base_dim"])
+    temporal = int(config.get("scale_factor_temporal") or 4)
+    # Qwen-Image's VAE (Wan's, for images) names no scale factors: 2 per temporal stage.
+    downsamples = len(config.get("temperal_downsample") or (0, 0, 0))
+    grid = TileGrid.of(shape, tiling, int(config.get("scale_factor_spatial") or 2**downsamples))
     if grid is None:
         return ResidencyOption(component=VAE, name=TILED, peak_scale=1.0, time_scale=1.0)
     frame = shape.height * shape.width
@@ -132,9 +137,10 @@ def _vae_tiled(vae: Any, shape: Shape, tiling: Tiling) -> ResidencyOption:
 
 
 def wan_options(
-    pipe: Any, shape: Shape, tiling: Tiling, device: str
+    pipe: Any, shape: Shape, tiling: Tiling, device: str, experts: Sequence[Any] = ()
 ) -> tuple[ResidencyOption, ...]:
-    """Every option of the Wan adapter, with its expected effect at `shape`."""
+    """Every option of the Wan adapter, with its expected effect at `shape`; `experts` are
+    the transformers a request denoises with (two for Wan 2.2)."""
     encoder = pipe.text_encoder
     encoder_bytes = sum(p.numel() * p.element_size() for p in encoder.parameters())
     return (
@@ -151,18 +157,23 @@ def wan_options(
             released_bytes=encoder_bytes,
             reload_s=reload_seconds(encoder_bytes, device),
         ),
+        *experts_options(experts, device),
     )
 
 
 class WanResidency:
     """Applies the chosen options to the pipeline's own components."""
 
-    def __init__(self, pipe: Any, device: torch.device, tiling: Tiling) -> None:
+    def __init__(
+        self, pipe: Any, device: torch.device, tiling: Tiling, experts: Sequence[Any] = ()
+    ) -> None:
         self._pipe = pipe
         self.tiling = tiling
         self._offloader = Offloader(pipe.text_encoder, device)
+        self._kept = _unsaved_buffers(pipe.text_encoder)
+        weakref.finalize(self, self._offloader.close)  # no offload file outlives the process
         self._offload = False
-        self._shape: Shape | None = None
+        self.experts = ExpertSwap(experts, device)
 
     def apply(self, choices: Sequence[ResidencyOption]) -> None:
         chosen = {o.component: o.name for o in choices}
@@ -181,15 +192,33 @@ class WanResidency:
         if self._offload:
             self._offloader.offload()
         else:
-            self._offloader.restore()
+            self._restore_text_encoder()
+        self.experts.apply(swapped=chosen.get(EXPERTS) == SWAPPED)
 
     @contextlib.contextmanager
     def text_encoder_in_use(self) -> Iterator[None]:
         """The text encoder's weights resident while inside; offloaded again after when the
         plan says so."""
-        self._offloader.restore()
+        self._restore_text_encoder()
         try:
             yield
         finally:
             if self._offload:
                 self._offloader.offload()
+
+    def _restore_text_encoder(self) -> None:
+        """Its weights back, and the buffers a state dict leaves out (a rotary table's
+        inverse frequencies), which offloading to a file left empty."""
+        if not self._offloader.offloaded:
+            return
+        self._offloader.restore()
+        module = self._pipe.text_encoder
+        for name, tensor in self._kept.items():
+            owner, _, leaf = name.rpartition(".")
+            module.get_submodule(owner)._buffers[leaf] = tensor
+
+
+def _unsaved_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's non-persistent buffers, by name: what its state dict does not hold."""
+    saved = set(module.state_dict())
+    return {name: b for name, b in module.named_buffers() if name not in saved}
