@@ -50,6 +50,10 @@ MODULES = (
     "bench.diffusers:SERVING",
     "bench.diffusers:RESIDENCY",
     "bench.nodes",
+    "bench.parallelload",
+    "bench.accounted",
+    "bench.otelexport",
+    "bench.compilecache",
 )
 
 _REGISTERED: list[Benchmark] = []

@@ -1,0 +1,225 @@
+"""Compile and shapes paid once per fingerprint (README: "Compile and shapes, paid once per
+fingerprint"), each figure a ratio within one run:
+
+- the compile of a second `--compile` boot, in a compiler cache folder of its own (every rank
+  makes a new one: a fresh machine, to the compiler) with the same journal, from the artifact
+  the first kept / the first's cold compile; tiny-wan and tiny-video on SQLite, tiny-wan on
+  PostgreSQL (target at most 0.3);
+- startup to ready of that second `--compile` boot / an eager boot of the same journal;
+- a served request at a shape that the journal's traffic used, first / second after a restart
+  that warmed it, with and without `--compile` (target at most 1.05), and, for contrast, at a
+  shape nothing warmed;
+- a compiled request / an eager one at the same shape (the second of each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from bench.serving import Model, serving
+from bench.stats import median
+from bench.suite import BenchError, Benchmark, Settings, progress
+from bench.table import Row, format_ratio, format_seconds, verdict
+
+COMPILE_TARGET = 0.3
+FIRST_REQUEST_TARGET = 1.05
+BOOT_TIMEOUT_S = 1800.0
+LEARNED = {"width": 256, "height": 192, "frames": 9}  # the shape traffic uses
+UNLEARNED = {"width": 192, "height": 128, "frames": 5}  # one nothing warmed
+STEPS = 4
+MICRO = Model(label="micro-video", blocks=4, args=("--model", "micro-video"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compiled:
+    seconds: float
+    cache: str
+    ready_s: float
+
+
+def _boot(settings: Settings, db: str, model: str, *extra: str) -> Compiled | float:
+    """A `lifecycle boot`; with --compile its `compiled` figures, else its startup to ready."""
+    from lifecycle.core.events import Compiled as CompiledEvent
+    from lifecycle.core.fold import fold_run
+    from lifecycle.store.journal import Journal
+
+    command = [sys.executable, "-m", "lifecycle", "boot", "--model", model, "--db", db,
+               "--log-level", "warning", *extra]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=settings.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=BOOT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10.0)
+        raise BenchError(f"`{' '.join(command[3:])}` did not finish in time") from None
+    if proc.returncode != 0:
+        raise BenchError(f"`{' '.join(command[3:])}` exited {proc.returncode}: {stderr[-300:]}")
+    with Journal.open_for_read(db) as journal:
+        run = max(journal.runs(), key=lambda r: r.created_at)
+        stored = list(journal.read(run_id=run.run_id))
+    (view,) = fold_run(stored).values()
+    ready_at = view.entered_at("ready")
+    if ready_at is None:
+        raise BenchError(f"run {run.run_id} never reached ready")
+    ready_s = ready_at - run.created_at
+    compiled = [s.event for s in stored if isinstance(s.event, CompiledEvent)]
+    if "--compile" not in extra:
+        return ready_s
+    if not compiled:
+        raise BenchError(f"run {run.run_id} journaled no compile")
+    return Compiled(seconds=compiled[0].seconds, cache=compiled[0].cache, ready_s=ready_s)
+
+
+def _compile_rows(settings: Settings, label: str, model: str, journals: Iterator[str]) -> list[Row]:
+    rounds = 1 if settings.quick else 3
+    cold: list[float] = []
+    warm: list[float] = []
+    compiled_ready: list[float] = []
+    eager_ready: list[float] = []
+    for n in range(rounds):
+        db = next(journals)
+        progress(f"compile-cache: {label}, round {n + 1} of {rounds}")
+        first = _boot(settings, db, model, "--compile")
+        second = _boot(settings, db, model, "--compile")
+        eager = _boot(settings, db, model)
+        if not isinstance(first, Compiled) or not isinstance(second, Compiled):
+            raise BenchError("a --compile boot journaled no compile")
+        if (first.cache, second.cache) != ("miss", "hit"):
+            raise BenchError(f"{label}: the caches were {first.cache}, {second.cache}")
+        assert isinstance(eager, float)
+        cold.append(first.seconds)
+        warm.append(second.seconds)
+        compiled_ready.append(second.ready_s)
+        eager_ready.append(eager)
+    ratio = median(warm) / median(cold)
+    return [
+        Row(
+            figure=f"compile on a fresh compiler cache, {label}",
+            value=format_seconds(median(warm)),
+            baseline=format_seconds(median(cold)),
+            ratio=format_ratio(ratio),
+            target=verdict(f"<= {COMPILE_TARGET}", met=ratio <= COMPILE_TARGET),
+            how=f"`compiled` seconds of a second --compile boot (the journal's artifact) / the"
+            f" first's cold compile, median of {rounds}",
+        ),
+        Row(
+            figure=f"startup to ready with --compile, second pod, {label}",
+            value=format_seconds(median(compiled_ready)),
+            baseline=format_seconds(median(eager_ready)),
+            ratio=format_ratio(median(compiled_ready) / median(eager_ready)),
+            how="the second --compile boot's launch to ready / an eager boot's of the same journal",
+        ),
+    ]
+
+
+def _sqlite_journals(settings: Settings, label: str) -> Iterator[str]:
+    n = 0
+    while True:
+        n += 1
+        yield str(settings.workdir / f"compile-{label}-{n}.db")
+
+
+def _postgres_journals(server: object, label: str) -> Iterator[str]:
+    n = 0
+    while True:
+        n += 1
+        yield server.create_database(f"compile_{label.replace('-', '_')}_{n}")  # type: ignore[attr-defined]
+
+
+def _timed(server: object, shape: dict[str, int]) -> float:
+    began = time.perf_counter()
+    server.generate(STEPS, shape)  # type: ignore[attr-defined]
+    return time.perf_counter() - began
+
+
+def _first_request_rows(settings: Settings) -> list[Row]:
+    """A server that served LEARNED, restarted on its journal: its first and second requests
+    there, and at a shape nothing warmed, with and without --compile."""
+    rounds = 1 if settings.quick else 3
+    rows: list[Row] = []
+    seconds: dict[bool, float] = {}
+    for compiled in (False, True):
+        extra = ("--compile",) if compiled else ()
+        label = "with --compile" if compiled else "eager"
+        firsts, seconds_at, unlearned = [], [], []
+        for n in range(rounds):
+            db = settings.workdir / f"shapes-{int(compiled)}-{n}.db"
+            progress(f"compile-cache: the shapes traffic used, {label}, round {n + 1}")
+            with serving(settings, MICRO, ranks=1, db=db, extra=extra, ready_within=1800) as s:
+                for _ in range(2):
+                    s.generate(STEPS, LEARNED)
+            with serving(settings, MICRO, ranks=1, db=db, extra=extra, ready_within=1800) as s:
+                firsts.append(_timed(s, LEARNED))
+                seconds_at.append(_timed(s, LEARNED))
+                first_there = _timed(s, UNLEARNED)
+                unlearned.append(first_there / _timed(s, UNLEARNED))
+        seconds[compiled] = median(seconds_at)
+        ratio = median([a / b for a, b in zip(firsts, seconds_at, strict=True)])
+        rows.append(
+            Row(
+                figure=f"first request at a learned shape, {label}",
+                value=format_seconds(median(firsts)),
+                baseline=format_seconds(median(seconds_at)),
+                ratio=format_ratio(ratio),
+                target=verdict(f"<= {FIRST_REQUEST_TARGET}", met=ratio <= FIRST_REQUEST_TARGET),
+                how=f"POST /generate at {_shape(LEARNED)}, {STEPS} steps, after a restart on a"
+                f" journal that served it: first / second, median of {rounds} paired",
+            )
+        )
+        rows.append(
+            Row(
+                figure=f"first request at a shape nothing warmed, {label}",
+                value=format_ratio(median(unlearned)),
+                how=f"for contrast: POST /generate at {_shape(UNLEARNED)}, first / second",
+            )
+        )
+    rows.append(
+        Row(
+            figure="a compiled request / an eager one",
+            value=format_seconds(seconds[True]),
+            baseline=format_seconds(seconds[False]),
+            ratio=format_ratio(seconds[True] / seconds[False]),
+            how=f"the second request at {_shape(LEARNED)} with --compile / without (micro-video,"
+            " CPU)",
+        )
+    )
+    return rows
+
+
+def _shape(shape: dict[str, int]) -> str:
+    return f"{shape['width']}x{shape['height']}x{shape['frames']}"
+
+
+def measure(settings: Settings) -> list[Row]:
+    rows = [
+        *_compile_rows(settings, "tiny-wan", "tiny-wan", _sqlite_journals(settings, "tiny-wan")),
+        *_compile_rows(
+            settings, "tiny-video", "tiny-video", _sqlite_journals(settings, "tiny-video")
+        ),
+    ]
+    from tests.pg import bindir, postgres_server
+
+    try:
+        bindir()
+    except RuntimeError as exc:
+        rows.append(Row(figure="compile on PostgreSQL", value="not measured", how=str(exc)))
+    else:
+        with postgres_server() as server:
+            rows += _compile_rows(
+                settings, "tiny-wan, PostgreSQL", "tiny-wan", _postgres_journals(server, "wan")
+            )[:1]
+    return [*rows, *_first_request_rows(settings)]
+
+
+BENCHMARK = Benchmark(name="compile-cache", measure=measure)
