@@ -9,6 +9,8 @@ takes the same bounded path, reusing the plan it verified, with the same history
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,18 @@ SPANS_WITHIN_S = 10.0  # after the boot's exit: its last spans are flushed befor
 BOOT_TIMEOUT_S = 600.0
 OFF, LIVE, DOWN, SLOW = "off", "live", "down", "slow"
 SERVICE = "lifecycle-bench"
+# What Tracing.start imports when export is asked for, timed in a fresh process after torch (a
+# rank has imported torch by then).
+SDK_IMPORT = """
+import time, torch
+started = time.perf_counter()
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+print(time.perf_counter() - started)
+"""
+IMPORT_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,16 +98,31 @@ def _booter(
     return run
 
 
+def sdk_import_s(cwd: Path) -> float:
+    """Seconds to import what Tracing.start imports, in a fresh process after torch."""
+    done = subprocess.run(
+        [sys.executable, "-c", SDK_IMPORT], cwd=cwd, env=clean_env(), capture_output=True,
+        text=True, timeout=IMPORT_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise BenchError(f"importing the OTel SDK exited {done.returncode}: {done.stderr[-300:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def _rounds(
-    run: Callable[[Side, int], Booted], sides: tuple[Side, ...], rounds: int, label: str
-) -> dict[str, list[Booted]]:
-    """`rounds` rounds of every side, the order rotating so that each comes first in turn."""
+    run: Callable[[Side, int], Booted], sides: tuple[Side, ...], rounds: int, label: str,
+    imports: list[float] | None = None, cwd: Path | None = None,
+) -> dict[str, list[Booted]]:  # fmt: skip
+    """`rounds` rounds of every side, the order rotating so that each comes first in turn;
+    with `imports`, the SDK's import timed once a round too."""
     found: dict[str, list[Booted]] = {side.name: [] for side in sides}
     for index in range(rounds):
         progress(f"otel-export: {label}, round {index + 1}/{rounds}")
         turn = index % len(sides)
         for side in (*sides[turn:], *sides[:turn]):
             found[side.name].append(run(side, index))
+        if imports is not None and cwd is not None:
+            imports.append(sdk_import_s(cwd))
     return found
 
 
@@ -130,7 +159,10 @@ def measure(settings: Settings) -> list[Row]:
                 raise BenchError(f"the template's boot did not calibrate: {calibrated.path}")
             chosen = sides if ranks == 1 else sides[:2]
             run = _booter(settings, template, sized.model, ranks)
-            boots = _rounds(run, chosen, sized.rounds, f"{ranks} rank(s)")
+            imports: list[float] | None = [] if ranks == 1 else None
+            boots = _rounds(
+                run, chosen, sized.rounds, f"{ranks} rank(s)", imports, settings.workdir
+            )
             paths = {b.path for side_boots in boots.values() for b in side_boots}
             if len(paths) != 1 or "probe" in next(iter(paths)):
                 raise BenchError(f"the boots took different or calibrating paths: {paths}")
@@ -139,6 +171,8 @@ def measure(settings: Settings) -> list[Row]:
                 for name in (s.name for s in chosen)
                 if name != OFF
             )
+            if imports:
+                rows.append(_import_row(imports, boots[OFF]))
     return rows
 
 
@@ -179,6 +213,26 @@ def _row(
             f" {format_seconds(median([b.wall_s for b in off]))} (a rank's last spans get a"
             f" flush of at most 2 s at its end); A warned of unsent spans in {warned} of"
             f" {len(on)} boots"
+        ),
+    )
+
+
+def _import_row(imports: list[float], off: list[Booted]) -> Row:
+    """What the SDK's import alone adds to a rank's startup, which runs before its ready."""
+    ratios = [(b.ready_s + s) / b.ready_s for s, b in zip(imports, off, strict=True)]
+    ratio = median(ratios)
+    return Row(
+        figure="otel export: the SDK's import alone, 1 rank",
+        value=format_seconds(median(imports)),
+        baseline=format_seconds(median([b.ready_s for b in off])) + " export off",
+        ratio=format_ratio(ratio),
+        target=f"{TARGET} reachable with it before ready: {'yes' if ratio <= TARGET else 'NO'}",
+        how=(
+            "what Tracing.start imports when an endpoint is set (the OTLP/HTTP exporter, the"
+            " SDK's resources, tracer provider and batch processor), timed in a fresh process"
+            f" after torch, once a round ({len(imports)} rounds, median); a rank imports it"
+            " before its startup reaches ready, so the ratio (B + the import) / B, median of"
+            " the rounds' pairs, is the least the export can cost there"
         ),
     )
 
