@@ -264,6 +264,10 @@ def verify_after_rewarm(rt: RankRuntime) -> None:
         by_name = {(o.component, o.name): o for o in _options(rt, Role.REWARM)}
         choices = [by_name.get((o.component, o.name), o) for o in plan.choices]
         predicted, predicted_s = predict(bounded.baseline_bytes or 0, _costs(bounded), choices)
+        # What the process held before the re-warm beyond what it held before the bounded
+        # warmup (the probe's freed memory, kept by the allocator) is no plan's doing: the
+        # prediction is of the request's working memory over the baseline it starts from.
+        predicted += max(0, (rewarm.baseline_bytes or 0) - (bounded.baseline_bytes or 0))
         measured = rewarm.peak_bytes or 0
         if rt.over_budget_fault:
             measured = max(measured, plan.budget_bytes + 64 * MIB)
