@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
-from lifecycle.core.events import Compiled
+from lifecycle.core.events import Compiled, CompileEvent, CompileKept
+from lifecycle.core.planner import format_bytes
 from lifecycle.core.records import Shape
 
 # torch.compile's modes, as --compile-mode takes them.
@@ -162,6 +163,14 @@ def within_budget(shapes: Sequence[LearnedShape], *, budget_s: float) -> tuple[L
     return tuple(chosen)
 
 
+def kept_text(event: CompileKept) -> str:
+    """A `compile_kept` event in a few words, as the boot's table and `replay show` say it."""
+    if event.kept:
+        size = format_bytes(event.bytes) if event.bytes >= 2**20 else f"{event.bytes:,} bytes"
+        return f"kept the compiler's artifact ({size})"
+    return f"compiler's artifact not kept: {event.reason}"
+
+
 def compiled_text(event: Compiled) -> str:
     """A `compiled` event in a few words, as the boot's table and `replay show` say it."""
     if event.cache == CacheUse.OFF:
@@ -175,3 +184,11 @@ def compiled_text(event: Compiled) -> str:
     if event.cache == CacheUse.MISS and event.reason:
         said += f"; {event.reason}"
     return said
+
+
+def compile_text(event: CompileEvent) -> str:
+    """A step of the compile in a few words: compiled, or its artifact kept."""
+    if isinstance(event, Compiled):
+        return compiled_text(event)
+    assert isinstance(event, CompileKept)
+    return kept_text(event)

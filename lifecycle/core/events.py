@@ -156,7 +156,12 @@ class LoadFinished(LoadEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Compiled(Event):
+class CompileEvent(Event):
+    """A step of the compile paid once per fingerprint: compiled, or its artifact kept."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compiled(CompileEvent):
     """The denoiser's repeated block compiled (torch.compile), or why not (`cache` "off"):
     how long compiling took (a one-step request at the bounded shape that runs it), and what
     the journal's artifacts did for it: loaded (hit), none of its key (miss), or found and not
@@ -174,7 +179,7 @@ class Compiled(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CompileKept(Event):
+class CompileKept(CompileEvent):
     """After the warmups, the compiler's artifacts kept in the journal for the next startup of
     the key, or why not (`kept` false: too large, another pod kept one first, a write that
     failed)."""

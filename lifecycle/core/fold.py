@@ -18,6 +18,7 @@ from lifecycle.core.events import (
     CollectiveFinished,
     CollectivesDumped,
     CollectiveStarted,
+    CompileEvent,
     Error,
     Event,
     Expectations,
@@ -75,6 +76,7 @@ NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
     (FlightRecorderDumped, "flight_dumps"),
     (Aborted, "aborts"),
     (LoadEvent, "loads"),
+    (CompileEvent, "compiles"),
 )
 
 
@@ -155,6 +157,7 @@ class RankFold:
     flight_dumps: list[tuple[float, str, FlightRecorderDumped]] = field(default_factory=list)
     aborts: list[tuple[float, str, Aborted]] = field(default_factory=list)
     loads: list[tuple[float, str, LoadEvent]] = field(default_factory=list)
+    compiles: list[tuple[float, str, CompileEvent]] = field(default_factory=list)
     actions_done: list[ActionTime] = field(default_factory=list)
     recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
@@ -285,6 +288,7 @@ class RankFold:
             for done in self.actions_done
         ]
         self.loads = [(at - offset_s, state, event) for at, state, event in self.loads]
+        self.compiles = [(at - offset_s, state, event) for at, state, event in self.compiles]
         self.spans = [
             Span(
                 state=span.state,

@@ -113,6 +113,7 @@ class RankView:
     expectations: ev.Expectations | None = None  # each state's expected time, from history
     actions_done: tuple[ActionTime, ...] = ()  # before ready: each finished action, in order
     loads: tuple[tuple[float, str, ev.LoadEvent], ...] = ()  # each component load's steps
+    compiles: tuple[tuple[float, str, ev.CompileEvent], ...] = ()  # compiled, artifact kept
 
     @property
     def terminal(self) -> bool:

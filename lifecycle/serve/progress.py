@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lifecycle.core.accounting import account, total_text
-from lifecycle.core.compiling import compiled_text
+from lifecycle.core.compiling import compiled_text, kept_text
 from lifecycle.core.events import (
     ActionFinished,
     BuffersDropped,
@@ -202,11 +202,7 @@ class ProgressPrinter:
             case Compiled():
                 details.append(compiled_text(event))
             case CompileKept():
-                details.append(
-                    f"kept the compiler's artifact ({format_bytes(event.bytes)})"
-                    if event.kept
-                    else f"compiler's artifact not kept: {event.reason}"
-                )
+                details.append(kept_text(event))
             case WarmupRecord():
                 self._warmup_s[rank] = self._warmup_s.get(rank, 0.0) + event.total_s
                 details.append(

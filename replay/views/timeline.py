@@ -15,6 +15,7 @@ from lifecycle.core.accounting import (
     phases_text,
     total_text,
 )
+from lifecycle.core.compiling import compile_text
 from lifecycle.core.events import (
     CollectiveFinished,
     CollectiveStarted,
@@ -183,6 +184,8 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
         )
     for at, state, step in view.residency:
         lines.append(f"  residency +{analysis.at(at):.2f} {state}: {clean(residency_text(step))}")
+    for at, state, compiling in view.compiles:
+        lines.append(f"  compile +{analysis.at(at):.2f} {state}: {compile_text(compiling)}")
     for at, state, drop in view.buffer_drops:
         lines.append(
             f"  buffers dropped {drop.buffers} ({mib(drop.bytes_freed)}) in {state}"
@@ -351,6 +354,16 @@ def show_json(
                         "text": residency_text(e),
                     }
                     for t, s, e in view.residency
+                ],
+                "compile": [
+                    {
+                        "kind": e.kind,
+                        "state": s,
+                        "at_s": analysis.at(t),
+                        **dataclasses.asdict(e),
+                        "text": compile_text(e),
+                    }
+                    for t, s, e in view.compiles
                 ],
                 "buffer_drops": [
                     {"state": s, "at_s": analysis.at(t), "bytes_freed": d.bytes_freed}

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import Completed
+from tests.conftest import Completed, run_cli
 from tests.lifecycle.test_plugin_protocol import EARLIER, plugin
 from tests.lifecycle.test_server import BODY, serve
 
@@ -65,6 +65,16 @@ def test_a_second_boot_compiles_from_the_artifact_the_first_kept(
             "SELECT stored_run, used_run, size_bytes FROM compile_artifacts"
         ).fetchall()
     assert (stored_run, used_run, size) == (run_a, run_b, kept["bytes"])
+    shown = run_cli("replay", ["show", run_b, "j.db"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "compile +" in shown.stdout and "from the journal's artifact" in shown.stdout
+    as_json = run_cli("replay", ["show", run_a, "j.db", "--json"], cwd=tmp_path)
+    (rank,) = json.loads(as_json.stdout)["ranks"]
+    assert [(c["kind"], c["state"]) for c in rank["compile"]] == [
+        ("compiled", "gate-check"),
+        ("compile_kept", "ready"),
+    ]
+    assert rank["compile"][0]["cache"] == "miss" and rank["compile"][1]["kept"] is True
 
 
 def test_a_plugin_that_declares_no_blocks_runs_eager_under_compile(
