@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.report import ReportError, Section, render, updated
+from bench.table import Row
 from tests.conftest import REPO, run_cli
 
 # The benchmarks a test runs: the in-process ones, whose quick run takes seconds. The others
@@ -53,24 +55,45 @@ def test_every_benchmark_module_names_one_benchmark_once() -> None:
     assert {"overhead", "history", "diffusers"} <= set(names)
 
 
+def _machines(markdown: str) -> str:
+    """The Machines section's list, as the file shows it."""
+    return markdown.split("\n## Machines\n\n", 1)[1].split("\n\n## ", 1)[0]
+
+
+def _section(markdown: str, name: str) -> str:
+    """One benchmark's section, its heading included, as the file shows it."""
+    after = markdown.split(f"\n### {name}\n", 1)[1]
+    return f"### {name}\n" + after.split("\n### ", 1)[0]
+
+
 @pytest.mark.timeout(240)
-def test_an_update_replaces_its_sections_and_keeps_the_others(tmp_path: Path) -> None:
-    """`--only NAME --update` reruns one benchmark and replaces its section in the file, keeping
-    every other section as its last run wrote it; a file without sections is refused, as one
-    line, before anything is measured, and is left as it was."""
+def test_an_update_on_another_machine_keeps_the_others_and_lists_both(tmp_path: Path) -> None:
+    """`--only NAME --update` on a machine the file does not list replaces that section with one
+    naming this machine, keeps every other section byte for byte under the machine it names,
+    and lists both machines; a file without sections is refused, as one line, before anything
+    is measured, and is left as it was."""
     output = tmp_path / "bench.md"
     both = ["--quick", "--only", "journal", "--only", "replay", "--output", str(output)]
     assert run_cli("bench", both, cwd=REPO, timeout=200.0).returncode == 0
-    before = output.read_text(encoding="utf-8")
-    journal_before = before.split("### journal\n")[1].split("### replay\n")[0]
+    written = output.read_text(encoding="utf-8")
+    here = _machines(written).removeprefix("- machine 1\n")
+    assert here.startswith("  - CPU: ") and "- machine" not in here
+    assert " on machine 1; 1-minute load average" in _section(written, "journal")
+    # The file as another machine would have left it: the same sections, another CPU.
+    cpu = here.splitlines()[0]
+    elsewhere = here.replace(cpu, "  - CPU: Another CPU, 2 of 2 logical cores available")
+    before = written.replace(f"- machine 1\n{here}", f"- machine 1\n{elsewhere}")
+    output.write_text(before, encoding="utf-8")
+
     again = ["--quick", "--only", "replay", "--update", "--output", str(output)]
     done = run_cli("bench", again, cwd=REPO, timeout=200.0)
     assert done.returncode == 0, done.stderr[-2000:]
     after = output.read_text(encoding="utf-8")
-    assert after.split("### journal\n")[1].split("### replay\n")[0] == journal_before
-    replay_after = after.split("### replay\n")[1]
-    assert "--only replay --update --output" in replay_after
-    assert "--only replay --update" not in before
+    assert _machines(after) == f"- machine 1\n{elsewhere}\n- machine 2\n{here}"
+    assert _section(after, "journal") == _section(before, "journal")
+    replay = _section(after, "replay")
+    assert "--only replay --update --output" in replay
+    assert " on machine 2; 1-minute load average" in replay
     assert [name for name in ROW_NAMES if name not in after] == []
 
     flat = tmp_path / "flat.md"
@@ -78,9 +101,136 @@ def test_an_update_replaces_its_sections_and_keeps_the_others(tmp_path: Path) ->
     refused = run_cli("bench", ["--only", "replay", "--update", "--output", str(flat)], cwd=REPO)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        f"bench: error: cannot update {flat}: it has no Machine or Results section"
+        f"bench: error: cannot update {flat}: it has no Machines or Results section"
     ]
     assert flat.read_text(encoding="utf-8") == "# Benchmarks\n\n| figure |\n"
+
+
+EPYC = (
+    "CPU: AMD EPYC, 2 of 2 logical cores available",
+    "memory: 23.5 GiB",
+    "Python 3.11.7, torch 2.13.0+cpu, SQLite 3.40.1, Linux 6.18.44-fc-v1045",
+    "temporary files (journals): /tmp (ext4)",
+)
+XEON = (
+    "CPU: Intel Xeon, 2 of 2 logical cores available",
+    "memory: 7.8 GiB",
+    "Python 3.11.7, torch 2.13.0+cpu, SQLite 3.40.1, Linux 6.1.0",
+    "temporary files (journals): /tmp (tmpfs)",
+)
+ORDER = ("overhead", "journal", "replay")
+
+
+def _listed(*machines: tuple[str, tuple[str, ...]]) -> str:
+    """A Machines list as the file shows it."""
+    return "\n".join(
+        f"- machine {label}\n" + "\n".join(f"  - {fact}" for fact in facts)
+        for label, facts in machines
+    )
+
+
+def _measured(name: str, commit: str) -> Section:
+    row = Row(figure=f"{name} figure", value="1.00 ms", how=f"measured at {commit}")
+    return Section.measured(
+        name, [row], command=f"python -m bench --only {name} --update",
+        started="2026-12-03 09:00 UTC", commit=commit, load=(0.5, 0.75),
+    )  # fmt: skip
+
+
+def test_a_full_run_lists_one_machine_and_names_it_in_every_section() -> None:
+    """A full run's file lists its one machine as machine 1, and each section's provenance
+    line names machine 1 after the commit."""
+    markdown = render(EPYC, [_measured(name, "a1") for name in ORDER])
+    assert _machines(markdown) == _listed(("1", EPYC))
+    for name in ORDER:
+        provenance = _section(markdown, name).splitlines()[2]
+        assert " at commit a1 on machine 1; 1-minute load average 0.50" in provenance
+
+
+def test_an_update_on_a_listed_machine_reuses_its_number() -> None:
+    """An update measured on a machine the file lists (the same facts) names that machine's
+    number and changes nothing but the section it replaces."""
+    first = render(EPYC, [_measured(n, "a1") for n in ORDER])
+    before = updated(first, XEON, {"journal": _measured("journal", "b2")}, ORDER)
+    assert _machines(before) == _listed(("1", EPYC), ("2", XEON))
+    after = updated(before, XEON, {"replay": _measured("replay", "c3")}, ORDER)
+    assert _machines(after) == _listed(("1", EPYC), ("2", XEON))
+    assert " at commit c3 on machine 2;" in _section(after, "replay")
+    unchanged = before.replace(_section(before, "replay"), _section(after, "replay"))
+    assert after == unchanged
+
+
+def test_an_update_that_replaces_a_machines_last_section_drops_that_machine() -> None:
+    """When an update replaces the last section measured on a machine, the file no longer
+    lists it; the machines still named keep their numbers and their sections byte for byte."""
+    first = render(EPYC, [_measured(n, "a1") for n in ORDER])
+    both = updated(first, XEON, {"journal": _measured("journal", "b2")}, ORDER)
+    assert _machines(both) == _listed(("1", EPYC), ("2", XEON))
+    fresh = {n: _measured(n, "c3") for n in ("overhead", "replay")}
+    after = updated(both, XEON, fresh, ORDER)
+    assert _machines(after) == _listed(("2", XEON))
+    assert _section(after, "journal") == _section(both, "journal")
+    assert " at commit c3 on machine 2;" in _section(after, "overhead")
+    # Numbers free again go to the next new machine.
+    third = updated(after, EPYC, {"replay": _measured("replay", "d4")}, ORDER)
+    assert _machines(third) == _listed(("1", EPYC), ("2", XEON))
+    assert " at commit d4 on machine 1;" in _section(third, "replay")
+
+
+FIRST_FORMAT_PROVENANCE = {
+    "overhead": (
+        "Measured by `.venv/bin/python -m bench --only overhead --update` on 2026-12-02"
+        " 08:58 UTC at commit 98cd193e6b7e{}; 1-minute load average 0.79 at the start, 1.86"
+        " at the end (other work on the machine shows here)."
+    ),
+    "journal": (
+        "Measured by `.venv/bin/python -m bench` (every benchmark, 22:43 to 01:25) on"
+        " 2026-12-01 22:43 UTC at commit 26c1a63aab29 (tracked files modified){}; 1-minute"
+        " load average 1.41 at the start, 2.39 at the end of the whole run (other work on the"
+        " machine shows here)."
+    ),
+}
+TABLE = "| figure | value |\n|---|---|\n| a figure | 1.00 ms |\n"
+
+
+def _first_format(label: str) -> dict[str, str]:
+    """The first format's sections, their provenance naming machine `label` if one is given."""
+    named = f" on machine {label}" if label else ""
+    return {
+        name: f"### {name}\n\n{line.format(named)}\n\n{TABLE}"
+        for name, line in FIRST_FORMAT_PROVENANCE.items()
+    }
+
+
+def test_a_file_in_the_first_format_is_read_as_measured_on_its_one_machine() -> None:
+    """A file with one Machine section and sections naming no machine is read: an update on
+    another machine lists the file's machine as 1 and this one as 2, and the kept sections
+    change only by naming machine 1 after their commit."""
+    old = "\n".join(_first_format("").values())
+    facts = "\n".join(f"- {fact}" for fact in EPYC)
+    text = (
+        f"# Benchmarks\n\nEach section under Results is one benchmark's latest run.\n\n"
+        f"## Machine\n\n{facts}\n\n## Method\n\nMedians.\n\n## Results\n\n{old}"
+    )
+    after = updated(text, XEON, {"replay": _measured("replay", "b2")}, ORDER)
+    assert _machines(after) == _listed(("1", EPYC), ("2", XEON))
+    labelled = _first_format("1")
+    assert _section(after, "overhead") == labelled["overhead"]
+    assert f"{labelled['journal']}\n{_measured('replay', 'b2').render('2')}" in after
+    assert " at commit b2 on machine 2;" in _section(after, "replay")
+    same = updated(text, EPYC, {"replay": _measured("replay", "b2")}, ORDER)
+    assert _machines(same) == _listed(("1", EPYC))
+    assert " at commit b2 on machine 1;" in _section(same, "replay")
+
+
+def test_a_section_naming_a_machine_the_file_does_not_list_is_refused() -> None:
+    """An update refuses a file whose section names a machine its Machines section lacks,
+    saying which section and machine."""
+    text = render(EPYC, [_measured(n, "a1") for n in ORDER])
+    broken = text.replace(" at commit a1 on machine 1; ", " at commit a1 on machine 3; ", 1)
+    with pytest.raises(ReportError) as refused:
+        updated(broken, EPYC, {}, ORDER)
+    assert str(refused.value) == "section overhead names machine 3, which Machines lacks"
 
 
 def test_the_median_interval_is_the_sign_tests_order_statistics() -> None:
