@@ -1,11 +1,11 @@
-"""What a POST /generate body may be: its fields and their limits, its size as it arrives, and
-the answer to one refused."""
+"""What a POST /generate body may be: its fields and their limits, what the model serving it
+allows of them, its size as it arrives, and the answer to one refused."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lifecycle.core.errors import LifecycleError
+from lifecycle.core.modelspec import ModelSpec
 from lifecycle.core.validation import MAX_FRAMES, MAX_PROMPT_CHARS, MAX_SEED, MAX_SIDE, MAX_STEPS
+from lifecycle.serve.media import format_refusal, makes_images
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_GUIDANCE = 100.0
@@ -47,7 +49,24 @@ class GenerateBody(BaseModel):
     negative_prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
     guidance_scale: float | None = Field(default=None, ge=0.0, le=MAX_GUIDANCE)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    response_format: Literal["json", "npy", "mp4"] = "json"
+    response_format: Literal["json", "npy", "mp4", "png"] = "json"
+
+
+def model_refusal(body: GenerateBody, model: ModelSpec) -> list[dict[str, Any]] | None:
+    """What of `body` the model cannot make, as a 422's detail naming the field (as a refused
+    body's): an image model makes one frame, and png is an image model's format. None when
+    the model can make it all."""
+    if makes_images(model) and body.frames not in (None, 1):
+        field = "frames"
+        why: str | None = (
+            f"frames must be 1 or left out for {model.name}, an image model, not {body.frames}"
+        )
+    else:
+        field = "response_format"
+        why = format_refusal(model, body.response_format)
+    if why is None:
+        return None
+    return [{"loc": ["body", field], "msg": why, "type": "value_error"}]
 
 
 class BodyLimit:

@@ -34,6 +34,7 @@ from lifecycle.serve.bodies import (
     REQUEST_ID_RULE,
     BodyLimit,
     GenerateBody,
+    model_refusal,
     refuse_body,
 )
 from lifecycle.serve.bounds import BoundsMetrics, refusal_answer
@@ -46,7 +47,7 @@ from lifecycle.serve.control import (
 from lifecycle.serve.httpspans import GenerateSpans, process_tracing, span_of
 from lifecycle.serve.inflight import RequestFailed
 from lifecycle.serve.logs import say
-from lifecycle.serve.media import MEDIA_TYPES, mp4_bytes, npy_bytes
+from lifecycle.serve.media import ENCODERS, MEDIA_TYPES
 from lifecycle.serve.metrics import Metrics
 from lifecycle.serve.service import Service, new_request_id
 from lifecycle.serve.supervisor import POLL_S, LaunchOptions, RankGroup
@@ -122,9 +123,10 @@ def create_app(
         x_request_id: Annotated[str | None, Header()] = None,
     ) -> dict[str, Any] | Response:
         """One request on every rank. `X-Request-ID` names it (a new id when absent): the
-        reply echoes it, and every rank journals its request under it. Refused (422) when its
-        predicted peak memory exceeds a rank's budget; cut short between denoising steps on
-        every rank (504) past its deadline."""
+        reply echoes it, and every rank journals its request under it. Refused (422) when the
+        model cannot make it (frames of an image model, png of a video model) or its predicted
+        peak memory exceeds a rank's budget; cut short between denoising steps on every rank
+        (504) past its deadline."""
         span = span_of(http.state)
         if x_request_id is not None and not is_run_id(x_request_id):
             raise HTTPException(
@@ -132,10 +134,13 @@ def create_app(
                 detail=[{"loc": ["header", "x-request-id"], "msg": REQUEST_ID_RULE,
                          "type": "value_error"}],
             )  # fmt: skip
+        model = service.args.model
+        refused = model_refusal(body, model)
+        if refused is not None:
+            raise HTTPException(status_code=422, detail=refused)
         ok, status = service.health()
         if not ok:
             raise HTTPException(status_code=503, detail=f"not ready: {status}")
-        model = service.args.model
         shape = Shape(
             width=body.width or model.default_width,
             height=body.height or model.default_height,
@@ -199,8 +204,7 @@ def create_app(
         headers = {"X-Request-ID": reply.summary["request_id"]}
         if not media:
             return JSONResponse(content=reply.summary, headers=headers)
-        encode = npy_bytes if body.response_format == "npy" else mp4_bytes
-        content = await anyio.to_thread.run_sync(encode, reply.video)
+        content = await anyio.to_thread.run_sync(ENCODERS[body.response_format], reply.video)
         return Response(
             content=content, media_type=MEDIA_TYPES[body.response_format], headers=headers
         )

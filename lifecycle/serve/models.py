@@ -1,5 +1,6 @@
-"""Which model a command line names: a preset, a plug-in's, `tiny-wan`, or a diffusers
-directory; and the defaults the flags override."""
+"""Which model a command line names: a preset, a plug-in's, a built-in diffusers model
+(`tiny-wan`, `tiny-qwen-image`), or a diffusers directory; and the defaults the flags
+override."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from lifecycle.core.modelspec import DIFFUSERS_BACKEND, LIBRARY_BACKENDS, MODEL_
 from lifecycle.core.validation import RANKS
 from lifecycle.serve.options import DEFAULT_MODEL
 
+# The diffusers models built at start from seeded weights (the adapter's table holds how):
+# named here so that a command line that names none of them never imports the adapter.
 TINY_WAN = "tiny-wan"
+TINY_QWEN_IMAGE = "tiny-qwen-image"
+BUILT_IN_DIFFUSERS = (TINY_WAN, TINY_QWEN_IMAGE)
 
 
 def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
@@ -23,18 +28,19 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
 
         plugin = load_plugin(ns.pipeline)
     name = ns.model or (plugin.name if plugin is not None else DEFAULT_MODEL)
-    if ns.model_path is not None or name == TINY_WAN:
+    if ns.model_path is not None or name in BUILT_IN_DIFFUSERS:
         from lifecycle.adapters import diffusers
 
         spec = (
             diffusers.spec_for_directory(ns.model_path)
             if ns.model_path is not None
-            else diffusers.tiny_wan_spec()
+            else diffusers.built_in_spec(name)
         )
         if spec.backend == DIFFUSERS_BACKEND and num_ranks > 1:
             raise ConfigError(
                 Setting("model_path"), f" {ns.model_path}: the lifecycle drives the components"
-                " of WanPipeline only; another pipeline class runs on one rank (", RANKS, " 1)",
+                f" of {' and '.join(diffusers.driven_classes())} only; another pipeline class"
+                " runs on one rank (", RANKS, " 1)",
                 field="num_ranks",
             )  # fmt: skip
     else:
@@ -42,7 +48,7 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
         if found is None:
             raise ConfigError(
                 Setting("model"), f" {name!r} is not one of {', '.join(sorted(MODEL_PRESETS))},"
-                f" {TINY_WAN}, or a ", Setting("pipeline"), " plug-in's model",
+                f" {', '.join(BUILT_IN_DIFFUSERS)}, or a ", Setting("pipeline"), " plug-in's model",
             )  # fmt: skip
         spec = found
     if ns.default_shape is not None:

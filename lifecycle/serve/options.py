@@ -187,9 +187,10 @@ SERVE_ONLY = ("host", "port", "linger", "request-silence", "access-log")
 
 # The help of each option, by its first flag; every one says its default.
 HELP = {
-    "--model": f"a preset ({', '.join(MODEL_PRESETS)}), tiny-wan (diffusers' Wan pipeline at a"
-    " small size, built at start; the diffusers extra), or a --pipeline plug-in's model"
-    f" (default: the --pipeline plug-in's model, else {DEFAULT_MODEL})",
+    "--model": f"a preset ({', '.join(MODEL_PRESETS)}), tiny-wan or tiny-qwen-image (diffusers'"
+    " Wan text-to-video or Qwen-Image text-to-image pipeline at a small size, built at start;"
+    " the diffusers extra), or a --pipeline plug-in's model (default: the --pipeline plug-in's"
+    f" model, else {DEFAULT_MODEL})",
     "--model-path": "a diffusers pipeline directory (model_index.json, as save_pretrained or a"
     " hub snapshot writes it), loaded offline; the diffusers extra (default: none)",
     "--default-shape": "the model's default request WIDTHxHEIGHTxFRAMES, which calibration"

@@ -75,6 +75,8 @@ def tiny_qwen_image_spec() -> ModelSpec:
         transformer=dict(pipe.transformer.config),
         vae_scale_factor=pipe.vae_scale_factor,
         defaults={"width": 128, "height": 128, "num_inference_steps": 20, "true_cfg_scale": 4.0},
+        # Its memory per pixel as its saved directory's spec reads it: from its own VAE.
+        vae_base_dim=pipe.vae.config.base_dim,
     )
 
 
