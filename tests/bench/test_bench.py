@@ -66,6 +66,7 @@ def _section(markdown: str, name: str) -> str:
     return f"### {name}\n" + after.split("\n### ", 1)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_an_update_on_another_machine_keeps_the_others_and_lists_both(tmp_path: Path) -> None:
     """`--only NAME --update` on a machine the file does not list replaces that section with one

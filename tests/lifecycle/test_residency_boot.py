@@ -282,6 +282,7 @@ def test_a_plan_edited_in_the_journal_is_not_reused_and_verify_flags_it(
     )
 
 
+@pytest.mark.slow
 def test_a_verified_plan_that_keeps_the_reference_residency_is_reused(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
