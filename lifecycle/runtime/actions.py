@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -46,6 +45,7 @@ from lifecycle.core.records import (
     WarmupRequest,
     shared_fields,
 )
+from lifecycle.core.requestid import request_id_of
 from lifecycle.core.states import State
 from lifecycle.runtime.compiler import compile_denoiser, keep_compiled
 from lifecycle.runtime.device import probe_platform, release_cache
@@ -269,7 +269,7 @@ def generate(
     from lifecycle.runtime.rankspans import current_rank_spans
 
     assert rt.pipeline is not None
-    request_id = request_id or uuid.uuid4().hex[:12]
+    request_id = request_id_of(request_id)
     spans = current_rank_spans()
     if spans is not None:
         spans.join_request(request_id, traceparent)

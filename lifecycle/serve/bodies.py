@@ -20,9 +20,6 @@ from lifecycle.serve.media import format_refusal, makes_images
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_GUIDANCE = 100.0
-REQUEST_ID_RULE = (
-    "X-Request-ID must be 1 to 64 letters, digits, '.', '-' or '_', starting with a letter or digit"
-)
 
 
 class BodyTooLarge(LifecycleError):

@@ -25,13 +25,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.records import Generation, Shape
-from lifecycle.core.runid import is_run_id
+from lifecycle.core.requestid import REQUEST_ID_RULE, request_id_of
 from lifecycle.core.validation import validate_shape as check_shape
 from lifecycle.runtime.tracing import Tracing
 from lifecycle.serve.accesslog import AccessLog
 from lifecycle.serve.bodies import (
     MAX_BODY_BYTES,
-    REQUEST_ID_RULE,
     BodyLimit,
     GenerateBody,
     model_refusal,
@@ -49,7 +48,7 @@ from lifecycle.serve.inflight import RequestFailed
 from lifecycle.serve.logs import say
 from lifecycle.serve.media import ENCODERS, MEDIA_TYPES
 from lifecycle.serve.metrics import Metrics
-from lifecycle.serve.service import Service, new_request_id
+from lifecycle.serve.service import Service
 from lifecycle.serve.supervisor import POLL_S, LaunchOptions, RankGroup
 from lifecycle.store import shown_location
 
@@ -128,12 +127,14 @@ def create_app(
         peak memory exceeds a rank's budget; cut short between denoising steps on every rank
         (504) past its deadline."""
         span = span_of(http.state)
-        if x_request_id is not None and not is_run_id(x_request_id):
+        try:
+            request_id = request_id_of(x_request_id)
+        except ConfigError:
             raise HTTPException(
                 status_code=422,
                 detail=[{"loc": ["header", "x-request-id"], "msg": REQUEST_ID_RULE,
                          "type": "value_error"}],
-            )  # fmt: skip
+            ) from None  # fmt: skip
         model = service.args.model
         refused = model_refusal(body, model)
         if refused is not None:
@@ -151,7 +152,6 @@ def create_app(
             check_shape(model, shape, steps)
         except ConfigError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        request_id = x_request_id or new_request_id()
         span.name_request(request_id)
         named = {"X-Request-ID": request_id}
         refusal = service.bounds.refusal(service.views_now(), shape)

@@ -8,13 +8,13 @@ import dataclasses
 import shlex
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from lifecycle.core.config import ServerArgs
 from lifecycle.core.events import StoredEvent
 from lifecycle.core.records import Generation
+from lifecycle.core.requestid import request_id_of
 from lifecycle.core.requesttime import Prediction
 from lifecycle.core.view import RankView
 from lifecycle.serve.bounds import RequestBounds
@@ -70,11 +70,6 @@ class Ranks(Protocol):
     def lost(self) -> dict[int, str]: ...
 
     def hosts(self) -> dict[int, str]: ...
-
-
-def new_request_id() -> str:
-    """An id for a request whose client named none."""
-    return uuid.uuid4().hex[:12]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,7 +321,7 @@ class Service:
             if refusal is not None:
                 raise refusal
             links = self.control.snapshot()
-            running = RequestInFlight(request_id=request_id or new_request_id(), ranks=links)
+            running = RequestInFlight(request_id=request_id_of(request_id), ranks=links)
             self._running = running
         try:
             message = Generate(

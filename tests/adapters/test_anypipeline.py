@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.adapters.pipeline_dirs import save_small_ltx
-from tests.lifecycle.test_server import serve
+from tests.support import serve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.adapters.pipeline_dirs import save_small_wan22
-from tests.lifecycle.test_server import journal_events, serve
+from tests.support import journal_events, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -13,7 +13,7 @@ import torch
 
 from lifecycle.store.journal import Journal
 from tests.adapters.pipeline_dirs import save_small_wan
-from tests.lifecycle.test_server import serve
+from tests.support import serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 

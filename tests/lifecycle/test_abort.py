@@ -11,24 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import Aborted, Error, StoredEvent
-from lifecycle.store.journal import Journal
+from lifecycle.core.events import Aborted, Error
 from tests.conftest import run_cli, wait_until
-from tests.lifecycle.test_server import serve
+from tests.support import journal_events, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 MICRO = ["--model", "micro-video", "--heartbeat-interval", "0.2", "--log-level", "warning"]
 # Seconds from the failure to its peers' stop: a few store polls and a journal write each.
 WITHIN_S = 5.0
-
-
-def events_of(db: Path) -> list[StoredEvent]:
-    journal = Journal.open_for_read(str(db))
-    try:
-        (run,) = journal.runs()
-        return list(journal.read(run_id=run.run_id))
-    finally:
-        journal.close()
 
 
 def diagnosis(tmp_path: Path) -> dict:  # type: ignore[type-arg]
@@ -48,7 +38,7 @@ def test_a_rank_that_fails_stops_its_peer_within_seconds(tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "rank 0: aborted (rank 1 failed)" in done.stdout
-    events = events_of(tmp_path / "j.db")
+    events = journal_events(tmp_path / "j.db")
     (failure,) = [e for e in events if isinstance(e.event, Error) and e.event.fatal]
     assert failure.rank == 1
     (aborted,) = [e for e in events if isinstance(e.event, Aborted)]
@@ -98,7 +88,7 @@ def test_on_peer_failure_wait_keeps_the_wait_until_the_timeout(tmp_path: Path) -
         cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert done.returncode == 1
-    events = events_of(tmp_path / "j.db")
+    events = journal_events(tmp_path / "j.db")
     assert not [e for e in events if isinstance(e.event, Aborted)]
     kinds = {e.rank: e.event.error_kind for e in events if isinstance(e.event, Error)}
     assert kinds[0] == "collective-timeout"
@@ -112,7 +102,7 @@ def test_a_rank_killed_while_serving_is_announced_by_the_launcher(tmp_path: Path
         served.wait_for_health(200, within=240)
         pids = {
             e.rank: e.event.pid  # type: ignore[attr-defined]
-            for e in events_of(served.db)
+            for e in journal_events(served.db)
             if e.kind == "run_started"
         }
         os.kill(pids[1], signal.SIGKILL)
@@ -122,7 +112,7 @@ def test_a_rank_killed_while_serving_is_announced_by_the_launcher(tmp_path: Path
             what="/liveness 503",
         )
         assert served.proc.wait(timeout=120) == 1
-    aborted = [e for e in events_of(tmp_path / "j.db") if isinstance(e.event, Aborted)]
+    aborted = [e for e in journal_events(tmp_path / "j.db") if isinstance(e.event, Aborted)]
     assert [(e.rank, e.event.failed_rank, e.event.announced_by) for e in aborted] == [
         (0, 1, "launcher")
     ]

@@ -4,11 +4,8 @@ rank after the same denoising step; either way the server keeps serving."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -25,62 +22,13 @@ from lifecycle.core.requesttime import (
     Timing,
     predict,
 )
-from tests.conftest import REPO
-from tests.lifecycle.test_server import journal_events, serve
-
-if TYPE_CHECKING:
-    from lifecycle.core.modelspec import ModelSpec
-    from lifecycle.runtime.comm import Comm
-    from lifecycle.runtime.pipeline import Pipeline
+from tests.plugins import ENV, STEP_PAUSE_S
+from tests.support import BUDGET, OVER, SLOW, SMALL, journal_events, serve
 
 MIB = 2**20
-SMALL = {"prompt": "a lighthouse in a storm", "width": 256, "height": 192, "frames": 9, "steps": 4}
-# Predicted at about 0.87 GiB on micro-video's decoding rank (its baseline of about 0.38 GiB,
-# plus 96 MiB, 4 KiB a token and 3 bytes a pixel), where SMALL is about 0.47 GiB: a budget of
-# 1700 MiB less its 1 GiB of headroom admits one and refuses the other, each by about 0.2 GiB.
-# It runs in seconds (on a server that does not refuse it).
-OVER = {**SMALL, "width": 1280, "height": 1280, "frames": 81, "steps": 1}
 ISSUE = {**SMALL, "width": 4096, "height": 4096, "frames": 257, "steps": 1}  # as reported
-BUDGET = "1700MiB"
-
-ENV = {"PYTHONPATH": str(REPO)}
-SLOW_PROMPT = "slowly, a heron wades through reeds"
-# What each step of a slow request takes on top of its work, and its steps: far past 3x what
-# the same shape measured plus 5 s, even where a step of the work takes a second (two ranks
-# on two loaded cores).
-STEP_PAUSE_S = 4.0
-SLOW = {**SMALL, "prompt": SLOW_PROMPT, "steps": 8}
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
-
-
-def slow_factory(spec: ModelSpec, comm: Comm) -> Pipeline:
-    """micro-video whose denoising steps each take STEP_PAUSE_S longer for a prompt that
-    starts with "slowly": a request far slower than the same shape measured before it."""
-    from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
-
-    class SlowWhenAsked(TinyVideoPipeline):
-        slow = False
-
-        def encode_prompt(self, prompt: str, negative_prompt: str) -> Any:
-            self.slow = prompt.startswith("slowly")
-            return super().encode_prompt(prompt, negative_prompt)
-
-        def denoise(self, *args: Any, on_step: Callable[[int], None], **kwargs: Any) -> Any:
-            def paced(step: int) -> None:
-                if self.slow:
-                    threading.Event().wait(STEP_PAUSE_S)
-                on_step(step)
-
-            return super().denoise(*args, on_step=paced, **kwargs)
-
-    return SlowWhenAsked(SLOW_SPEC, comm=comm)
-
-
-SLOW_SPEC = dataclasses.replace(
-    MODEL_PRESETS["micro-video"], name="slow-video", declares_residency=False
-)
-SLOWING = (SLOW_SPEC, slow_factory)
 
 
 def metric(text: str, name: str) -> float:
@@ -141,7 +89,7 @@ def test_a_request_past_its_deadline_is_cancelled_on_every_rank_at_the_same_step
     deadline and the step reached; every rank journals it ended, cancelled after that same
     step with why, with no collective left pending; /metrics counts it; /health stays 200
     and the next request succeeds."""
-    extra = ("--pipeline", "tests.lifecycle.test_admission:SLOWING", "--model", "slow-video")
+    extra = ("--pipeline", "tests.plugins:SLOWING", "--model", "slow-video")
     extra = (*extra, "--num-ranks", "2")
     with serve(tmp_path, *extra, env=ENV) as served:
         served.wait_for_health(200, within=180)

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import Completed, run_cli
-from tests.lifecycle.test_plugin_protocol import EARLIER, plugin
-from tests.lifecycle.test_server import BODY, serve
+from tests.support import BODY, EARLIER, plugin, serve
 
 pytestmark = pytest.mark.ranks
 

@@ -30,8 +30,7 @@ from lifecycle.core.events import (
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from tests.strategies import events
-
-T0 = 1_800_000_000.0
+from tests.support import T0
 
 DESIGN_KINDS = {
     "run_started", "gate_decided", "plan_built", "transition", "action_started",

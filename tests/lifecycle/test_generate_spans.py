@@ -13,9 +13,9 @@ import pytest
 
 import tests.otlp
 from lifecycle.runtime.tracing import run_span_id_of, trace_id_of
-from tests.lifecycle.test_admission import BUDGET, ENV, OVER, SLOW, SMALL
-from tests.lifecycle.test_server import serve
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
+from tests.plugins import ENV
+from tests.support import BUDGET, OVER, SLOW, SMALL, serve
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -77,7 +77,7 @@ def test_generate_is_a_server_span_that_the_ranks_request_spans_join(
     client's password."""
     received, kinds = receiver
     env = {**ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": received.endpoint, "OTEL_SERVICE_NAME": "front"}
-    extra = ("--pipeline", "tests.lifecycle.test_admission:SLOWING", "--model", "slow-video")
+    extra = ("--pipeline", "tests.plugins:SLOWING", "--model", "slow-video")
     extra = (*extra, "--num-ranks", str(ranks), "--memory-budget", BUDGET)
     with serve(tmp_path, *extra, env=env) as served:
         served.wait_for_health(200, within=180)

@@ -40,8 +40,8 @@ from lifecycle.store import Journal, RankWriter, RunRow, head_revision, journal_
 from lifecycle.store.history import recent_history
 from lifecycle.store.revisions import alembic_config
 from tests.conftest import Completed, make_newer_journal, one_clear_line, processes_in
+from tests.support import T0
 
-T0 = 1_800_000_000.0
 KEY = "0123456789abcdef/bounded"
 
 

@@ -23,7 +23,7 @@ from lifecycle.serve.media import format_refusal
 from lifecycle.store.journal import Journal
 from tests.adapters.test_diffusers_cli import without_diffusers
 from tests.conftest import one_clear_line, processes_in, run_cli
-from tests.lifecycle.test_server import Served, journal_events, serve
+from tests.support import Served, journal_events, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -13,22 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from lifecycle import __version__
-from tests.lifecycle.test_server import BODY, Served, serve
+from tests.support import BODY, scrape, serve, value
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
-
-
-def scrape(served: Served) -> dict[str, list[Sample]]:
-    response = served.client.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain; version=")
-    return {f.name: f.samples for f in text_string_to_metric_families(response.text)}
-
-
-def value(samples: list[Sample], name: str, **labels: str) -> float:
-    found = [s.value for s in samples if s.name == name and labels.items() <= s.labels.items()]
-    assert len(found) == 1, f"{name} {labels}: {found}"
-    return found[0]
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"

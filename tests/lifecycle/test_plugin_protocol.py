@@ -4,7 +4,6 @@ line naming it."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,56 +14,12 @@ from lifecycle.core.modelspec import MODEL_PRESETS
 from lifecycle.core.records import Shape
 from lifecycle.runtime.pipeline.conformance import EarlierProtocol, conform
 from tests.conftest import Completed, one_clear_line
-
-# A plug-in of the protocol's first version: `encode_prompt(prompt)` and a `denoise` without
-# `guidance_scale`, around the built-in tiny pipeline.
-EARLIER = """
-import dataclasses
-
-from lifecycle.pipelines import ModelSpec
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
-
-SPEC = dataclasses.replace(
-    MODEL_PRESETS["micro-video"], name="earlier-video", declares_residency=False
-)
-CALLS = []
-
-
-class EarlierPipeline:
-    def __init__(self, spec, comm):
-        self._inner = TinyVideoPipeline(spec, comm=comm)
-        self.spec = spec
-        self.components = self._inner.components
-
-    @property
-    def parameter_bytes(self):
-        return self._inner.parameter_bytes
-
-    def encode_prompt(self, prompt):
-        return self._inner.encode_prompt(prompt, "")
-
-    def denoise(self, embeds, shape, steps, *, seed, on_step):
-        return self._inner.denoise(
-            embeds, shape, steps, seed=seed, guidance_scale=5.0, on_step=on_step
-        )
-
-    def decode(self, latents, shape):
-        return self._inner.decode(latents, shape)
-
-
-PLUGIN = (SPEC, EarlierPipeline)
-"""
+from tests.support import EARLIER, plugin
 
 # The same without `decode`, built by a class (known before any rank starts) or by a function
 # (known once a rank has built it).
 NO_DECODE = EARLIER.replace("    def decode(self, latents, shape):", "    def _decode(self, l, s):")
 BY_FUNCTION = NO_DECODE + "\n\ndef build(spec, comm):\n    return EarlierPipeline(spec, comm)\n"
-
-
-def plugin(tmp_path: Path, source: str) -> dict[str, str]:
-    (tmp_path / "earlier_plugin.py").write_text(textwrap.dedent(source))
-    return {"PYTHONPATH": str(tmp_path)}
 
 
 def test_a_plugin_of_the_first_protocol_boots_to_ready(

@@ -27,7 +27,7 @@ from lifecycle.core.records import StageRecord
 from lifecycle.serve.control import Progress, Result
 from lifecycle.serve.supervisor import free_port
 from lifecycle.serve.wire import from_wire, to_wire
-from tests.lifecycle.test_abort import events_of
+from tests.support import journal_events
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -106,12 +106,12 @@ class Nodes:
 
     def node_of_rank(self, rank: int) -> int:
         for node in (0, 1):
-            if any(s.rank == rank for s in events_of(self.db(node))):
+            if any(s.rank == rank for s in journal_events(self.db(node))):
                 return node
         raise AssertionError(f"no journal holds rank {rank}")
 
     def pid_of_rank(self, rank: int) -> int:
-        events = events_of(self.db(self.node_of_rank(rank)))
+        events = journal_events(self.db(self.node_of_rank(rank)))
         return next(s.event.pid for s in events if isinstance(s.event, RunStarted))
 
     def close(self) -> None:
@@ -164,7 +164,7 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
         for node in (0, 1):
             finished = [
                 s.event
-                for s in events_of(nodes.db(node))
+                for s in journal_events(nodes.db(node))
                 if isinstance(s.event, RequestFinished) and s.event.request_id == request_id
             ]
             assert len(finished) == 1 and finished[0].ok, node

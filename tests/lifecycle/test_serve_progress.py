@@ -24,8 +24,7 @@ from lifecycle.core.fold import RankFold
 from lifecycle.core.records import StateExpectation
 from lifecycle.core.view import RankView
 from lifecycle.serve.service import rank_json
-from tests.lifecycle.test_metrics import scrape, value
-from tests.lifecycle.test_server import BODY, serve
+from tests.support import BODY, scrape, serve, value
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -26,7 +26,7 @@ from lifecycle.core.events import (
 )
 from lifecycle.runtime.injection import FAULT_EXIT_CODE
 from tests.conftest import run_cli, wait_until
-from tests.lifecycle.test_server import BODY, Served, journal_events, serve
+from tests.support import BODY, Served, journal_events, serve
 
 PROBE_TIMEOUT_S = 3.0  # a Kubernetes probe's default timeout is 1 s; this allows a loaded CI
 

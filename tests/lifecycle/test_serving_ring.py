@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import run_cli, wait_until
-from tests.lifecycle.test_server import BODY, Served, serve
+from tests.support import BODY, Served, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -25,9 +25,8 @@ from lifecycle.runtime.abort import Failure, abort_key
 from lifecycle.serve.supervisor import free_port
 from lifecycle.serve.wire import beat_key, message_key, to_wire
 from tests.conftest import one_clear_line, run_cli, wait_until
-from tests.lifecycle.test_abort import events_of
-from tests.lifecycle.test_server import BODY, serve
 from tests.lifecycle.test_torchrun_env import boot_with, rank_env, rank_process, store_listens
+from tests.support import BODY, journal_events, serve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -139,7 +138,7 @@ def test_the_launchers_store_is_on_loopback_and_a_forged_abort_ends_nothing(
     line names rank 1 and rank 0 aborted (the dropped message failed nothing)."""
     with serve(tmp_path, "--num-ranks", "2", "--linger", "1") as served:
         served.wait_for_health(200, within=240)
-        pids = {e.rank: e.event.pid for e in events_of(served.db) if e.kind == "run_started"}  # type: ignore[attr-defined]
+        pids = {e.rank: e.event.pid for e in journal_events(served.db) if e.kind == "run_started"}  # type: ignore[attr-defined]
         sockets = listening([served.proc.pid, *pids.values()])
         assert len(sockets) >= 2 and {host for host, _ in sockets} == {"127.0.0.1"}, sockets
         store_port = int(environ_of(pids[0])["MASTER_PORT"])
@@ -173,7 +172,7 @@ def test_the_launchers_store_is_on_loopback_and_a_forged_abort_ends_nothing(
             what="/liveness 503",
         )
         assert served.proc.wait(timeout=120) == 1
-    events = events_of(tmp_path / "j.db")
+    events = journal_events(tmp_path / "j.db")
     dropped = unauthenticated(events)
     assert sorted(e.rank for e in dropped) == [0, 1]
     assert all(not e.event.fatal and "abort" in e.event.message for e in dropped)  # type: ignore[attr-defined]
@@ -234,7 +233,7 @@ def test_ranks_given_different_store_keys_stop_at_the_rendezvous_saying_so(
         assert "give every rank the same LIFECYCLE_STORE_KEY" in last
         assert KEY[:16] not in err and KEY[::-1][:16] not in err
     assert time.monotonic() - started < 120
-    events = events_of(tmp_path / "j.db")
+    events = journal_events(tmp_path / "j.db")
     assert sorted(e.rank for e in unauthenticated(events)) == [0, 1]
 
 
@@ -334,7 +333,7 @@ def test_forgeries_across_nodes_change_nothing_and_a_node_stopped_and_resumed_fa
         statuses = [lead, nodes.agents[1].wait(timeout=90)]
         assert all(status != 0 for status in statuses), statuses
 
-    rank0, rank1 = events_of(nodes.db(0)), events_of(nodes.db(1))
+    rank0, rank1 = journal_events(nodes.db(0)), journal_events(nodes.db(1))
     dropped = unauthenticated(rank0)
     assert sorted(e.event.message.split(" channel")[0] for e in dropped) == [  # type: ignore[attr-defined]
         "a message on the beat", "a message on the up",

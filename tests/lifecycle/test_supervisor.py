@@ -12,9 +12,9 @@ from lifecycle.core.fold import RankFold
 from lifecycle.core.view import RankView
 from lifecycle.serve.supervisor import exit_text, summary_lines
 from lifecycle.store import Journal
+from lifecycle.testing.journals import T0, JournalBuilder, a2a, beat
 from lifecycle.verdict.launched import LaunchedRun, failure_reason, launched_verdict
 from tests.conftest import Completed
-from tests.replay.builder import T0, JournalBuilder, a2a, beat
 from tests.replay.scenarios import BEFORE_READY, aborted, error, hung_in_drop_buffers
 
 

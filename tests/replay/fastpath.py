@@ -12,8 +12,7 @@ from replay.verdict.analysis import analyze, combine
 from replay.verdict.diagnose import diagnose
 from replay.views.diagnosis import diagnosis_json
 from replay.views.runs import summarize_run, summarize_settled
-
-T0 = 1_800_000_000.0
+from tests.support import T0
 
 
 def verdicts_agree(db: str | Path) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lifecycle.core.events import Aborted, Error, Shutdown
-from tests.replay.builder import JournalBuilder, a2a, beat, timeout_error
+from lifecycle.testing.journals import JournalBuilder, a2a, beat, timeout_error
 
 # Every startup state a rank walks through before ready, after created.
 BEFORE_READY = ("gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers")

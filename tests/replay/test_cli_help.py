@@ -12,10 +12,10 @@ import pytest
 
 import lifecycle
 from lifecycle.core.events import Error
+from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 from replay.cli import main
 from replay.exits import ReplayExit
 from tests.conftest import bash_completions
-from tests.replay.builder import AS_WRITTEN, JournalBuilder
 
 COMMANDS_WITH_RUN = ("show", "diagnose", "verify", "trace", "diff")
 

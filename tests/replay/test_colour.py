@@ -16,10 +16,10 @@ import pytest
 from wcwidth import wcswidth
 
 from lifecycle.core.events import Error, RunStarted
+from lifecycle.testing.journals import AS_WRITTEN, T0, JournalBuilder
 from replay.views.render import Style, table
 from replay.views.runs import RunSummary, format_runs
 from tests.conftest import REPO
-from tests.replay.builder import AS_WRITTEN, T0, JournalBuilder
 
 # The styling replay itself adds: Select Graphic Rendition sequences, nothing else.
 SGR = re.compile(r"\x1b\[[0-9;]*m")

@@ -23,8 +23,8 @@ from lifecycle.core.events import (
 from lifecycle.store import Journal, RunRow, to_url
 from lifecycle.store.revisions import alembic_config
 from tests.conftest import Completed, run_cli
+from tests.support import T0
 
-T0 = 1_800_000_000.0
 BOUNDED = "00000000000000aa/bounded"
 CALIBRATED = "00000000000000aa/calibrated"
 CONFIG = {"model": {"name": "micro-video"}, "num_ranks": 1, "cfg_parallel": 1, "ulysses": 1}

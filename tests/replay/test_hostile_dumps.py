@@ -19,8 +19,8 @@ import pytest
 
 from lifecycle.core.events import FlightRecorderDumped
 from lifecycle.core.records import TorchGroup
+from lifecycle.testing.journals import AS_WRITTEN, T0, JournalBuilder
 from tests.conftest import REPO, Completed
-from tests.replay.builder import AS_WRITTEN, T0, JournalBuilder
 
 RUN_ID = "run-hand-built"
 # Enough for replay to read a small journal; a reader that copies what a dump shares runs

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.events import Aborted, ActionFinished, ActionStarted, Shutdown
+from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 from replay.cli import main
-from tests.replay.builder import AS_WRITTEN, JournalBuilder
 
 
 def test_a_rank_taken_for_lost_that_then_stopped_cleanly_is_the_culprit(

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from lifecycle.testing.journals import JournalBuilder, a2a, beat
 from replay.cli import main
 from tests.conftest import Completed, run_cli
-from tests.replay.builder import JournalBuilder, a2a, beat
 
 
 def replay_cli(cwd: Path, *args: str) -> Completed:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from lifecycle.testing.journals import JournalBuilder
 from tests.conftest import Completed, file_digest, one_clear_line, run_cli, run_unprivileged
-from tests.replay.builder import JournalBuilder
 
 
 def replay_cli(cwd: Path, *args: str) -> Completed:

@@ -22,8 +22,8 @@ from lifecycle.core.events import (
 )
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
+from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, a2a, beat
 from tests.conftest import run_cli
-from tests.replay.builder import AS_WRITTEN, JournalBuilder, a2a, beat
 from tests.replay.scenarios import hung_then_stopped, signalled, warming
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle.core.events import ActionFinished, ActionStarted, Error, RunStarted, Shutdown
+from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, RankStream
 from tests.conftest import Completed, run_cli
-from tests.replay.builder import AS_WRITTEN, JournalBuilder, RankStream
 
 
 def replay_cli(cwd: Path, *args: str) -> Completed:

@@ -25,8 +25,7 @@ from tests.conftest import run_cli
 from tests.replay.conftest import Journaled, copy_journal
 from tests.replay.fastpath import verdicts_agree
 from tests.strategies import events, rank_streams
-
-T0 = 1_800_000_000.0
+from tests.support import T0
 
 
 @pytest.mark.slow
@@ -108,7 +107,7 @@ def test_runs_names_every_host_of_a_run(tmp_path: Path) -> None:
     """A run whose ranks ran on two hosts: `runs` names both, rank 0's first, from the
     summaries of a run that ended healthy and from the fold of one that did not."""
     from lifecycle.core.events import ActionFinished, RunStarted, Shutdown
-    from tests.replay.builder import AS_WRITTEN, JournalBuilder
+    from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 
     for run_id, healthy in (("run-healthy", True), ("run-cut", False)):
         built = JournalBuilder(tmp_path / "j.db", run_id=run_id)

@@ -19,12 +19,7 @@ from lifecycle.core.events import (
     Shutdown,
     Stalled,
 )
-from lifecycle.verdict.evidence import Code
-from replay.cli import main
-from replay.load import Journals
-from replay.verdict.analysis import analyze
-from replay.verdict.diagnose import Diagnosis, diagnose
-from tests.replay.builder import (
+from lifecycle.testing.journals import (
     AS_WRITTEN,
     T0,
     JournalBuilder,
@@ -34,6 +29,11 @@ from tests.replay.builder import (
     done,
     timeout_error,
 )
+from lifecycle.verdict.evidence import Code
+from replay.cli import main
+from replay.load import Journals
+from replay.verdict.analysis import analyze
+from replay.verdict.diagnose import Diagnosis, diagnose
 from tests.replay.scenarios import aborted_by_a_peer, hung_then_stopped, signalled, warming
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 from replay.cli import main
-from tests.replay.builder import AS_WRITTEN, JournalBuilder
 from tests.replay.scenarios import aborted_by_a_peer, hung_in_drop_buffers
 
 

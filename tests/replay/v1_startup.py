@@ -26,8 +26,8 @@ from lifecycle.core.gates import calibration_skip_reason, evaluate_gates
 from lifecycle.core.plan import WarmupPlan, build_plan, fit_probe
 from lifecycle.core.records import Platform, Shape, WarmupRequest
 from lifecycle.store import Journal, RunRow
+from tests.support import T0
 
-T0 = 1_800_000_000.0
 GIB = 2**30
 ARGS = ServerArgs(calibrate=True)
 PLATFORM = Platform(

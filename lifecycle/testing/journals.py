@@ -1,4 +1,5 @@
-"""Hand-built journals, written through the real journal API, for cases no fault produces."""
+"""Hand-built journals, written through the real journal API, for cases no fault produces:
+how a test of `replay` or of a verdict builds the run it reads."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from lifecycle.core.events import (
     Error,
     Event,
     Heartbeat,
-    PendingCollective,
     Transition,
 )
+from lifecycle.core.records import PendingCollective
 from lifecycle.store import Journal, RankWriter, RunRow
 
-T0 = 1_800_000_000.0
+T0 = 1_800_000_000.0  # a hand-built run's start (2027-01-15), the wall clock its events count from
 # Hand-built journals are judged as read while they were written: `--now` at their start
 # makes the reader's clock no later than their last event, whatever today's date.
 AS_WRITTEN = ("--now", str(T0))
@@ -27,10 +28,13 @@ AS_WRITTEN = ("--now", str(T0))
 
 @dataclass
 class RankStream:
+    """One rank's stream of events, appended at seconds after `T0`, tracking its state."""
+
     writer: RankWriter
     state: str = "created"
 
     def add(self, at: float, event: Event, *, state: str | None = None) -> None:
+        """Append `event` at `at` seconds, in `state` (the rank's current state unless given)."""
         if isinstance(event, Transition):
             self.state = event.dest
         self.writer.append(
@@ -38,6 +42,7 @@ class RankStream:
         )
 
     def walk(self, at: float, *states: str) -> None:
+        """Transitions through `states` in order, 0.1 s apart from `at`."""
         source = self.state
         for i, dest in enumerate(states):
             self.add(at + i * 0.1, Transition(trigger="t", source=source, dest=dest))
@@ -46,6 +51,8 @@ class RankStream:
 
 @dataclass
 class JournalBuilder:
+    """A new SQLite journal at `path` holding one run, whose ranks' streams a test writes."""
+
     path: Path
     run_id: str = "run-hand-built"
     world_size: int = 2
@@ -66,11 +73,13 @@ class JournalBuilder:
         )
 
     def rank(self, rank: int) -> RankStream:
+        """The stream of `rank`, its writer opened on first use."""
         if rank not in self.ranks:
             self.ranks[rank] = RankStream(self.journal.writer(run_id=self.run_id, rank=rank))
         return self.ranks[rank]
 
     def close(self) -> None:
+        """Close every rank's writer and the journal."""
         for stream in self.ranks.values():
             stream.writer.close()
         self.journal.close()
@@ -87,6 +96,8 @@ def a2a(
     op: str = "all_to_all",
     purpose: str = "ulysses-qkv",
 ) -> CollectiveStarted:
+    """The start of collective `seq` of `group` (an all-to-all of Ulysses attention unless
+    told otherwise)."""
     return CollectiveStarted(
         group=group, group_ranks=ranks, group_seq=seq, op=op, purpose=purpose,
         dtype="float32", shapes=(shape, shape), input_splits=splits,
@@ -95,10 +106,12 @@ def a2a(
 
 
 def done(group: str, seq: int, op: str = "all_to_all") -> CollectiveFinished:
+    """The finish of collective `seq` of `group`."""
     return CollectiveFinished(group=group, group_seq=seq, op=op, duration_s=0.01)
 
 
 def beat(pending: CollectiveStarted | None = None) -> Heartbeat:
+    """A heartbeat, waiting in `pending` when one is given."""
     return Heartbeat(
         uptime_s=1.0,
         in_state_s=1.0,
@@ -117,6 +130,7 @@ def beat(pending: CollectiveStarted | None = None) -> Heartbeat:
 def timeout_error(
     group: str, seq: int, *, error_type: str = "CollectiveTimeout", kind: str = "collective-timeout"
 ) -> Error:
+    """The fatal error of a rank whose collective `seq` of `group` timed out."""
     return Error(
         error_type=error_type,
         error_kind=kind,

@@ -1,0 +1,115 @@
+"""`lifecycle.testing`: the minimal plug-in boots on real ranks, `check_plugin` passes it and
+names what a broken pipeline gets wrong, and every module imports without pytest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.events import CollectiveStarted
+from lifecycle.pipelines import Comm, ModelSpec, Shape
+from lifecycle.testing.pipelines import PLUGIN, SPEC, MinimalPipeline, check_plugin
+from tests.conftest import Completed
+from tests.support import journal_events
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_minimal_plugin_boots_to_ready(
+    lifecycle_cli: Callable[..., Completed], tmp_path: Path, ranks: int
+) -> None:
+    """`--pipeline lifecycle.testing.pipelines:PLUGIN` gets every rank to ready, exit 0; at
+    two ranks each denoising step's average over the world is a journaled collective."""
+    result = lifecycle_cli(
+        "boot", "--pipeline", "lifecycle.testing.pipelines:PLUGIN", "--num-ranks", str(ranks),
+        "--db", "j.db",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "startup to ready" in result.stdout
+    collectives = [
+        e.event.purpose
+        for e in journal_events(tmp_path / "j.db")
+        if isinstance(e.event, CollectiveStarted)
+    ]
+    assert ("minimal-latents" in collectives) is (ranks == 2)
+
+
+def test_check_plugin_runs_one_request_through_the_minimal_pipeline() -> None:
+    """The minimal plug-in passes: a uint8 video of the smallest shape, its three stages
+    timed under the pipeline's component names, the same checksum for the same seed."""
+    first = check_plugin(PLUGIN)
+    again = check_plugin(PLUGIN)
+    assert first.video is not None and first.video.dtype == torch.uint8
+    assert tuple(first.video.shape) == (5, 64, 64, 3)
+    assert [s.name for s in first.result.stages] == ["text_encoder", "denoiser", "decoder"]
+    assert len(first.result.step_s) == 2
+    assert first.result.checksum == again.result.checksum
+
+
+class FloatFrames(MinimalPipeline):
+    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        return super().decode(latents, shape).float()
+
+
+class Transposed(MinimalPipeline):
+    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        return super().decode(latents, shape).permute(0, 3, 1, 2)
+
+
+class Silent(MinimalPipeline):
+    def denoise(
+        self, embeds: torch.Tensor, shape: Shape, steps: int, *, seed: int,
+        guidance_scale: float, on_step: Callable[[int], None],
+    ) -> torch.Tensor:  # fmt: skip
+        return super().denoise(
+            embeds, shape, steps, seed=seed, guidance_scale=guidance_scale, on_step=lambda _: None
+        )
+
+
+class NoDecode:
+    components = ("text_encoder", "denoiser", "decoder")
+    parameter_bytes = 0
+
+    def __init__(self, spec: ModelSpec, comm: Comm) -> None:
+        self.spec = spec
+
+    def encode_prompt(self, prompt: str, negative_prompt: str) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "named"),
+    [
+        (FloatFrames, "decode returned torch.float32, not torch.uint8"),
+        (Transposed, "decode returned shape (5, 3, 64, 64), not (5, 64, 64, 3)"),
+        (Silent, "denoise called on_step 0 times for 2 steps"),
+        (NoDecode, "decode(latents, shape)"),
+    ],
+)
+def test_check_plugin_names_what_a_pipeline_gets_wrong(pipeline: type, named: str) -> None:
+    """A pipeline that breaks the protocol, in its signatures or in what it returns, is a
+    ConfigError naming the part, as `--pipeline` would refuse it."""
+    with pytest.raises(ConfigError) as refused:
+        check_plugin((SPEC, pipeline))
+    assert named in str(refused.value)
+
+
+def test_every_testing_module_imports_without_pytest() -> None:
+    """With pytest unimportable, each module of lifecycle.testing imports (what a wheel
+    installed without the test extras needs)."""
+    code = (
+        "import sys; sys.modules['pytest'] = None\n"
+        "import lifecycle.testing, lifecycle.testing.journals, lifecycle.testing.pipelines,"
+        " lifecycle.testing.storecontract\n"
+        "print('imported')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "imported"
