@@ -6,7 +6,7 @@ import datetime
 import hashlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,16 @@ from lifecycle.runtime.process_group import (
     new_group,
     torch_group_name,
 )
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+# A recorded collective and a staging buffer run eagerly inside a compiled region: torch.compile
+# (--compile) breaks its graph there instead of tracing them, so that their bookkeeping (the
+# journal's records, the buffers' dict) never becomes a guard that recompiles the block when it
+# changes (after drop-buffers, the first request at a warmed shape recompiled).
+def _eager(fn: _Fn) -> _Fn:
+    return cast("_Fn", torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
 
 
 class EventSink(Protocol):
@@ -152,6 +162,7 @@ class RecordedGroup:
             f"{where} failed ({purpose}): {message}", group=self.name, group_seq=seq, op=op
         )
 
+    @_eager
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, *, purpose: str) -> None:
         """Exchange equal dim-0 chunks of `inp` with every peer (rank j gets chunk j)."""
         if self.size == 1:
@@ -169,6 +180,7 @@ class RecordedGroup:
             call=lambda: dist.all_to_all_single(out, inp, group=self._pg, async_op=True),
         )
 
+    @_eager
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, purpose: str) -> None:
         """Gather every member's `inp` into `out[i]` for member i."""
         if self.size == 1:
@@ -182,6 +194,7 @@ class RecordedGroup:
             call=lambda: dist.all_gather(chunks, inp, group=self._pg, async_op=True),
         )
 
+    @_eager
     def all_reduce(self, tensor: torch.Tensor, *, op: str, purpose: str) -> None:
         """Reduce `tensor` in place across the group; `op` is "max", "min" or "sum"."""
         if self.size == 1:
@@ -214,6 +227,7 @@ class StagingBuffers:
     def keys(self) -> tuple[str, ...]:
         return tuple(self._buffers)
 
+    @_eager
     def get(
         self,
         *,
