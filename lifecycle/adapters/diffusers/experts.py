@@ -8,6 +8,12 @@ held at any moment are one expert's worth, and the other expert is resident when
 at the switch starts, having come back while the step before it computed. The step at the
 switch waits only for what the pass could not hide. After the last step the low-noise expert
 hands back to the high-noise one the same way, so that the next request starts with it.
+
+diffusers loads a safetensors file as one memory map that each of its tensors views, and the
+map lives while any of them does: the parts of an expert that stay resident (its embeddings,
+its head) would keep every block's pages mapped after the blocks are released, and the blocks
+brought back would add to them. Swapping first copies those parts into memory of their own,
+so that releasing an expert's blocks releases its file's pages.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from lifecycle.pipelines import Offloader, ResidencyOption, reload_seconds
 
@@ -95,6 +102,8 @@ class ExpertSwap:
         self.settle()
         self.swapped = swapped and len(self.experts) == 2
         if self.swapped:
+            for expert in self.experts:
+                own_memory_outside_blocks(expert)
             self._bring_back(0)
             for block in self._blocks[1]:
                 block.offload()
@@ -189,6 +198,33 @@ class ExpertSwap:
     def _record(self, to: int, step: int | None, waited_s: float) -> None:
         nbytes = block_bytes(self.experts[to])
         self.handovers.append(Handover(to=to, during_step=step, waited_s=waited_s, nbytes=nbytes))
+
+
+def own_memory_outside_blocks(expert: Any) -> None:
+    """The expert's parameters and buffers outside its blocks that view memory torch did not
+    allocate, copied into memory of their own (tied ones kept tied); the others are left."""
+    in_blocks = {id(t) for t in (*expert.blocks.parameters(), *expert.blocks.buffers())}
+    copies: dict[int, torch.Tensor] = {}
+
+    def own(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in copies:
+            copy = tensor.detach().clone()
+            if isinstance(tensor, nn.Parameter):
+                copy = nn.Parameter(copy, requires_grad=tensor.requires_grad)
+            copies[id(tensor)] = copy
+        return copies[id(tensor)]
+
+    for module in expert.modules():
+        named = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for name, tensor in named:
+            if id(tensor) not in in_blocks and not tensor.is_meta and _viewed(tensor):
+                setattr(module, name, own(tensor))
+
+
+def _viewed(tensor: torch.Tensor) -> bool:
+    """Whether the tensor views memory torch did not allocate (a file's memory map): such a
+    storage cannot be resized."""
+    return not tensor.untyped_storage().resizable()
 
 
 def _close(offloaders: list[Offloader]) -> None:

@@ -45,6 +45,8 @@ _TILES_TIME = {"cpu": 0.45, "cuda": 1.1}
 # depends on the machine's disk and page cache (a round trip of 16 to 768 MiB ran at 0.34 to
 # 0.85 GB/s on the 2-core VM the benchmarks ran on, where 1 GB/s had been assumed).
 ROUND_TRIP_PROBE_BYTES = 64 * 2**20
+# An offload file's two parts: the state dict, and the buffers it leaves out.
+STATE, UNSAVED = "state", "unsaved"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,7 +156,12 @@ def _round_trip_s(nbytes: int) -> float:
 
 class Offloader:
     """Keeps a module's weights elsewhere between uses: on CUDA in host memory, on CPU in a
-    file (so that the process's resident memory really shrinks), and brings them back."""
+    file (so that the process's resident memory really shrinks), and brings them back.
+
+    On CPU the file holds the state dict and the buffers it leaves out (registered with
+    persistent=False: a rotary table's frequencies, position ids), so that every parameter and
+    buffer comes back, each where it was (a buffer shared by two layers stays shared), and
+    while offloaded none of them holds memory."""
 
     def __init__(self, module: nn.Module, device: torch.device) -> None:
         self.module = module
@@ -170,7 +177,8 @@ class Offloader:
         else:
             fd, path = tempfile.mkstemp(prefix="lifecycle-offload-", suffix=".pt")
             os.close(fd)
-            torch.save(self.module.state_dict(), path)
+            saved = {STATE: self.module.state_dict(), UNSAVED: unsaved_buffers(self.module)}
+            torch.save(saved, path)
             self._path = path
             self.module.to_empty(device="meta")
         self.offloaded = True
@@ -182,8 +190,11 @@ class Offloader:
             self.module.to(self.device)
         else:
             assert self._path is not None
-            state = torch.load(self._path, map_location=self.device, weights_only=True)
-            self.module.load_state_dict(state, assign=True)  # no second copy of the weights
+            saved = torch.load(self._path, map_location=self.device, weights_only=True)
+            self.module.load_state_dict(saved[STATE], assign=True)  # no second copy
+            for name, tensor in saved[UNSAVED].items():
+                owner, _, leaf = name.rpartition(".")
+                self.module.get_submodule(owner).register_buffer(leaf, tensor, persistent=False)
             os.unlink(self._path)
             self._path = None
         self.offloaded = False
@@ -192,3 +203,14 @@ class Offloader:
         if self._path is not None:
             os.unlink(self._path)
             self._path = None
+
+
+def unsaved_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's buffers its state dict leaves out, by every name they have (a buffer two
+    submodules share is named by each, as the state dict names a shared weight)."""
+    saved = module.state_dict(keep_vars=True)
+    return {
+        name: buffer
+        for name, buffer in module.named_buffers(remove_duplicate=False)
+        if name not in saved
+    }
