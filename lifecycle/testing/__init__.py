@@ -3,8 +3,8 @@ this project's tests use it:
 
 - `lifecycle.testing.journals`: hand-built journals, written through the real journal API, for
   the runs no fault produces (`JournalBuilder`, with `a2a`, `done`, `beat`, `timeout_error`);
-- `lifecycle.testing.pipelines`: a minimal plug-in pipeline on `lifecycle.pipelines` alone
-  (`PLUGIN`, which `--pipeline lifecycle.testing.pipelines:PLUGIN` boots), and
+- `lifecycle.testing.plugins`: a minimal plug-in pipeline on `lifecycle.pipelines` alone
+  (`PLUGIN`, which `--pipeline lifecycle.testing.plugins:PLUGIN` boots), and
   `check_plugin(plugin)`, which holds a plug-in to the protocol and runs one tiny request
   through it in the calling process;
 - `lifecycle.testing.storecontract`: `StoreContract`, the contract every journal store backend

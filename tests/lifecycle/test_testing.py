@@ -14,7 +14,7 @@ import torch
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.events import CollectiveStarted
 from lifecycle.pipelines import Comm, ModelSpec, Shape
-from lifecycle.testing.pipelines import PLUGIN, SPEC, MinimalPipeline, check_plugin
+from lifecycle.testing.plugins import PLUGIN, SPEC, MinimalPipeline, check_plugin
 from tests.conftest import Completed
 from tests.support import journal_events
 
@@ -24,10 +24,10 @@ from tests.support import journal_events
 def test_the_minimal_plugin_boots_to_ready(
     lifecycle_cli: Callable[..., Completed], tmp_path: Path, ranks: int
 ) -> None:
-    """`--pipeline lifecycle.testing.pipelines:PLUGIN` gets every rank to ready, exit 0; at
+    """`--pipeline lifecycle.testing.plugins:PLUGIN` gets every rank to ready, exit 0; at
     two ranks each denoising step's average over the world is a journaled collective."""
     result = lifecycle_cli(
-        "boot", "--pipeline", "lifecycle.testing.pipelines:PLUGIN", "--num-ranks", str(ranks),
+        "boot", "--pipeline", "lifecycle.testing.plugins:PLUGIN", "--num-ranks", str(ranks),
         "--db", "j.db",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -104,7 +104,7 @@ def test_every_testing_module_imports_without_pytest() -> None:
     installed without the test extras needs)."""
     code = (
         "import sys; sys.modules['pytest'] = None\n"
-        "import lifecycle.testing, lifecycle.testing.journals, lifecycle.testing.pipelines,"
+        "import lifecycle.testing, lifecycle.testing.journals, lifecycle.testing.plugins,"
         " lifecycle.testing.storecontract\n"
         "print('imported')"
     )

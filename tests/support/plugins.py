@@ -10,7 +10,7 @@ from pathlib import Path
 EARLIER = """
 import dataclasses
 
-from lifecycle.testing.pipelines import SPEC as MINIMAL, MinimalPipeline
+from lifecycle.testing.plugins import SPEC as MINIMAL, MinimalPipeline
 
 SPEC = dataclasses.replace(MINIMAL, name="earlier-video")
 

@@ -1,7 +1,7 @@
 """A minimal plug-in pipeline on `lifecycle.pipelines` alone, and the check a plug-in author
 runs on their own: the protocol, then one tiny request through the pipeline in this process.
 
-`lifecycle boot --pipeline lifecycle.testing.pipelines:PLUGIN` boots `MinimalPipeline` on CPU
+`lifecycle boot --pipeline lifecycle.testing.plugins:PLUGIN` boots `MinimalPipeline` on CPU
 at any number of ranks; `check_plugin(PLUGIN)` is what a plug-in's own test calls.
 """
 
