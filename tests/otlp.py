@@ -33,6 +33,7 @@ class Receiver:
     port: int
     spans: list[ReceivedSpan] = field(default_factory=list)
     posts: int = 0
+    arrivals: list[float] = field(default_factory=list)  # each export's arrival, wall time
     delay_s: float = 0.0
     status: int = 200
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -104,6 +105,8 @@ def otlp_receiver() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             receiver = holder[0]
+            with receiver.lock:
+                receiver.arrivals.append(time.time())
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)

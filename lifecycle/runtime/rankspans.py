@@ -1,15 +1,16 @@
-"""A rank's startup as spans of its run's trace (`lifecycle.runtime.tracing`): each journal event,
-as it is recorded, opens or ends one. Under the rank's span (`lifecycle.rank`, under the run's
-root span `lifecycle.run`, which rank 0 sends) come its phases before the journal opened, its
-states, their actions, each component load and each warmup request; errors, aborts and stalls
-are span events with an error status. After ready, each request a rank serves is a span under
-its client's trace when the client sent one (W3C `traceparent`)."""
+"""A rank's startup as spans of its run's trace (`lifecycle.runtime.tracing`): each journal event
+opens or ends one. Under the rank's span (`lifecycle.rank`, under the run's root span
+`lifecycle.run`, which rank 0 sends) come its phases before the journal opened, its states,
+their actions, each component load and each warmup request; errors, aborts and stalls are span
+events with an error status. After ready, each request a rank serves is a span under its
+client's trace when the client sent one (W3C `traceparent`). The recorder's thread only holds
+the events: their spans are made on a thread of their own once the startup is over, each with
+the times its events carry."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from lifecycle.core import events as ev
@@ -17,11 +18,34 @@ from lifecycle.core.records import PhaseTime
 from lifecycle.core.states import TERMINAL_STATES, State
 from lifecycle.runtime.tracing import (
     ATTRIBUTE_PREFIX,
+    CONFIGURE_AFTER_S,
+    FLUSH_WITHIN_S,
+    SpanFeed,
     Tracing,
     nanos,
     run_span_id_of,
     trace_id_of,
 )
+
+# The events a rank's spans are made of: the only ones its recorder's thread holds for them.
+TRACED: frozenset[type[ev.Event]] = frozenset(
+    {
+        ev.RunStarted,
+        ev.Transition,
+        ev.ActionStarted,
+        ev.ActionFinished,
+        ev.LoadStarted,
+        ev.LoadFinished,
+        ev.Expectations,
+        ev.WarmupRecord,
+        ev.Error,
+        ev.Aborted,
+        ev.Stalled,
+        ev.RequestStarted,
+        ev.RequestFinished,
+    }
+)
+_TERMINAL = frozenset(state.value for state in TERMINAL_STATES)
 
 # This process's rank spans, once made (one rank per process): where a served request joins its
 # client's trace.
@@ -32,8 +56,24 @@ def current_rank_spans() -> RankSpans | None:
     return _CURRENT[0]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Joined:
+    """A request's parent: the W3C traceparent of its server's span."""
+
+    request_id: str
+    traceparent: str
+
+
+def _ends_startup(event: ev.Event) -> bool:
+    """Whether the startup is over with `event`: its ready action done, or the rank ended."""
+    if isinstance(event, ev.ActionFinished):
+        return event.action == "mark-ready"
+    return isinstance(event, ev.Transition) and event.dest in _TERMINAL
+
+
 class RankSpans:
-    """A recorder listener: one rank's events as spans of the run's trace, as they come."""
+    """A recorder listener: one rank's events as spans of the run's trace, made once its
+    startup is over (or `configure_after_s` into it), then as they come."""
 
     def __init__(
         self,
@@ -42,11 +82,8 @@ class RankSpans:
         run_id: str,
         rank: int,
         attributes: Mapping[str, str | int],
+        configure_after_s: float = CONFIGURE_AFTER_S,
     ) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-
-        self._trace = trace
         self._tracing = tracing
         self._run_id = run_id
         self._rank = rank
@@ -55,13 +92,8 @@ class RankSpans:
             f"{ATTRIBUTE_PREFIX}rank": rank,
             **{f"{ATTRIBUTE_PREFIX}{k}": v for k, v in attributes.items()},
         }
-        root = SpanContext(
-            trace_id=trace_id_of(run_id),
-            span_id=run_span_id_of(run_id),
-            is_remote=True,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED),
-        )
-        self._run_context = trace.set_span_in_context(NonRecordingSpan(root))
+        self._trace: Any = None  # opentelemetry.trace, imported with the first span
+        self._run_context: Any = None
         self._launched: float | None = None
         self._rank_span: Any = None
         self._state_span: Any = None
@@ -70,13 +102,46 @@ class RankSpans:
         self._requests: dict[str, Any] = {}
         self._request_contexts: dict[str, Any] = {}  # a request's parent, from its traceparent
         self._request_errors: dict[str, str] = {}  # a request's error, for its span's status
-        self._lock = threading.Lock()
+        self._feed: SpanFeed[ev.StoredEvent | _Joined] = SpanFeed(
+            tracing, self._convert, configure_after_s=configure_after_s
+        )
         _CURRENT[0] = self
 
     def __call__(self, stored: ev.StoredEvent) -> None:
-        """Never raises: a span that cannot be made is one the trace lacks, not a failure."""
-        with self._lock, contextlib.suppress(Exception):
-            self._on(stored)
+        """Holds an event its spans need: an append on the recording thread, nothing more."""
+        event = stored.event
+        if type(event) in TRACED:
+            self._feed.put(stored, due=_ends_startup(event))
+
+    def close(self, *, within_s: float = FLUSH_WITHIN_S) -> None:
+        """Make the spans still held and send them, in at most `within_s` in all."""
+        self._feed.close(within_s=within_s)
+
+    def _convert(self, record: ev.StoredEvent | _Joined) -> None:
+        if self._trace is None:
+            self._bind()
+        if isinstance(record, _Joined):
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
+
+            context = TraceContextTextMapPropagator().extract({"traceparent": record.traceparent})
+            self._request_contexts[record.request_id] = context
+        else:
+            self._on(record)
+
+    def _bind(self) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+        root = SpanContext(
+            trace_id=trace_id_of(self._run_id),
+            span_id=run_span_id_of(self._run_id),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        self._run_context = trace.set_span_in_context(NonRecordingSpan(root))
+        self._trace = trace
 
     def _on(self, stored: ev.StoredEvent) -> None:
         event, wall = stored.event, stored.wall_time
@@ -210,13 +275,8 @@ class RankSpans:
     def join_request(self, request_id: str, traceparent: str | None) -> None:
         """Put the spans of request `request_id` under the trace its client sent (a W3C
         `traceparent`), else under the run's."""
-        if not traceparent:
-            return
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        with self._lock, contextlib.suppress(Exception):
-            context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
-            self._request_contexts[request_id] = context
+        if traceparent:
+            self._feed.put(_Joined(request_id=request_id, traceparent=traceparent))
 
     def _start_rank(self, event: ev.RunStarted, wall: float) -> None:
         launched = event.launcher_started_wall or event.process_started_wall or wall

@@ -1,26 +1,40 @@
 """OpenTelemetry's SDK as the lifecycle uses it (`lifecycle[otel]`): configured once per process
 from the standard `OTEL_*` variables, exporting over OTLP/HTTP, best effort (spans are queued
 and sent by the SDK's own thread, a collector that is down or slow costs one warning line, and
-the last spans get a bounded flush when the process ends, never more); and the run's trace id,
-derived from the run id, so that every rank and node joins one trace without talking.
+the process's end gives the export a bounded time, never more); a rank's records held until its
+startup is over and only then made into spans (`SpanFeed`), so that the export costs the path to
+ready nothing but an append per event; and the run's trace id, derived from the run id, so that
+every rank and node joins one trace without talking.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 ATTRIBUTE_PREFIX = "lifecycle."
-FLUSH_WITHIN_S = 2.0  # at a rank's end: what a collector that does not answer may cost it
+# At a process's end, all that the export may cost it: the spans still being made, their
+# flush, the exporter's retries and its shutdown.
+FLUSH_WITHIN_S = 2.0
 EXPORT_TIMEOUT_S = 5.0  # one export's bound, unless OTEL_EXPORTER_OTLP_TIMEOUT says otherwise
+# A startup still going this long after its journal opened gets its SDK then, so that a long
+# startup's spans reach the collector while it runs: the SDK's import (0.2 to 0.4 s of CPU) is
+# then well under 1 % of it.
+CONFIGURE_AFTER_S = 60.0
+SCHEDULE_DELAY_MS = 500  # once configured: how long an ended span waits for others to go with
 EXTRA = "lifecycle[otel]"
 PROTOCOLS = ("http/protobuf",)
+# What the export imports, looked up (not imported) when it is asked for.
+SDK_PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+
+Record = TypeVar("Record")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,75 +97,231 @@ def nanos(wall: float) -> int:
     return int(wall * 1e9)
 
 
+def missing_package(names: tuple[str, ...]) -> str | None:
+    """The first of `names` that cannot be imported, found without importing it."""
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name)
+        except ImportError:
+            found = None
+        if found is None:
+            return name
+    return None
+
+
 class Tracing:
-    """The OpenTelemetry SDK of one process, configured once in an entry point."""
+    """The OpenTelemetry SDK of one process, configured once: at once (`start`, an entry point
+    that sends spans from its first moment) or the first time it is needed (`deferred`)."""
 
     def __init__(
-        self, provider: Any, settings: ExportSettings, ids: Any, exporter: _WarnOnce
+        self,
+        settings: ExportSettings,
+        *,
+        service: str,
+        timeout_s: float | None,
+        warn: Callable[[str], None],
     ) -> None:
-        self.provider = provider
         self.settings = settings
-        self.tracer = provider.get_tracer("lifecycle")
-        self._ids = ids
-        self._exporter = exporter
+        self._service = service
+        self._timeout_s = timeout_s
+        self._unsent = _SayUnsent(settings.endpoint, warn)
+        self._warn = warn
+        self._lock = threading.Lock()
+        self._tried = False
+        self._sdk: _Sdk | None = None
 
     @classmethod
-    def start(cls, env: Mapping[str, str], *, warn: Callable[[str], None]) -> Tracing | None:
-        """The SDK, exporting to where the variables say; None when export is not asked for,
-        or cannot be (one warning line: the extra not installed, another protocol)."""
+    def deferred(cls, env: Mapping[str, str], *, warn: Callable[[str], None]) -> Tracing | None:
+        """Tracing whose SDK is imported and configured only when first needed; None when
+        export is not asked for, or cannot be (one warning line: the extra not installed,
+        another protocol)."""
         settings, refused = export_settings(env)
         if settings is None:
             if refused is not None:
                 warn(f"traces are not exported: {refused}")
             return None
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        except ImportError as exc:
-            warn(f"traces are not exported: {exc.name} is not installed (pip install '{EXTRA}')")
+        missing = missing_package(SDK_PACKAGES)
+        if missing is not None:
+            warn(f"traces are not exported: {missing} is not installed (pip install '{EXTRA}')")
             return None
-        # The exporter's own logging says each retry; the one warning line below says it once.
-        for name in ("opentelemetry.exporter.otlp.proto.http", "opentelemetry.sdk.trace.export"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-        ids = _PresetIds()
-        timeout = None if env.get("OTEL_EXPORTER_OTLP_TIMEOUT") else EXPORT_TIMEOUT_S
-        exporter = _WarnOnce(OTLPSpanExporter(timeout=timeout), settings.endpoint, warn)
-        resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "lifecycle")})
-        # _PresetIds and _WarnOnce follow the SDK's interfaces without subclassing them, so that
-        # this module imports the SDK only when export is asked for.
-        provider = TracerProvider(
-            resource=resource,
-            id_generator=ids,  # type: ignore[arg-type]
-            shutdown_on_exit=False,
+        return cls(
+            settings,
+            service=env.get("OTEL_SERVICE_NAME", "lifecycle"),
+            timeout_s=None if env.get("OTEL_EXPORTER_OTLP_TIMEOUT") else EXPORT_TIMEOUT_S,
+            warn=warn,
         )
-        processor = BatchSpanProcessor(exporter, schedule_delay_millis=500)  # type: ignore[arg-type]
-        provider.add_span_processor(processor)
-        return cls(provider, settings, ids, exporter)
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], *, warn: Callable[[str], None]) -> Tracing | None:
+        """The SDK, configured now, exporting to where the variables say; None as for
+        `deferred`, or when the SDK cannot be configured (one warning line)."""
+        tracing = cls.deferred(env, warn=warn)
+        return tracing if tracing is not None and tracing.configure() else None
+
+    @property
+    def configured(self) -> bool:
+        return self._sdk is not None
+
+    def configure(self) -> bool:
+        """Import and configure the SDK, once, from any thread (a second caller waits for the
+        first); whether it is configured."""
+        return self._configured() is not None
+
+    def _configured(self) -> _Sdk | None:
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                try:
+                    self._sdk = _configure(
+                        service=self._service, timeout_s=self._timeout_s, unsent=self._unsent
+                    )
+                except ImportError as exc:
+                    self._warn(
+                        f"traces are not exported: {exc.name} is not installed"
+                        f" (pip install '{EXTRA}')"
+                    )
+                except Exception as exc:  # instrumentation never raises into what it observes
+                    self._warn(f"traces are not exported: {type(exc).__name__}: {exc}"[:300])
+            return self._sdk
+
+    @property
+    def tracer(self) -> Any:
+        """The SDK's tracer, configured first if need be; one that records nothing where the
+        SDK could not be configured."""
+        sdk = self._configured()
+        if sdk is None:
+            from opentelemetry.trace import NoOpTracer
+
+            return NoOpTracer()
+        return sdk.tracer
 
     @contextlib.contextmanager
     def preset_ids(self, *, trace_id: int, span_id: int) -> Iterator[None]:
         """The next span this thread starts gets these ids (the run's root span)."""
-        self._ids.preset(trace_id, span_id)
+        sdk = self._configured()
+        if sdk is None:
+            yield
+            return
+        sdk.ids.preset(trace_id, span_id)
         try:
             yield
         finally:
-            self._ids.preset(None, None)
+            sdk.ids.preset(None, None)
 
-    def close(self, *, within_s: float = FLUSH_WITHIN_S) -> None:
-        """Send what is queued and stop, in at most `within_s`: a collector that does not
-        answer never holds up the process's end."""
-        done = threading.Thread(target=self._shutdown, name="lifecycle-otel-flush", daemon=True)
+    def close(
+        self, *, within_s: float = FLUSH_WITHIN_S, first: Callable[[], object] | None = None
+    ) -> None:
+        """Send what is queued and stop, in at most `within_s` in all, `first` (the spans
+        still being made) included: a collector that does not answer never holds up the
+        process's end."""
+
+        def finish() -> None:
+            if first is not None:
+                first()
+            sdk = self._sdk
+            if sdk is not None:
+                with contextlib.suppress(Exception):
+                    sdk.provider.force_flush(timeout_millis=int(within_s * 1000))
+                    sdk.provider.shutdown()
+
+        done = threading.Thread(target=finish, name="lifecycle-otel-flush", daemon=True)
         done.start()
         done.join(within_s)
         if done.is_alive():
-            self._exporter.failed(f"still sending after {within_s:.0f} s, left unsent")
+            self._unsent.failed(f"still sending after {within_s:.0f} s, left unsent")
 
-    def _shutdown(self) -> None:
-        with contextlib.suppress(Exception):
-            self.provider.force_flush(timeout_millis=int(FLUSH_WITHIN_S * 1000))
-            self.provider.shutdown()
+
+class SpanFeed(Generic[Record]):
+    """Records made into spans by `convert` on a thread of its own, in the order they came.
+    Until the SDK is configured they are only held (the recording thread appends, nothing
+    more); it is configured when a record says it is time (`due`: the startup is over), once
+    `configure_after_s` has passed, or at close. A record carries its own times, and so does
+    the span made of it."""
+
+    def __init__(
+        self,
+        tracing: Tracing,
+        convert: Callable[[Record], None],
+        *,
+        configure_after_s: float = CONFIGURE_AFTER_S,
+    ) -> None:
+        self.tracing = tracing
+        self._convert = convert
+        self._configure_after_s = configure_after_s
+        self._changed = threading.Condition()
+        self._held: list[Record] = []
+        self._due = False
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="lifecycle-spans", daemon=True)
+        self._thread.start()
+
+    def put(self, record: Record, *, due: bool = False) -> None:
+        """Hold `record` for its span; `due`: configure the SDK now (the startup is over)."""
+        with self._changed:
+            if self._closing:
+                return
+            self._held.append(record)
+            if due or self._due:
+                self._due = True
+                self._changed.notify()
+
+    def close(self, *, within_s: float = FLUSH_WITHIN_S) -> None:
+        """Make the held records into spans and send them, in at most `within_s` in all."""
+        with self._changed:
+            self._due = self._closing = True
+            self._changed.notify()
+        self.tracing.close(within_s=within_s, first=self._thread.join)
+
+    def _run(self) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._due, timeout=self._configure_after_s)
+            self._due = True
+        if not self.tracing.configure():
+            with self._changed:
+                self._closing, self._held = True, []  # nothing will be sent: hold nothing
+            return
+        closing = False
+        while not closing:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._held) or self._closing)
+                held, self._held = self._held, []
+                closing = self._closing
+            for record in held:
+                with contextlib.suppress(Exception):  # a span the trace lacks, not a failure
+                    self._convert(record)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Sdk:
+    provider: Any
+    tracer: Any
+    ids: _PresetIds
+
+
+def _configure(*, service: str, timeout_s: float | None, unsent: _SayUnsent) -> _Sdk:
+    """The SDK's tracer provider, exporting over OTLP/HTTP (the exporter reads the endpoint,
+    headers and compression from the OTEL_* variables itself)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    # The exporter's own logging says each retry; the one warning line says it once.
+    for name in ("opentelemetry.exporter.otlp.proto.http", "opentelemetry.sdk.trace.export"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    ids = _PresetIds()
+    exporter = _WarnOnce(OTLPSpanExporter(timeout=timeout_s), unsent)
+    # _PresetIds and _WarnOnce follow the SDK's interfaces without subclassing them, so that
+    # this module imports the SDK only when it is configured.
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service}),
+        id_generator=ids,  # type: ignore[arg-type]
+        shutdown_on_exit=False,
+    )
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter, schedule_delay_millis=SCHEDULE_DELAY_MS)  # type: ignore[arg-type]
+    )
+    return _Sdk(provider=provider, tracer=provider.get_tracer("lifecycle"), ids=ids)
 
 
 class _PresetIds:
@@ -180,14 +350,28 @@ class _PresetIds:
         return int(preset) if preset else int(self._random.generate_trace_id())
 
 
-class _WarnOnce:
-    """The OTLP exporter, saying once (one line) that the collector did not take the spans."""
+class _SayUnsent:
+    """Says once (one line) that spans did not reach the collector."""
 
-    def __init__(self, exporter: Any, endpoint: str, warn: Callable[[str], None]) -> None:
-        self._exporter = exporter
+    def __init__(self, endpoint: str, warn: Callable[[str], None]) -> None:
         self._endpoint = endpoint
         self._warn = warn
-        self._warned = False
+        self._lock = threading.Lock()
+        self._said = False
+
+    def failed(self, why: str) -> None:
+        with self._lock:
+            said, self._said = self._said, True
+        if not said:
+            self._warn(f"traces could not be sent to {self._endpoint} ({why[:200]})")
+
+
+class _WarnOnce:
+    """The OTLP exporter, saying once that the collector did not take the spans."""
+
+    def __init__(self, exporter: Any, unsent: _SayUnsent) -> None:
+        self._exporter = exporter
+        self._unsent = unsent
 
     def export(self, spans: Any) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -199,14 +383,8 @@ class _WarnOnce:
         else:
             why = "the collector did not accept them"
         if result is not SpanExportResult.SUCCESS:
-            self.failed(why)
+            self._unsent.failed(why)
         return result
-
-    def failed(self, why: str) -> None:
-        """Say once that spans did not reach the collector."""
-        if not self._warned:
-            self._warned = True
-            self._warn(f"traces could not be sent to {self._endpoint} ({why[:200]})")
 
     def shutdown(self) -> None:
         self._exporter.shutdown()

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lifecycle.runtime.tracing import ATTRIBUTE_PREFIX, Tracing, run_span_id_of, trace_id_of
@@ -92,6 +93,10 @@ class GenerateSpans:
         ):
             await self.app(scope, receive, send)
             return
+        if not tracing.configured:
+            # A rank's SDK is configured once its startup is over: a request that comes before
+            # it is waits for it off the event loop.
+            await anyio.to_thread.run_sync(tracing.configure)
         headers = {name.lower(): value for name, value in scope["headers"]}
         span = self._start(tracing, scope, headers)
         scope.setdefault("state", {})[STATE_KEY] = span

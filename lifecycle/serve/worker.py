@@ -299,18 +299,21 @@ def trace_startup(
     recorder: Recorder, *, run_id: str, rank: int, model: str, env: Mapping[str, str]
 ) -> None:
     """Send this rank's startup to the tracing collector the OTEL_* variables name, if any:
-    its events become spans as they are recorded, flushed (bounded) when the process ends."""
+    its events are held as they are recorded and become spans once the startup is over (the
+    SDK is imported then, off the path to ready), sent within a bounded time at the process's
+    end at the latest."""
     from lifecycle.runtime.rankspans import RankSpans
     from lifecycle.runtime.tracing import Tracing
 
     def warn(text: str) -> None:
         say(f"lifecycle: warning: rank {rank}: {text}", event="otel-warning", out=sys.stderr)
 
-    tracing = Tracing.start(env, warn=warn if rank == 0 else lambda _text: None)
+    tracing = Tracing.deferred(env, warn=warn if rank == 0 else lambda _text: None)
     if tracing is None:
         return
-    recorder.subscribe(RankSpans(tracing, run_id=run_id, rank=rank, attributes={"model": model}))
-    before_leaving(tracing.close)
+    spans = RankSpans(tracing, run_id=run_id, rank=rank, attributes={"model": model})
+    recorder.subscribe(spans)
+    before_leaving(spans.close)
 
 
 def _warn_unauthenticated() -> Callable[[StoredEvent], None]:

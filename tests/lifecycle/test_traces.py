@@ -143,6 +143,25 @@ def test_an_unsupported_protocol_is_one_warning_and_no_export(
     assert receiver.posts == 0
 
 
+def test_without_the_extra_is_one_warning_and_no_export(
+    tmp_path: Path, receiver: Receiver, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """An endpoint set where the SDK is not installed (a bare `opentelemetry` package shadows
+    it): one line says what to install, the boot gets to ready and exits 0, nothing is sent."""
+    bare = tmp_path / "bare" / "opentelemetry"
+    bare.mkdir(parents=True)
+    (bare / "__init__.py").write_text("")
+    env = {**otel_env(receiver.endpoint), "PYTHONPATH": str(bare.parent)}
+    booted = lifecycle_cli(*MICRO, env=env)
+    assert booted.returncode == 0, booted.stderr[-2000:]
+    (warning,) = [line for line in booted.stderr.splitlines() if "traces" in line]
+    assert warning.endswith(
+        "traces are not exported: opentelemetry.sdk is not installed"
+        " (pip install 'lifecycle[otel]')"
+    )
+    assert receiver.posts == 0
+
+
 def test_export_is_on_only_where_the_standard_variables_say() -> None:
     """No endpoint, or the SDK disabled: no export; an endpoint is shown without its
     credentials or query."""
