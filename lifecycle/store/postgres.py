@@ -21,9 +21,12 @@ DRIVER = "psycopg"
 # each other, which costs nothing (they are rare and short) and needs no name to hash.
 MIGRATION_LOCK_KEY = 0x6C6966656379  # "lifecy"
 EXTRA = "lifecycle[postgres]"
-# psycopg warns through logging when it drops a pipeline on a lost connection; the store says
-# what failed in its own one line, so the driver's note is not printed beside it.
-logging.getLogger("psycopg").addHandler(logging.NullHandler())
+# psycopg warns through logging when it drops a pipeline on a lost connection, and SQLAlchemy's
+# pool logs the driver's traceback when it cannot close a cursor there; the store says what
+# failed in its own one line, so neither note is printed beside it (with no handler of their
+# own, Python's last-resort handler would write them to stderr).
+for _library in ("psycopg", "sqlalchemy"):
+    logging.getLogger(_library).addHandler(logging.NullHandler())
 
 
 def is_postgres(url: URL) -> bool:

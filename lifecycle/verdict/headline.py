@@ -9,7 +9,7 @@ from typing import Any
 
 from lifecycle.verdict.diagnose import LOSS_ANNOUNCERS, Diagnosis, Outcome
 from lifecycle.verdict.evidence import AbortedBy, Blocked, FirstError, LateArrival
-from lifecycle.verdict.status import Status
+from lifecycle.verdict.status import PendingInfo, Status
 
 
 class Wrong(StrEnum):
@@ -31,6 +31,7 @@ class Culprit:
     state: str | None  # where it went wrong; None when it left no journal
     error: FirstError | None  # its own first fatal error
     waited_on_by: tuple[Blocked, ...]  # its peers' waits for it
+    waiting_in: PendingInfo | None = None  # the collective it is still in, when it is in one
 
 
 def named_culprits(d: Diagnosis[Any]) -> tuple[Culprit, ...]:
@@ -59,7 +60,9 @@ def _culprit(d: Diagnosis[Any], rank: int) -> Culprit:
     elif verdict.status is Status.HUNG:
         wrong = Wrong.HUNG
     elif verdict.pending is not None:
-        wrong = Wrong.OUT_OF_STEP
+        # Waiting in a collective: out of step when its peers are not in it; in the one they
+        # gave up in, it hung there (frozen or too slow).
+        wrong = Wrong.OUT_OF_STEP if out_of_step(d, verdict.pending) else Wrong.HUNG
     elif lost:
         wrong = Wrong.LOST
     else:
@@ -67,7 +70,27 @@ def _culprit(d: Diagnosis[Any], rank: int) -> Culprit:
         # journal (a serving rank's, whose heartbeats keep to its summary row) says ready.
         wrong = Wrong.HUNG if d.outcome is Outcome.HUNG else Wrong.FAILED
     state = error.state if error is not None else verdict.last_state
-    return Culprit(rank=rank, wrong=wrong, state=state, error=error, waited_on_by=waits)
+    return Culprit(
+        rank=rank,
+        wrong=wrong,
+        state=state,
+        error=error,
+        waited_on_by=waits,
+        waiting_in=verdict.pending,
+    )
+
+
+def out_of_step(d: Diagnosis[Any], pending: PendingInfo) -> bool:
+    """Waiting in a collective its peers are not in: one at a sequence number where the
+    members disagree, or later than a peer's own wait in that group."""
+    if any(m.group == pending.group and m.group_seq == pending.group_seq for m in d.mismatches):
+        return True
+    return any(
+        v.pending is not None
+        and v.pending.group == pending.group
+        and v.pending.group_seq < pending.group_seq
+        for v in d.ranks
+    )
 
 
 _SAID = {

@@ -118,6 +118,8 @@ def culprit_error(culprit: Culprit, codes: Sequence[int | None]) -> str:
     ]
     if culprit.wrong is Wrong.HUNG and waits:
         return f"{said}: {', '.join(waits)}, which it never entered"
+    if culprit.wrong is Wrong.HUNG and (p := culprit.waiting_in) is not None:
+        return f"{said}: inside {p.op} #{p.group_seq} of {p.group}, which its peers entered too"
     return _crashed_how(culprit, said, codes)
 
 

@@ -8,6 +8,7 @@ from lifecycle.core.records import Signature
 from lifecycle.verdict import evidence as ev
 from lifecycle.verdict.analysis import Mismatch, MismatchReason, SplitDisagreement
 from lifecycle.verdict.diagnose import LOSS_ANNOUNCERS, Outcome
+from lifecycle.verdict.headline import out_of_step
 from lifecycle.verdict.status import PendingInfo, RankVerdict, Status
 from replay.verdict.diagnose import Diagnosis
 
@@ -175,8 +176,12 @@ def _culprit_text(d: Diagnosis, rank: int, late: dict[int, ev.LateArrival]) -> l
         text = f"rank {rank} crashed in {verdict.last_state} ({rank_note(d, verdict)})"
     elif verdict.status is Status.HUNG:
         text = f"rank {rank} hung in {verdict.last_state}, heartbeats going on"
-    elif verdict.pending is not None:
-        p = verdict.pending
+    elif (p := verdict.pending) is not None and not out_of_step(d, p):
+        text = (
+            f"rank {rank} hung inside {p.op} #{p.group_seq} of {p.group} ({p.purpose}) in"
+            f" {verdict.last_state}, which its peers entered too"
+        )
+    elif p is not None:
         text = (
             f"rank {rank} went on to {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
             " while its peers waited for it in an earlier collective"

@@ -52,3 +52,22 @@ def test_a_server_stopped_under_booting_ranks_is_exit_3_in_lines_naming_the_jour
         assert "journal postgresql://lifecycle:***@127.0.0.1:" in line, err
         assert "could not be written" in line, err
     assert PASSWORD not in out + err
+
+
+def test_the_drivers_own_notes_on_a_lost_connection_are_not_printed() -> None:
+    """What psycopg and SQLAlchemy's pool log when a connection is lost (the pool's `Error
+    closing cursor` carries the driver's traceback) is not written to stderr beside the
+    store's own line: with no handler of their own, Python's last-resort handler would."""
+    code = (
+        "import lifecycle.store.postgres, logging\n"
+        "try:\n"
+        "    raise OSError('server closed the connection unexpectedly')\n"
+        "except OSError:\n"
+        "    logging.getLogger('sqlalchemy.pool.impl.QueuePool').error("
+        "'Error closing cursor', exc_info=True)\n"
+        "    logging.getLogger('psycopg').warning('error ignored terminating pipeline')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stderr == ""
