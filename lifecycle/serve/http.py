@@ -43,7 +43,12 @@ from lifecycle.serve.control import (
     ServiceUnavailable,
     Stop,
 )
-from lifecycle.serve.httpspans import GenerateSpans, process_tracing, span_of
+from lifecycle.serve.httpspans import (
+    GenerateSpans,
+    configure_once_ready,
+    process_tracing,
+    span_of,
+)
 from lifecycle.serve.inflight import RequestFailed
 from lifecycle.serve.logs import say
 from lifecycle.serve.media import ENCODERS, MEDIA_TYPES
@@ -330,8 +335,15 @@ def serve_http(
     say(f"serving on {url} ({scope})", event="serving", url=url, loopback_only=is_loopback(host))
     # The ranks warn of a collector in trouble (rank 0 once for the run); the front's spans go
     # to the same collector and say nothing more.
-    tracing = Tracing.start(os.environ, warn=lambda _text: None)
+    tracing = Tracing.deferred(os.environ, warn=lambda _text: None)
     service = Service(args, group, control)
+    if tracing is not None:
+        configure_once_ready(
+            tracing,
+            ready=lambda: service.health()[0],
+            over=lambda: service.failed or service.stopping is not None,
+            poll_s=POLL_S,
+        )
     metrics.add(service.metrics, queue_depth=service.queue_depth)
     threading.Thread(
         target=control.accept, args=(args.num_ranks,), name="control-accept", daemon=True

@@ -7,6 +7,7 @@ prompt) and the query are never read into a span."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +59,26 @@ class GenerateSpan:
         if self._span is not None:
             with contextlib.suppress(Exception):
                 self._span.set_attributes(attributes)
+
+
+def configure_once_ready(
+    tracing: Tracing, *, ready: Callable[[], bool], over: Callable[[], bool], poll_s: float
+) -> threading.Thread:
+    """Import and configure the front's SDK in a thread of its own once `ready` (every rank
+    serving), or not at all when `over` comes first: off the ranks' path to ready, whose
+    imports it would slow on a host of few cores, and before the first request, which would
+    otherwise pay it."""
+
+    def wait_then_configure() -> None:
+        while not over():
+            if ready():
+                tracing.configure()
+                return
+            threading.Event().wait(poll_s)
+
+    thread = threading.Thread(target=wait_then_configure, name="tracing-configure", daemon=True)
+    thread.start()
+    return thread
 
 
 def span_of(scope_state: Any) -> GenerateSpan:

@@ -208,3 +208,34 @@ def test_a_collector_in_trouble_holds_the_exit_for_the_bounded_flush_only(
     assert exited - last <= FLUSH_WITHIN_S + EXIT_MARGIN_S
     (warning,) = [line for line in booted.stderr.splitlines() if "traces" in line]
     assert "traces could not be sent to http://127.0.0.1:" in warning
+
+
+def test_the_http_fronts_sdk_is_configured_once_every_rank_is_ready_and_never_after_a_failure(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve`'s front imports and configures its SDK in a thread of its own once the ranks
+    are ready, not while they start; a server that failed or stopped first never does."""
+    from lifecycle.serve.httpspans import configure_once_ready
+
+    for name, value in otel_env(receiver.endpoint).items():
+        monkeypatch.setenv(name, value)
+    waiting, failing = (
+        Tracing.deferred(os.environ, warn=print),
+        Tracing.deferred(os.environ, warn=print),
+    )
+    assert waiting is not None and failing is not None
+    ready, over = threading.Event(), threading.Event()
+    started = configure_once_ready(waiting, ready=ready.is_set, over=lambda: False, poll_s=0.01)
+    given_up = configure_once_ready(failing, ready=lambda: False, over=over.is_set, poll_s=0.01)
+    try:
+        time.sleep(0.2)  # the threads poll twenty times meanwhile
+        assert not waiting.configured and not failing.configured
+        over.set()
+        given_up.join(timeout=5)
+        assert not given_up.is_alive() and not failing.configured
+        ready.set()
+        started.join(timeout=30)
+        assert not started.is_alive() and waiting.configured
+    finally:
+        waiting.close()
+        failing.close()
