@@ -103,9 +103,21 @@ def host_store(*, world_size: int, port: int = 0) -> Any:
     """A rendezvous store served from this process on 127.0.0.1 only (its `port`; 0 for a free
     one): torch's own binds every interface, whatever host it is given, and anything that
     reached it could end the run or steer it."""
+    return serve_store(store_socket(port), world_size=world_size)
+
+
+def store_socket(port: int = 0) -> socket.socket:
+    """The rendezvous store's listening socket on 127.0.0.1 (`port`; 0 for a free one), ready
+    before the store is: its port can be handed to ranks that start while torch imports
+    here, and their connections wait in its backlog until `serve_store` answers them."""
+    return socket.create_server(("127.0.0.1", port), backlog=128)
+
+
+def serve_store(listening: socket.socket, *, world_size: int) -> Any:
+    """The rendezvous store, served on `listening` (which it owns from then on, and closes
+    when it ends; closed here when the store cannot start)."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    listening = socket.create_server(("127.0.0.1", port), backlog=128)
     try:
         store = TCPStore(
             "127.0.0.1",
@@ -121,7 +133,7 @@ def host_store(*, world_size: int, port: int = 0) -> Any:
     except BaseException:
         listening.close()
         raise
-    listening.detach()  # the store owns the socket now, and closes it when it ends
+    listening.detach()
     return store
 
 

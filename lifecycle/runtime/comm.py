@@ -6,7 +6,7 @@ import datetime
 import hashlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -36,9 +36,27 @@ _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 # A recorded collective and a staging buffer run eagerly inside a compiled region: torch.compile
 # (--compile) breaks its graph there instead of tracing them, so that their bookkeeping (the
 # journal's records, the buffers' dict) never becomes a guard that recompiles the block when it
-# changes (after drop-buffers, the first request at a warmed shape recompiled).
+# changes (after drop-buffers, the first request at a warmed shape recompiled). Marked here,
+# wrapped by `run_eagerly_under_compile` only when something compiles: the wrapper imports
+# torch._dynamo, 1.5 s of a rank's start that a rank compiling nothing does not pay.
+_EAGER = "_lifecycle_eager"
+_WRAPPED: list[bool] = [False]
+
+
 def _eager(fn: _Fn) -> _Fn:
-    return cast("_Fn", torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
+    setattr(fn, _EAGER, True)
+    return fn
+
+
+def run_eagerly_under_compile() -> None:
+    """Make the marked methods run eagerly inside compiled code; once, before compiling."""
+    if _WRAPPED[0]:
+        return
+    _WRAPPED[0] = True
+    for owner in (RecordedGroup, StagingBuffers):
+        for name, member in list(vars(owner).items()):
+            if getattr(member, _EAGER, False):
+                setattr(owner, name, torch.compiler.disable(member))  # type: ignore[no-untyped-call]
 
 
 class EventSink(Protocol):

@@ -25,6 +25,7 @@ from lifecycle.core.errors import JournalError
 from lifecycle.core.events import Compiled, CompileKept
 from lifecycle.core.plan import bounded_shape
 from lifecycle.core.records import Generation
+from lifecycle.runtime.comm import run_eagerly_under_compile
 from lifecycle.runtime.pipeline import repeated_blocks
 from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.request import run_request
@@ -95,6 +96,7 @@ def compile_denoiser(rt: RankRuntime) -> None:
     cache, reason, loaded = _load_artifact(rt, key, folder)
     rt.compile_cache = cache
     rt.compile_files = _files(folder)
+    run_eagerly_under_compile()
     for block in blocks:
         block.compile(backend=BACKEND, mode=args.compile_mode)
     shape = bounded_shape(args.model)

@@ -120,13 +120,16 @@ class RankGroup:
         key made for this run and handed to the ranks alone (their environment)."""
         secret = new_store_secret()
         self._trust = StoreTrust(RunKey(secret.encode(), run_id=self.run_id))
+        listening = None
         if self.args.num_ranks > 1:
             # Hosted here, as torchrun's agent hosts its store: it outlives any rank, so a
             # rank's failure still reaches its peers after rank 0 is gone (the agreed abort).
-            from lifecycle.runtime.abort import host_store
+            # Its socket first: torch's import for the store itself runs while the ranks
+            # start, not before them.
+            from lifecycle.runtime.abort import store_socket
 
-            self._store = host_store(world_size=self.args.num_ranks)
-            port = self.port = int(self._store.port)
+            listening = store_socket()
+            port = self.port = int(listening.getsockname()[1])
         else:
             port = self.port = free_port()  # named for the rank, which joins no group
         steps = self._steps = StepPipes(self.args.num_ranks)
@@ -144,7 +147,7 @@ class RankGroup:
             "WORLD_SIZE": str(self.args.num_ranks),
             "LOCAL_WORLD_SIZE": str(self.args.num_ranks),
         }
-        if self._store is not None:
+        if listening is not None:
             from lifecycle.runtime.abort import AGENT_STORE_ENV
 
             base[AGENT_STORE_ENV] = "True"
@@ -162,6 +165,16 @@ class RankGroup:
             steps.spawned(rank)
             if stderr is not None:
                 os.close(stderr)
+        if listening is not None:
+            from lifecycle.runtime.abort import serve_store
+
+            try:
+                self._store = serve_store(listening, world_size=self.args.num_ranks)
+            except BaseException:
+                for proc in self.procs:  # no rank outlives a launch that cannot go on
+                    proc.kill()
+                    proc.wait(timeout=30)
+                raise
 
     def steps(self) -> dict[int, StepMark]:
         """Each rank's latest denoising step mark (not journaled: see lifecycle.serve.steps)."""

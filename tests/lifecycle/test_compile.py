@@ -120,6 +120,26 @@ def test_a_boot_after_serving_warms_the_shapes_its_traffic_used(tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * COMPILE_S)
+def test_a_served_request_at_a_warmed_shape_compiles_nothing_more(tmp_path: Path) -> None:
+    """Two ranks serve under `--compile` with the request's shape warmed: after ready, no
+    request recompiles (torch's own `TORCH_LOGS=recompiles` lines in the ranks' output). The
+    recorded collectives and staging buffers run eagerly: traced, their bookkeeping became
+    guards that failed at the first request."""
+    shape = f"{BODY['width']}x{BODY['height']}x{BODY['frames']}"
+    env = {"TORCH_LOGS": "recompiles"}
+    log = tmp_path / "serve.log"
+    with serve(tmp_path, "--num-ranks", "2", "--compile", "--warm-shape", shape, env=env) as served:
+        served.wait_for_health(200, within=COMPILE_S)
+        at_ready = len(log.read_text(errors="replace"))
+        for _ in range(2):
+            assert served.client.post("/generate", json=BODY).status_code == 200
+        assert served.stop() == 0
+    after_ready = log.read_text(errors="replace")[at_ready:]
+    assert "Recompiling" not in after_ready, after_ready[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(3 * COMPILE_S)
 def test_a_stale_or_corrupt_artifact_is_never_loaded_and_the_boot_compiles_cold(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
