@@ -8,6 +8,7 @@ CPU (inductor, g++)."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import tempfile
 from collections.abc import Callable
@@ -138,8 +139,8 @@ def test_a_served_request_at_a_warmed_shape_compiles_nothing_more(tmp_path: Path
         assert served.stop() == 0
     said = log.read_text(errors="replace")
     assert "Recompiling" not in said[at_ready:], said[at_ready:][-3000:]
-    recompiled = [line for line in said.splitlines() if "Recompiling function" in line]
-    assert not [line for line in recompiled if "comm.py" in line], recompiled[:4]
+    eager = re.compile(r"Recompiling function (all_to_all|all_gather|all_reduce|get) in .*comm\.py")
+    assert not [line for line in said.splitlines() if eager.search(line)]
 
 
 @pytest.mark.slow
