@@ -42,8 +42,8 @@ class Sized:
 
 def builtin_models() -> tuple[str, ...]:
     """The models `lifecycle boot --model` builds without files: the presets and tiny-wan."""
-    from lifecycle.adapters.diffusers.tinywan import TINY_WAN
-    from lifecycle.core.modelspec import MODEL_PRESETS
+    from lifecycle.adapters.diffusers.wan.tiny import TINY_WAN
+    from lifecycle.core.settings.modelspec import MODEL_PRESETS
 
     return (*MODEL_PRESETS, TINY_WAN)
 
@@ -69,7 +69,7 @@ def save_small_wan(directory: Path) -> Path:
     )
     from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    from lifecycle.adapters.diffusers.tinywan import tiny_vocabulary
+    from lifecycle.adapters.diffusers.wan.tiny import tiny_vocabulary
 
     torch.manual_seed(7)
     tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)

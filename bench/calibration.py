@@ -82,7 +82,7 @@ def boot_once(
 ) -> Boot:
     """Run `python -m lifecycle boot` to completion, with `env` added to the environment, and
     read its run back."""
-    from lifecycle.core.fold import fold_run
+    from lifecycle.core.format.fold import fold_run
     from lifecycle.store.journal import Journal
 
     before = _run_ids(db)

@@ -62,8 +62,8 @@ def _sized(settings: Settings) -> Sized:
 
 
 def measure(settings: Settings) -> list[Row]:
-    from lifecycle.core.fold import fold_run
-    from lifecycle.serve.supervisor import free_port
+    from lifecycle.core.format.fold import fold_run
+    from lifecycle.serve.ranks.supervisor import free_port
     from lifecycle.store.journal import Journal
 
     sized = _sized(settings)
@@ -146,9 +146,9 @@ def collective_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from lifecycle.core.config import DEFAULT_RING_CAPACITY
-    from lifecycle.runtime.comm import RecordedGroup
-    from lifecycle.runtime.pending import PendingTracker
+    from lifecycle.core.settings.config import DEFAULT_RING_CAPACITY
+    from lifecycle.runtime.group.comm import RecordedGroup
+    from lifecycle.runtime.group.pending import PendingTracker
     from lifecycle.runtime.recorder import Recorder
     from lifecycle.serve.logs import configure_logging
     from lifecycle.store.journal import Journal

@@ -46,8 +46,8 @@ class Compiled:
 
 def _boot(settings: Settings, db: str, model: str, *extra: str) -> Compiled | float:
     """A `lifecycle boot`; with --compile its `compiled` figures, else its startup to ready."""
-    from lifecycle.core.events import Compiled as CompiledEvent
-    from lifecycle.core.fold import fold_run
+    from lifecycle.core.format.events import Compiled as CompiledEvent
+    from lifecycle.core.format.fold import fold_run
     from lifecycle.store.journal import Journal
 
     command = [sys.executable, "-m", "lifecycle", "boot", "--model", model, "--db", db,

@@ -49,7 +49,7 @@ class KillResult:
 
 def _rank_pid(db: Path, rank: int) -> int | None:
     """The pid `rank` journaled in its run_started event."""
-    from lifecycle.core.events import RunStarted
+    from lifecycle.core.format.events import RunStarted
 
     journal = Journal.open_for_read(str(db))
     try:

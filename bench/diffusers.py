@@ -74,7 +74,7 @@ class Started:
 
 
 def _save_tiny_wan(workdir: Path) -> Path:
-    from lifecycle.adapters.diffusers.tinywan import build_tiny_wan
+    from lifecycle.adapters.diffusers.wan.tiny import build_tiny_wan
 
     directory = workdir / "tiny-wan"
     build_tiny_wan().save_pretrained(str(directory))
@@ -85,8 +85,8 @@ def _warmup_requests(directory: Path) -> list[dict[str, Any]]:
     """The bounded warmup request the lifecycle runs for the directory (its plan's shape and
     steps, its warmup prompt, guidance and seed), as /generate's body."""
     from lifecycle.adapters.diffusers import spec_for_directory
-    from lifecycle.core.config import ServerArgs
-    from lifecycle.core.plan import bounded_shape, bounded_steps
+    from lifecycle.core.decisions.warmupplan import bounded_shape, bounded_steps
+    from lifecycle.core.settings.config import ServerArgs
     from lifecycle.runtime.actions import warmup_generation
 
     width, height, frames = DEFAULT_SHAPE

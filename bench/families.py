@@ -4,7 +4,7 @@
 experts swapped against both resident (bench.expertswap).
 
 The directories are built offline and saved by diffusers' `save_pretrained`: tiny-qwen-image
-(lifecycle.adapters.diffusers.tinyqwen) and a Wan 2.2 directory of the tests'
+(lifecycle.adapters.diffusers.qwen.tiny) and a Wan 2.2 directory of the tests'
 (tests.adapters.pipeline_dirs.save_small_wan22) at a size where weights outweigh the working
 memory, as they do in the real experts.
 
@@ -81,7 +81,7 @@ def body(request: tuple[int, int, int, int]) -> dict[str, Any]:
 
 
 def save_directories(workdir: Path, sized: Sized) -> dict[str, Path]:
-    from lifecycle.adapters.diffusers.tinyqwen import build_tiny_qwen_image
+    from lifecycle.adapters.diffusers.qwen.tiny import build_tiny_qwen_image
     from tests.adapters.pipeline_dirs import save_small_wan22
 
     heads, layers, ffn_dim = sized.wan22

@@ -24,7 +24,7 @@ from bench.compare import compared_seconds
 from bench.stats import interleave, median
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
-from lifecycle.core.deadlines import (
+from lifecycle.core.decisions.deadlines import (
     MIN_RUNS,
     SAMPLE_RUNS,
     STALL_FACTOR,
@@ -34,7 +34,7 @@ from lifecycle.core.deadlines import (
     history_key,
     runs_of,
 )
-from lifecycle.runtime.heartbeat import SLOW_BEAT_S
+from lifecycle.runtime.group.heartbeat import SLOW_BEAT_S
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "micro-video"
@@ -247,7 +247,7 @@ def _maybe(seconds: float | None) -> str:
 
 @contextlib.contextmanager
 def _serving(settings: Settings, db: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    from lifecycle.serve.supervisor import free_port
+    from lifecycle.serve.ranks.supervisor import free_port
 
     port = free_port()
     log = settings.workdir / "history-serve.log"
@@ -380,8 +380,8 @@ def _journal_of_runs(db: Path, runs: int) -> str:
 
 
 def _lookup_row(settings: Settings) -> Row:
-    from lifecycle.store.history import all_history, recent_history
     from lifecycle.store.journal import Journal
+    from lifecycle.store.learned.history import all_history, recent_history
 
     db = settings.workdir / "history-10k.db"
     progress(f"history: the lookup at gate-check on a journal of {JOURNAL_RUNS:,} runs")

@@ -55,7 +55,7 @@ def new_journal(path: Path | str, *, run_id: str, world_size: int) -> None:
 def raw_connection(path: Path) -> sqlite3.Connection:
     """The journal's connection settings, without the library: WAL, synchronous=NORMAL,
     foreign keys, the same busy timeout, autocommit so that BEGIN is ours."""
-    from lifecycle.store.sqlite import BUSY_TIMEOUT_S
+    from lifecycle.store.backends.sqlite import BUSY_TIMEOUT_S
 
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
@@ -80,8 +80,8 @@ def interleaved_appends(
     """Seconds per append of one action_started event: through the library into
     `lifecycle_journal` (side a), interleaved one by one with `raw_insert` of the same row,
     pre-encoded (side b)."""
-    from lifecycle.core.codec import encode
-    from lifecycle.core.events import ActionStarted
+    from lifecycle.core.format.codec import encode
+    from lifecycle.core.format.events import ActionStarted
     from lifecycle.store.journal import Journal
 
     event = ActionStarted(action="bounded-warmup")
@@ -344,7 +344,7 @@ def append_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     """Open the journal as rank `rank`; once released, append `events` events and count the
     appends that failed, and why."""
     from lifecycle.core.errors import JournalError
-    from lifecycle.core.events import ActionStarted
+    from lifecycle.core.format.events import ActionStarted
     from lifecycle.store.journal import Journal
 
     journal = Journal.open_for_write(str(payload["db"]))
@@ -381,7 +381,7 @@ def append_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from lifecycle.store.revisions import known_revisions
+    from lifecycle.store.backends.revisions import known_revisions
 
     known_revisions()  # import SQLAlchemy and Alembic before saying ready
     serve(append_task)

@@ -74,7 +74,7 @@ def build(payload: dict[str, Any]) -> dict[str, Any]:
     )
     from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    from lifecycle.adapters.diffusers.tinywan import tiny_vocabulary
+    from lifecycle.adapters.diffusers.wan.tiny import tiny_vocabulary
 
     def encoder_of(layers: int) -> Any:
         config = UMT5Config(vocab_size=payload["vocab"], num_layers=layers, **UMT5_XXL)
@@ -142,7 +142,7 @@ def _lifecycle_load(directory: str) -> tuple[Any, list[dict[str, Any]], float]:
 
     from lifecycle.adapters.diffusers.directory import read_directory
     from lifecycle.adapters.diffusers.loading import load_components
-    from lifecycle.core.events import Event, LoadFinished
+    from lifecycle.core.format.events import Event, LoadFinished
     from lifecycle.runtime.phases import recording_loads
 
     finished: list[dict[str, Any]] = []

@@ -20,7 +20,7 @@ from bench.otlpreceiver import Receiver, closed_port, otlp_receiver
 from bench.stats import median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
-from lifecycle.runtime.tracing import CONFIGURE_AFTER_S, FLUSH_WITHIN_S
+from lifecycle.runtime.telemetry.tracing import CONFIGURE_AFTER_S, FLUSH_WITHIN_S
 
 TARGET = 1.01
 TROUBLE_TARGET = 1.05  # a collector in trouble: the export must still stay out of the way
@@ -89,7 +89,7 @@ def _booter(
         )  # fmt: skip
         db.unlink()
         if side.receiver is not None and side.name == LIVE:
-            from lifecycle.runtime.tracing import trace_id_of
+            from lifecycle.runtime.telemetry.tracing import trace_id_of
 
             trace = f"{trace_id_of(booted.run_id):032x}"
             if not side.receiver.spans_of(trace, within_s=SPANS_WITHIN_S):

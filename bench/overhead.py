@@ -18,11 +18,11 @@ import structlog
 from bench.stats import Paired, interleave, median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
-from lifecycle.core.config import ServerArgs, SmokeRequest
-from lifecycle.core.events import Event, StoredEvent
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.plan import WarmupPlan
-from lifecycle.core.states import State
+from lifecycle.core.decisions.warmupplan import WarmupPlan
+from lifecycle.core.format.events import Event, StoredEvent
+from lifecycle.core.format.states import State
+from lifecycle.core.settings.config import ServerArgs, SmokeRequest
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.store.writer import RankWriter
 
@@ -54,8 +54,8 @@ def plain_plan(args: ServerArgs) -> WarmupPlan:
     """The plan the lifecycle side builds, computed once outside any timed region."""
     import torch
 
-    from lifecycle.core.gates import calibration_skip_reason
-    from lifecycle.core.plan import plan_for
+    from lifecycle.core.decisions.gates import calibration_skip_reason
+    from lifecycle.core.decisions.warmupplan import plan_for
     from lifecycle.runtime.device import memory_meter, probe_platform
 
     device = torch.device("cpu")
@@ -73,8 +73,8 @@ def plain_warmup(args: ServerArgs, plan: WarmupPlan, seen: list[Work]) -> float:
     import torch
 
     from lifecycle.runtime.actions import warmup_generation
-    from lifecycle.runtime.comm import Comm
     from lifecycle.runtime.device import memory_meter, release_cache, select_device
+    from lifecycle.runtime.group.comm import Comm
     from lifecycle.runtime.pipeline import build_pipeline
     from lifecycle.runtime.request import run_request
 
@@ -204,7 +204,7 @@ class Boot:
 
 def lifecycle_boot(args: ServerArgs, boots: list[Boot]) -> float:
     """Side A: journal, run row, recorder, RankSession, boot() to ready; seconds taken."""
-    from lifecycle.core.fold import fold_run
+    from lifecycle.core.format.fold import fold_run
     from lifecycle.runtime.session import RankLaunch, RankSession
     from lifecycle.store.journal import Journal
     from lifecycle.store.runs import new_run_id, run_row

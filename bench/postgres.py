@@ -117,8 +117,8 @@ def diagnose_rows(settings: Settings, server: PostgresServer) -> list[Row]:
     """`replay diagnose` on PostgreSQL copies of bench.replay's synthetic journals, beside
     the same journals read from SQLite, in the same run."""
     from bench.replay import RANKS, journal_of, timed
-    from lifecycle.store.copy import copy_journal
     from lifecycle.store.journal import Journal
+    from lifecycle.store.upkeep.copy import copy_journal
 
     small, large = (10_000, 30_000) if settings.quick else (10_000, 1_000_000)
     rounds = 1 if settings.quick else 3

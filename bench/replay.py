@@ -47,8 +47,7 @@ def build_journal(path: Path, events: int) -> None:
     """A 64-rank run (CFG 2 x Ulysses 32) of `events` events: the states of a calibrated
     startup, its ready action, then collectives in each rank's Ulysses, CFG and world groups
     interleaved with heartbeats, as a long-serving server's journal looked before the ring."""
-    from lifecycle.core.config import ServerArgs, args_to_json
-    from lifecycle.core.events import (
+    from lifecycle.core.format.events import (
         ActionFinished,
         ActionStarted,
         CollectiveFinished,
@@ -57,8 +56,9 @@ def build_journal(path: Path, events: int) -> None:
         Heartbeat,
         Transition,
     )
-    from lifecycle.core.modelspec import MODEL_PRESETS
-    from lifecycle.core.records import PendingCollective
+    from lifecycle.core.format.records import PendingCollective
+    from lifecycle.core.settings.config import ServerArgs, args_to_json
+    from lifecycle.core.settings.modelspec import MODEL_PRESETS
     from lifecycle.store.journal import Journal
     from lifecycle.store.rows import RunRow
 

@@ -33,10 +33,10 @@ def _decode_once(name: str, width: int, height: int, frames: int) -> dict[str, f
     before decoding (VmHWM) and seconds, the better of two."""
     import torch
 
-    from lifecycle.core.modelspec import MODEL_PRESETS
-    from lifecycle.core.records import Shape
-    from lifecycle.runtime.comm import Comm
+    from lifecycle.core.format.records import Shape
+    from lifecycle.core.settings.modelspec import MODEL_PRESETS
     from lifecycle.runtime.device import LinuxRssMeter
+    from lifecycle.runtime.group.comm import Comm
     from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -120,7 +120,7 @@ def build_runs_journal(path: Path, *, templates: Path, runs: int) -> int:
     """`runs` runs in one journal, copies of the real one-rank startups in `templates` taken
     in turn, ten minutes apart and all ended before now; each written as lifecycle writes it
     (RankWriter, one batch a run), so with its summary row. Returns the events written."""
-    from lifecycle.core.events import Event
+    from lifecycle.core.format.events import Event
     from lifecycle.store.journal import Journal
 
     with Journal.open_for_read(str(templates)) as source:

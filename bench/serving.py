@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, verdict
-from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
+from lifecycle.core.settings.modelspec import MODEL_PRESETS, ModelSpec
 
 if TYPE_CHECKING:
-    from lifecycle.runtime.comm import Comm
+    from lifecycle.runtime.group.comm import Comm
     from lifecycle.runtime.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ class Server:
         extra: tuple[str, ...] = (),
         ready_within: float = READY_TIMEOUT_S,
     ) -> None:
-        from lifecycle.serve.supervisor import free_port
+        from lifecycle.serve.ranks.supervisor import free_port
 
         self.ready_within = ready_within
         self.db = db or settings.workdir / f"serving-{model.label}.db"

@@ -40,7 +40,7 @@ class WanServer:
         args: Sequence[str],
         env: Mapping[str, str],
     ) -> None:
-        from lifecycle.serve.supervisor import free_port
+        from lifecycle.serve.ranks.supervisor import free_port
 
         self.label = label
         self.log_path = workdir / f"diffusers-serve-{label}.log"

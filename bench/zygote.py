@@ -32,8 +32,8 @@ def _reap(out: IO[str], lock: threading.Lock) -> None:
 
 
 def serve() -> None:
-    import lifecycle.serve.cli
-    import lifecycle.serve.launch
+    import lifecycle.serve.cli.main
+    import lifecycle.serve.launch.launcher
 
     out = sys.stdout
     lock = threading.Lock()
@@ -48,7 +48,7 @@ def serve() -> None:
                 os.dup2(null, fd)
             status = 1
             try:
-                status = lifecycle.serve.cli.main(request["argv"])
+                status = lifecycle.serve.cli.main.main(request["argv"])
             finally:
                 os._exit(status)
         with lock:

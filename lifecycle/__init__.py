@@ -17,7 +17,7 @@ from lifecycle.core.errors import (  # noqa: E402
     NotAJournal,
     SchemaMismatch,
 )
-from lifecycle.core.states import State, Trigger  # noqa: E402
+from lifecycle.core.format.states import State, Trigger  # noqa: E402
 
 __version__ = "0.1.0"
 

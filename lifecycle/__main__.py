@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from lifecycle.serve.cli import entry
+from lifecycle.serve.cli.main import entry
 
 entry()

@@ -24,17 +24,17 @@ spec and the rank's `Comm` and returns a `Pipeline`. The library adapters of
 from __future__ import annotations
 
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.modelspec import (
+from lifecycle.core.format.records import Generation, ResidencyOption, Shape, StageRecord
+from lifecycle.core.settings.modelspec import (
     DIFFUSERS_BACKEND,
     DIFFUSERS_COMPONENTS_BACKEND,
     NATIVE_BACKEND,
     MemoryModel,
     ModelSpec,
 )
-from lifecycle.core.records import Generation, ResidencyOption, Shape, StageRecord
-from lifecycle.core.validation import MAX_STEPS
-from lifecycle.runtime.comm import Comm, RecordedGroup, StagingBuffers, UlyssesAttention
+from lifecycle.core.settings.validation import MAX_STEPS
 from lifecycle.runtime.device import MemoryMeter, memory_meter, synchronize
+from lifecycle.runtime.group.comm import Comm, RecordedGroup, StagingBuffers, UlyssesAttention
 from lifecycle.runtime.phases import ComponentLoad, component_load
 from lifecycle.runtime.pipeline import (
     CompilablePipeline,

@@ -9,8 +9,8 @@ from alembic import context
 from sqlalchemy import Connection, create_engine
 from sqlalchemy.pool import NullPool
 
+from lifecycle.store.backends.schema import metadata
 from lifecycle.store.location import to_url
-from lifecycle.store.schema import metadata
 
 config = context.config
 target_metadata = metadata

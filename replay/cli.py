@@ -19,7 +19,7 @@ from replay.exits import ReplayExit, Usage
 from replay.parser import parse_args
 
 if TYPE_CHECKING:
-    from lifecycle.core.view import RankView
+    from lifecycle.core.format.view import RankView
     from replay.flight.join import FlightFacts
     from replay.load import Journals, RunInfo
     from replay.verdict.diagnose import Diagnosis
@@ -53,7 +53,7 @@ def _locations(given: Sequence[str]) -> list[str]:
 
 
 def _warn(problems: list[str], err: IO[str]) -> None:
-    from lifecycle.core.text import clean
+    from lifecycle.core.format.text import clean
 
     for problem in dict.fromkeys(problems):
         print(f"replay: warning: {clean(problem)}", file=err)
@@ -286,9 +286,9 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from lifecycle.core.deadlines import RankDurations
+    from lifecycle.core.decisions.deadlines import RankDurations
     from lifecycle.core.errors import JournalError
-    from lifecycle.store.history import HISTORY_REVISION, has_history, history_of
+    from lifecycle.store.learned.history import HISTORY_REVISION, has_history, history_of
     from replay.history import format_history, histories, history_json
     from replay.load import Journals
 
@@ -354,14 +354,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[ns.command](ns, out, err)
     except LifecycleError as exc:
-        from lifecycle.core.text import clean
+        from lifecycle.core.format.text import clean
 
         print(f"replay: error: {clean(exc)}", file=err)
         return ReplayExit.BAD_INPUT
     except (RecursionError, OverflowError) as exc:
         # A value past what replay can hold (a number past 64 bits, nesting past the stack)
         # is bad input, never a verdict: exit 1 would read as "failed".
-        from lifecycle.core.text import clean
+        from lifecycle.core.format.text import clean
 
         what = "nests too deeply" if isinstance(exc, RecursionError) else "holds too large a number"
         print(f"replay: error: the input {what} to be read ({clean(exc)[:200]})", file=err)

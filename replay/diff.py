@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.core.accounting import PhaseShare, account
-from lifecycle.core.launchphase import launch_phase
-from lifecycle.core.states import State
+from lifecycle.core.format.accounting import PhaseShare, account
+from lifecycle.core.format.launchphase import launch_phase
+from lifecycle.core.format.states import State
 from replay.verdict.analysis import RunAnalysis
 from replay.verdict.diagnose import Diagnosis
 
@@ -207,7 +207,7 @@ def verdict(a: RunProfile, b: RunProfile) -> str:
 
 
 def format_diff(a: RunProfile, b: RunProfile) -> str:
-    from lifecycle.core.text import clean
+    from lifecycle.core.format.text import clean
     from replay.views.render import mib, table
 
     def seconds(value: float | None) -> str:

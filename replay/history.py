@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.core.deadlines import (
+from lifecycle.core.decisions.deadlines import (
     LOAD_PREFIX,
     MIN_RUNS,
     RankDurations,
@@ -20,7 +20,7 @@ from lifecycle.core.deadlines import (
     p95,
     runs_of,
 )
-from lifecycle.core.text import clean
+from lifecycle.core.format.text import clean
 from replay.load import RunInfo
 from replay.views.render import Style, table
 

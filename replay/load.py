@@ -8,13 +8,13 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from lifecycle.core.checkpoint import FOLD_VERSION, restore
 from lifecycle.core.errors import CorruptEvent, JournalError
-from lifecycle.core.events import RunStarted, StoredEvent
-from lifecycle.core.fold import RankFold
-from lifecycle.core.states import State
-from lifecycle.core.validation import MAX_RANKS
-from lifecycle.core.view import RankView
+from lifecycle.core.format.checkpoint import FOLD_VERSION, restore
+from lifecycle.core.format.events import RunStarted, StoredEvent
+from lifecycle.core.format.fold import RankFold
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import RankView
+from lifecycle.core.settings.validation import MAX_RANKS
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from lifecycle.store.summaries import Summary, with_latest_heartbeat

@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from lifecycle.store.backends.sqlite import FILE_KINDS
 from lifecycle.store.location import file_identity, journal_files
-from lifecycle.store.sqlite import FILE_KINDS
 from replay.exits import ReplayError
 
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lifecycle.core import agreement
-from lifecycle.core.config import ServerArgs, WarmupMode, args_from_json
+from lifecycle.core.decisions import agreement
+from lifecycle.core.decisions.gates import (
+    RESIDENCY_GATE,
+    RESIDENCY_PLANNER_NOT_AVAILABLE,
+    calibration_skip_reason,
+    evaluate_gates,
+)
+from lifecycle.core.decisions.residencyplanner import replan, same_plan, verify_time
+from lifecycle.core.decisions.warmupplan import WarmupPlan, build_plan, fit_probe
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     GateDecided,
     PlanBuilt,
     ResidencyPlanned,
@@ -16,16 +23,9 @@ from lifecycle.core.events import (
     StoredEvent,
     Transition,
 )
-from lifecycle.core.gates import (
-    RESIDENCY_GATE,
-    RESIDENCY_PLANNER_NOT_AVAILABLE,
-    calibration_skip_reason,
-    evaluate_gates,
-)
-from lifecycle.core.plan import WarmupPlan, build_plan, fit_probe
-from lifecycle.core.planner import replan, same_plan, verify_time
-from lifecycle.core.records import WarmupRequest
-from lifecycle.core.states import State, Trigger, next_state
+from lifecycle.core.format.records import WarmupRequest
+from lifecycle.core.format.states import State, Trigger, next_state
+from lifecycle.core.settings.config import ServerArgs, WarmupMode, args_from_json
 from replay.load import RunInfo
 
 
@@ -234,7 +234,7 @@ def _reason(reason: str | None) -> str:
 
 
 def format_verify(reports: list[VerifyReport]) -> str:
-    from lifecycle.core.text import clean
+    from lifecycle.core.format.text import clean
 
     lines = []
     for report in reports:

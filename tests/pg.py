@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lifecycle.serve.supervisor import free_port
+from lifecycle.serve.ranks.supervisor import free_port
 
 USER = "lifecycle"
 PASSWORD = "s3cr3t-Pg-pw"

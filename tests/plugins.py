@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lifecycle.core.events import ActionStarted
-from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
-from lifecycle.runtime.comm import Comm
+from lifecycle.core.format.events import ActionStarted
+from lifecycle.core.settings.modelspec import MODEL_PRESETS, ModelSpec
+from lifecycle.runtime.group.comm import Comm
 from lifecycle.runtime.pipeline import Pipeline
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 from lifecycle.store.journal import Journal

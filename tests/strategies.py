@@ -11,8 +11,8 @@ from typing import Any, Union
 
 from hypothesis import strategies as st
 
-from lifecycle.core.events import EVENT_TYPES, Event, StoredEvent
-from lifecycle.core.states import State
+from lifecycle.core.format.events import EVENT_TYPES, Event, StoredEvent
+from lifecycle.core.format.states import State
 
 _text = st.text(max_size=24)
 _float = st.floats(allow_nan=False, allow_infinity=False, width=64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.runid import is_run_id
+from lifecycle.core.format.runid import is_run_id
 
 REQUEST_ID_RULE = (
     "X-Request-ID must be 1 to 64 letters, digits, '.', '-' or '_', starting with a letter or digit"

@@ -10,25 +10,16 @@ from typing import TypedDict
 import structlog
 import torch
 
-from lifecycle.core.agreement import (
+from lifecycle.core.decisions.agreement import (
     agreed_decision,
     agreed_probe_shape,
     first_failed_gate,
     reuse_token,
 )
-from lifecycle.core.config import ServerArgs, SmokeRequest
-from lifecycle.core.deadlines import StartupPath, expect, history_key, runs_of
-from lifecycle.core.errors import JournalError
-from lifecycle.core.events import (
-    GateDecided,
-    PlanBuilt,
-    RequestFinished,
-    RequestStarted,
-    WarmupRecord,
-)
-from lifecycle.core.fingerprint import Reuse
-from lifecycle.core.gates import RESIDENCY_GATE_INDEX, evaluate_gates
-from lifecycle.core.plan import (
+from lifecycle.core.decisions.deadlines import StartupPath, expect, history_key, runs_of
+from lifecycle.core.decisions.fingerprint import Reuse
+from lifecycle.core.decisions.gates import RESIDENCY_GATE_INDEX, evaluate_gates
+from lifecycle.core.decisions.warmupplan import (
     PROBE_DOES_NOT_FIT,
     WarmupPlan,
     bounded_shape,
@@ -36,7 +27,15 @@ from lifecycle.core.plan import (
     build_plan,
     fit_probe,
 )
-from lifecycle.core.records import (
+from lifecycle.core.errors import JournalError
+from lifecycle.core.format.events import (
+    GateDecided,
+    PlanBuilt,
+    RequestFinished,
+    RequestStarted,
+    WarmupRecord,
+)
+from lifecycle.core.format.records import (
     Generation,
     GroupMark,
     ReuseCode,
@@ -45,8 +44,9 @@ from lifecycle.core.records import (
     WarmupRequest,
     shared_fields,
 )
+from lifecycle.core.format.states import State
 from lifecycle.core.requestid import request_id_of
-from lifecycle.core.states import State
+from lifecycle.core.settings.config import ServerArgs, SmokeRequest
 from lifecycle.runtime.compiler import compile_denoiser, keep_compiled
 from lifecycle.runtime.device import probe_platform, release_cache
 from lifecycle.runtime.learned import agreed_shapes, chosen_shapes
@@ -61,7 +61,7 @@ from lifecycle.runtime.residency import (
     plan_after_probe,
     verify_after_rewarm,
 )
-from lifecycle.store.history import HistoryRead
+from lifecycle.store.learned.history import HistoryRead
 
 log = structlog.get_logger("lifecycle.runtime")
 
@@ -264,9 +264,9 @@ def generate(
     runs after each denoising step (see run_request). A request the server cancelled is
     journaled with why (a non-fatal error) before it finishes. Its span, when traces are
     sent, is a child of `traceparent` (the server's span of it)."""
-    from lifecycle.core.events import error_event
-    from lifecycle.core.requesttime import RequestCancelled
-    from lifecycle.runtime.rankspans import current_rank_spans
+    from lifecycle.core.decisions.requesttime import RequestCancelled
+    from lifecycle.core.format.events import error_event
+    from lifecycle.runtime.telemetry.rankspans import current_rank_spans
 
     assert rt.pipeline is not None
     request_id = request_id_of(request_id)

@@ -20,18 +20,23 @@ from pathlib import Path
 import structlog
 import torch
 
-from lifecycle.core.compiling import MAX_ARTIFACT_BYTES, CacheUse, CompileKey, stale_reason
+from lifecycle.core.decisions.compiling import (
+    MAX_ARTIFACT_BYTES,
+    CacheUse,
+    CompileKey,
+    stale_reason,
+)
+from lifecycle.core.decisions.warmupplan import bounded_shape
 from lifecycle.core.errors import JournalError
-from lifecycle.core.events import Compiled, CompileKept
-from lifecycle.core.plan import bounded_shape
-from lifecycle.core.records import Generation
-from lifecycle.runtime.comm import run_eagerly_under_compile
+from lifecycle.core.format.events import Compiled, CompileKept
+from lifecycle.core.format.records import Generation
+from lifecycle.runtime.group.comm import run_eagerly_under_compile
+from lifecycle.runtime.group.signals import before_leaving
 from lifecycle.runtime.pipeline import repeated_blocks
 from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.request import run_request
-from lifecycle.runtime.signals import before_leaving
-from lifecycle.store.artifacts import ArtifactUnusable
-from lifecycle.store.dberrors import DATABASE_ERRORS
+from lifecycle.store.backends.dberrors import DATABASE_ERRORS
+from lifecycle.store.learned.artifacts import ArtifactUnusable
 
 log = structlog.get_logger("lifecycle.runtime")
 

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from lifecycle.core.records import Platform
+from lifecycle.core.format.records import Platform
 
 CUDA_ALLOCATOR = "cuda-allocator"
 LINUX_VMHWM = "linux-vmhwm"

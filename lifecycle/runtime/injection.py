@@ -8,11 +8,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lifecycle.core.config import ServerArgs, fault_for, request_fault_for
 from lifecycle.core.errors import InjectedFault
-from lifecycle.core.events import FaultInjected
-from lifecycle.core.faults import FaultKind, FaultSpec
-from lifecycle.core.states import State
+from lifecycle.core.format.events import FaultInjected
+from lifecycle.core.format.states import State
+from lifecycle.core.settings.config import ServerArgs, fault_for, request_fault_for
+from lifecycle.core.settings.faults import FaultKind, FaultSpec
 from lifecycle.runtime.recorder import Recorder
 
 if TYPE_CHECKING:

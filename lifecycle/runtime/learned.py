@@ -9,18 +9,18 @@ from __future__ import annotations
 import structlog
 import torch
 
-from lifecycle.core.compiling import (
+from lifecycle.core.decisions.compiling import (
     LEARNED_WARM_STEPS,
-    MAX_LEARNED_SHAPES,
     LearnedShape,
     learned_shapes,
     warm_budget,
     within_budget,
 )
+from lifecycle.core.decisions.warmupplan import bounded_shape
 from lifecycle.core.errors import ConfigError, JournalError
-from lifecycle.core.plan import bounded_shape
-from lifecycle.core.records import Shape
-from lifecycle.core.validation import validate_shape
+from lifecycle.core.format.records import Shape
+from lifecycle.core.settings.config import MAX_LEARNED_SHAPES
+from lifecycle.core.settings.validation import validate_shape
 from lifecycle.runtime.rankruntime import RankRuntime
 
 log = structlog.get_logger("lifecycle.runtime")

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import lifecycle
-from lifecycle.core.events import Event, LoadFinished, LoadStarted
-from lifecycle.core.records import PhaseTime
+from lifecycle.core.format.events import Event, LoadFinished, LoadStarted
+from lifecycle.core.format.records import PhaseTime
 
 MAX_LOAD_FILES = 32  # a component's files a load_started event names (shards beyond are counted)
 # The phases an entry point marks, in the order they come.

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from lifecycle.core.compiling import CacheUse, CompileKey
-from lifecycle.core.config import RankLayout, ServerArgs
-from lifecycle.core.fingerprint import Reuse, StoredPlan
-from lifecycle.core.plan import WarmupPlan
-from lifecycle.core.records import Fingerprint, Platform, RequestResult, ResidencyPlan, Role
-from lifecycle.runtime.comm import Comm
+from lifecycle.core.decisions.compiling import CacheUse, CompileKey
+from lifecycle.core.decisions.fingerprint import Reuse, StoredPlan
+from lifecycle.core.decisions.warmupplan import WarmupPlan
+from lifecycle.core.format.records import Fingerprint, Platform, RequestResult, ResidencyPlan, Role
+from lifecycle.core.settings.config import RankLayout, ServerArgs
 from lifecycle.runtime.device import MemoryMeter
+from lifecycle.runtime.group.comm import Comm
 from lifecycle.runtime.pipeline import Pipeline
 from lifecycle.runtime.recorder import Recorder
 

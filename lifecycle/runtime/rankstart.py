@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from lifecycle import __version__
-from lifecycle.core.events import RunStarted
+from lifecycle.core.format.events import RunStarted
+from lifecycle.runtime.group.process_group import backend_for
 from lifecycle.runtime.phases import phases_until
-from lifecycle.runtime.process_group import backend_for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import structlog
 
-from lifecycle.core.compiling import LearnedTraffic
+from lifecycle.core.decisions.compiling import LearnedTraffic
 from lifecycle.core.errors import ConfigError, ErrorKind, JournalError
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     Aborted,
     CollectivesDumped,
     CollectiveStarted,
@@ -35,10 +35,10 @@ from lifecycle.core.events import (
     StoredEvent,
     WarmupRecord,
 )
-from lifecycle.core.states import State
-from lifecycle.runtime.rankmetrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
-from lifecycle.store.artifacts import ArtifactStore
-from lifecycle.store.history import HistoryRead
+from lifecycle.core.format.states import State
+from lifecycle.runtime.telemetry.rankmetrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
+from lifecycle.store.learned.artifacts import ArtifactStore
+from lifecycle.store.learned.history import HistoryRead
 from lifecycle.store.writer import RankWriter
 
 # Kinds that stay in the ring after `ready` (see keep_collectives_in_ring).

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lifecycle.core.records import Generation, RequestResult, StageRecord
+from lifecycle.core.format.records import Generation, RequestResult, StageRecord
 from lifecycle.runtime.device import MemoryMeter, synchronize
 from lifecycle.runtime.pipeline import Pipeline
 

@@ -13,17 +13,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from lifecycle import __version__
-from lifecycle.core import events as ev
-from lifecycle.core.agreement import agreed_rollback
-from lifecycle.core.errors import JournalError
-from lifecycle.core.fingerprint import (
+from lifecycle.core.decisions.agreement import agreed_rollback
+from lifecycle.core.decisions.fingerprint import (
     PlanStatus,
     Reuse,
     StoredPlan,
     choose_reuse,
     fingerprint,
 )
-from lifecycle.core.planner import (
+from lifecycle.core.decisions.residencyplanner import (
     MIB,
     Candidate,
     candidates,
@@ -38,7 +36,9 @@ from lifecycle.core.planner import (
     verify_peak,
     verify_time,
 )
-from lifecycle.core.records import (
+from lifecycle.core.errors import JournalError
+from lifecycle.core.format import events as ev
+from lifecycle.core.format.records import (
     ComponentCost,
     PlannerInput,
     Platform,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
-from lifecycle.core.config import PeerFailure, RankLayout, ServerArgs
+from lifecycle.core.decisions.machine import LifecycleMachine
 from lifecycle.core.errors import (
     COLLECTIVE_KINDS,
     ConfigError,
@@ -27,7 +27,7 @@ from lifecycle.core.errors import (
     StartupTimeout,
     classify,
 )
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     Aborted,
     ActionFinished,
     ActionStarted,
@@ -36,29 +36,36 @@ from lifecycle.core.events import (
     Transition,
     error_event,
 )
-from lifecycle.core.machine import LifecycleMachine
-from lifecycle.core.states import TERMINAL_STATES, TRANSITIONS, Edge, State, Trigger, happy_trigger
-from lifecycle.runtime.abort import AbortWatcher, Failure, failure_of, watch_peers
+from lifecycle.core.format.states import (
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Edge,
+    State,
+    Trigger,
+    happy_trigger,
+)
+from lifecycle.core.settings.config import PeerFailure, RankLayout, ServerArgs
 from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, action_runs
-from lifecycle.runtime.comm import Comm
 from lifecycle.runtime.device import memory_meter, select_device
-from lifecycle.runtime.flightrecorder import FlightDumper, folder_for, turn_on
-from lifecycle.runtime.heartbeat import HeartbeatThread
-from lifecycle.runtime.injection import RankFaults
-from lifecycle.runtime.process_group import (
+from lifecycle.runtime.group.abort import AbortWatcher, Failure, failure_of, watch_peers
+from lifecycle.runtime.group.comm import Comm
+from lifecycle.runtime.group.flightrecorder import FlightDumper, folder_for, turn_on
+from lifecycle.runtime.group.heartbeat import HeartbeatThread
+from lifecycle.runtime.group.process_group import (
     fatal_error,
     join_process_group,
     measure_clock_offset,
     settings_disagreement,
 )
+from lifecycle.runtime.group.signals import leave_process
+from lifecycle.runtime.group.storetrust import Rejections, RunKey, StoreTrust
+from lifecycle.runtime.injection import RankFaults
 from lifecycle.runtime.rankruntime import RankRuntime
 
 # RankLaunch is re-exported: the launcher and the tests make a rank's session from here.
 from lifecycle.runtime.rankstart import RankLaunch as RankLaunch  # noqa: PLC0414
 from lifecycle.runtime.rankstart import run_started
 from lifecycle.runtime.recorder import Recorder
-from lifecycle.runtime.signals import leave_process
-from lifecycle.runtime.storetrust import Rejections, RunKey, StoreTrust
 
 
 class RankSession:

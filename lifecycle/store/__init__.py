@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from lifecycle.store.journal import Journal
-from lifecycle.store.location import is_url, shown_location, to_url
-from lifecycle.store.revisions import (
+from lifecycle.store.backends.revisions import (
     head_revision,
     journal_revision,
     known_revisions,
     migrations_dir,
     script_revisions,
 )
+from lifecycle.store.journal import Journal
+from lifecycle.store.location import is_url, shown_location, to_url
 from lifecycle.store.rows import RunRow
 from lifecycle.store.writer import RankWriter
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy import Text, select, type_coerce
 
-from lifecycle.core.codec import UNKNOWN_KIND, decode_or_unknown
-from lifecycle.core.events import StoredEvent, UnknownEvent
+from lifecycle.core.format.codec import UNKNOWN_KIND, decode_or_unknown
+from lifecycle.core.format.events import StoredEvent, UnknownEvent
+from lifecycle.store.backends.schema import events
 from lifecycle.store.rows import is_int, is_number
-from lifecycle.store.schema import events
 
 # An event row as readers select it.
 EVENT_ROW = select(

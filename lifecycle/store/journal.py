@@ -9,20 +9,26 @@ from sqlalchemy import Engine, Text, func, null, select, type_coerce
 from sqlalchemy.pool import PoolProxiedConnection
 
 from lifecycle.core.errors import JournalError, NotAJournal
-from lifecycle.core.events import StoredEvent
-from lifecycle.core.fold import RankFold
-from lifecycle.store.backend import Backend, backend_for
-from lifecycle.store.dberrors import DATABASE_ERRORS, Fault, fault_of, journal_error, write_failure
-from lifecycle.store.decode import EVENT_ROW, decode_row
-from lifecycle.store.revisions import (
+from lifecycle.core.format.events import StoredEvent
+from lifecycle.core.format.fold import RankFold
+from lifecycle.store.backends.backend import Backend, backend_for
+from lifecycle.store.backends.dberrors import (
+    DATABASE_ERRORS,
+    Fault,
+    fault_of,
+    journal_error,
+    write_failure,
+)
+from lifecycle.store.backends.revisions import (
     EMPTY,
     check_head,
     head_revision,
     migrate,
     read_revision,
 )
+from lifecycle.store.backends.schema import KNOWN_REVISIONS, events, runs
+from lifecycle.store.decode import EVENT_ROW, decode_row
 from lifecycle.store.rows import RunRow, is_int, is_number, json_column, without_secrets
-from lifecycle.store.schema import KNOWN_REVISIONS, events, runs
 from lifecycle.store.summaries import SUMMARY_REVISION, Summary, backfill, read_summaries
 from lifecycle.store.writer import RankWriter, StoredRow, collective_columns
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 
-from lifecycle.store.sqlite import FILE_KINDS
+from lifecycle.store.backends.sqlite import FILE_KINDS
 
 _CHUNK = 1 << 20
 

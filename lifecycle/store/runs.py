@@ -9,7 +9,7 @@ import socket
 import time
 
 from lifecycle import __version__
-from lifecycle.core.config import ServerArgs, args_to_json
+from lifecycle.core.settings.config import ServerArgs, args_to_json
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from sqlalchemy import Connection, literal, select, tuple_
 
-from lifecycle.core.checkpoint import FOLD_VERSION, checkpoint
-from lifecycle.core.events import StoredEvent
-from lifecycle.core.fold import RankFold
-from lifecycle.core.states import TERMINAL_STATES, State
+from lifecycle.core.format.checkpoint import FOLD_VERSION, checkpoint
+from lifecycle.core.format.events import StoredEvent
+from lifecycle.core.format.fold import RankFold
+from lifecycle.core.format.states import TERMINAL_STATES, State
+from lifecycle.store.backends.schema import events, rank_checkpoints, rank_summaries
 from lifecycle.store.rows import is_int, is_number
-from lifecycle.store.schema import events, rank_checkpoints, rank_summaries
 
 SUMMARY_REVISION = "0003"  # the first revision with rank_summaries
 BACKFILL_BATCH = 200  # summary rows inserted per transaction by `backfill`

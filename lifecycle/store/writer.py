@@ -12,18 +12,28 @@ from typing import Any
 from sqlalchemy import Dialect, Engine, Table, bindparam, select
 from sqlalchemy.sql.expression import ClauseElement
 
-from lifecycle.core.codec import encode
-from lifecycle.core.compiling import LearnedTraffic
+from lifecycle.core.decisions.compiling import LearnedTraffic
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
-from lifecycle.core.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
-from lifecycle.core.fold import RankFold
-from lifecycle.store.artifacts import ArtifactStore
-from lifecycle.store.backend import Backend
-from lifecycle.store.dberrors import DATABASE_ERRORS, append_error, is_retryable, journal_error
-from lifecycle.store.history import HistoryRead, history_values, recent_history
-from lifecycle.store.plans import planned_inputs, residency_history
-from lifecycle.store.schema import events, rank_checkpoints, rank_summaries, startup_history
-from lifecycle.store.served import fingerprint_runs, served_requests
+from lifecycle.core.format.codec import encode
+from lifecycle.core.format.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent
+from lifecycle.core.format.fold import RankFold
+from lifecycle.store.backends.backend import Backend
+from lifecycle.store.backends.dberrors import (
+    DATABASE_ERRORS,
+    append_error,
+    is_retryable,
+    journal_error,
+)
+from lifecycle.store.backends.schema import (
+    events,
+    rank_checkpoints,
+    rank_summaries,
+    startup_history,
+)
+from lifecycle.store.learned.artifacts import ArtifactStore
+from lifecycle.store.learned.history import HistoryRead, history_values, recent_history
+from lifecycle.store.learned.served import fingerprint_runs, served_requests
+from lifecycle.store.learned.verifiedplans import planned_inputs, residency_history
 from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
 
 # A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):

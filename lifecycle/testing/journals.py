@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lifecycle.core.config import ServerArgs, args_to_json
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     CollectiveFinished,
     CollectiveStarted,
     Error,
@@ -17,7 +16,8 @@ from lifecycle.core.events import (
     Heartbeat,
     Transition,
 )
-from lifecycle.core.records import PendingCollective
+from lifecycle.core.format.records import PendingCollective
+from lifecycle.core.settings.config import ServerArgs, args_to_json
 from lifecycle.store import Journal, RankWriter, RunRow
 
 T0 = 1_800_000_000.0  # a hand-built run's start (2027-01-15), the wall clock its events count from

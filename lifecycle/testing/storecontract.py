@@ -27,10 +27,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from lifecycle.core.checkpoint import FOLD_VERSION, restore
 from lifecycle.core.errors import JournalConflict, NotAJournal, SchemaMismatch
-from lifecycle.core.events import ActionStarted, Heartbeat, Transition
-from lifecycle.core.fold import RankFold
+from lifecycle.core.format.checkpoint import FOLD_VERSION, restore
+from lifecycle.core.format.events import ActionStarted, Heartbeat, Transition
+from lifecycle.core.format.fold import RankFold
 from lifecycle.store import Journal, head_revision, journal_revision
 from lifecycle.store.rows import RunRow
 from lifecycle.store.summaries import with_latest_heartbeat

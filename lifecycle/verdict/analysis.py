@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
-from lifecycle.core.events import StoredEvent
-from lifecycle.core.fold import RankFold
-from lifecycle.core.records import Signature
-from lifecycle.core.view import RankView
+from lifecycle.core.format.events import StoredEvent
+from lifecycle.core.format.fold import RankFold
+from lifecycle.core.format.records import Signature
+from lifecycle.core.format.view import RankView
 
 
 class Run(Protocol):

@@ -9,9 +9,9 @@ from enum import StrEnum
 from typing import Generic
 
 from lifecycle.core.errors import ErrorKind, recorded_kind
-from lifecycle.core.records import shared_fields
-from lifecycle.core.states import State
-from lifecycle.core.view import RankView
+from lifecycle.core.format.records import shared_fields
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import RankView
 from lifecycle.verdict.analysis import GroupEvidence, Mismatch, Run, RunAnalysis, RunT, RunT_co
 from lifecycle.verdict.culprits import hang_culprits, late_arrivals
 from lifecycle.verdict.endings import (

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.core.config import ServerArgs, args_to_json
-from lifecycle.core.events import Error
-from lifecycle.core.states import State
-from lifecycle.core.view import RankView
+from lifecycle.core.format.events import Error
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import RankView
+from lifecycle.core.settings.config import ServerArgs, args_to_json
 from lifecycle.verdict.analysis import combine, config_number
 from lifecycle.verdict.diagnose import Diagnosis, diagnose
 from lifecycle.verdict.headline import Culprit, Wrong, culprit_text, named_culprits

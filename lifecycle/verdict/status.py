@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lifecycle.core.errors import COLLECTIVE_KINDS
-from lifecycle.core.states import State
-from lifecycle.core.view import RankView
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import RankView
 from lifecycle.verdict.analysis import Run, RunAnalysis
 from lifecycle.verdict.evidence import CutOff, FirstError
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lifecycle.core import safepickle
-from lifecycle.core.runid import is_run_id
-from lifecycle.core.view import RankView
+from lifecycle.core.format import safepickle
+from lifecycle.core.format.runid import is_run_id
+from lifecycle.core.format.view import RankView
 from lifecycle.store.regularfile import RefusedFile, read_regular
 
 # The dump layout this replay reads: version "2.x" (torch 2.13 writes "2.10").
@@ -108,7 +108,7 @@ def rank_of(path: Path) -> int | None:
 def parse(data: bytes, *, rank: int, path: str) -> FlightDump:
     """One rank's dump from its bytes; BadDump says what is wrong with it."""
     # replay.views.render reaches this module through the verdict it renders: imported when used.
-    from lifecycle.core.text import clean
+    from lifecycle.core.format.text import clean
 
     def text(value: Any) -> str:
         """Text of a dump as replay holds it: cut short, then cleaned of escape sequences and

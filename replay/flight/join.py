@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from lifecycle.core.fold import MAX_CLOCK_OFFSET_S
-from lifecycle.core.states import State
-from lifecycle.core.view import RankView
+from lifecycle.core.format.fold import MAX_CLOCK_OFFSET_S
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import RankView
 from replay.flight.dumps import FlightDump, FlightDumps, FlightEntry
 from replay.verdict.analysis import RunAnalysis
 from replay.verdict.status import PendingInfo, RankVerdict, Status

@@ -3,8 +3,8 @@ each rank's note, and the text of a collective mismatch (pure)."""
 
 from __future__ import annotations
 
-from lifecycle.core.launchphase import launch_phase
-from lifecycle.core.records import Signature
+from lifecycle.core.format.launchphase import launch_phase
+from lifecycle.core.format.records import Signature
 from lifecycle.verdict import evidence as ev
 from lifecycle.verdict.analysis import Mismatch, MismatchReason, SplitDisagreement
 from lifecycle.verdict.diagnose import LOSS_ANNOUNCERS, Outcome

@@ -7,7 +7,7 @@ import dataclasses
 from enum import StrEnum
 from typing import Any
 
-from lifecycle.core.text import clean
+from lifecycle.core.format.text import clean
 from lifecycle.verdict.evidence import Evidence, FirstError
 from lifecycle.verdict.status import PendingInfo, RankVerdict
 from replay.verdict.diagnose import Diagnosis

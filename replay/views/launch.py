@@ -1,8 +1,8 @@
-"""What replay says of a rank's launch phase (lifecycle.core.launchphase) (pure)."""
+"""What replay says of a rank's launch phase (lifecycle.core.format.launchphase) (pure)."""
 
 from __future__ import annotations
 
-from lifecycle.core.launchphase import LaunchPhase
+from lifecycle.core.format.launchphase import LaunchPhase
 
 # Two process starts closer than this (/proc counts in 10 ms ticks) are one process's.
 SAME_INSTANT_S = 0.001

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lifecycle.core.text import clean, display_width
+from lifecycle.core.format.text import clean, display_width
 from replay.verdict.diagnose import Outcome
 
 

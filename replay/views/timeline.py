@@ -7,7 +7,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lifecycle.core.accounting import (
+from lifecycle.core.decisions.compiling import compile_text
+from lifecycle.core.format.accounting import (
     StartupAccount,
     account,
     account_json,
@@ -15,8 +16,7 @@ from lifecycle.core.accounting import (
     phases_text,
     total_text,
 )
-from lifecycle.core.compiling import compile_text
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     CollectiveFinished,
     CollectiveStarted,
     Event,
@@ -27,12 +27,11 @@ from lifecycle.core.events import (
     ResidencyVerified,
     StoredEvent,
 )
-from lifecycle.core.launchphase import LaunchPhase, launch_phase
-from lifecycle.core.phrases import reuse_text, skip_hint
-from lifecycle.core.planner import format_bytes
-from lifecycle.core.records import Role
-from lifecycle.core.text import clean, pad
-from lifecycle.core.view import RankView
+from lifecycle.core.format.launchphase import LaunchPhase, launch_phase
+from lifecycle.core.format.phrases import reuse_text, skip_hint
+from lifecycle.core.format.records import Role
+from lifecycle.core.format.text import clean, format_bytes, pad
+from lifecycle.core.format.view import RankView
 from replay.load import RunInfo
 from replay.verdict.analysis import RunAnalysis
 from replay.views.launch import launch_text

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     ActionFinished,
     ActionStarted,
     BuffersAllocated,
@@ -23,7 +23,7 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
-from lifecycle.core.states import State
+from lifecycle.core.format.states import State
 from replay.load import RunInfo
 
 STATES_TID = 1

@@ -16,10 +16,10 @@ import torch
 from lifecycle.adapters.diffusers import register, spec_for_directory
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
 from lifecycle.adapters.diffusers.families import FAMILIES, Family, driven_classes
-from lifecycle.core.config import ServerArgs
-from lifecycle.core.events import GateDecided, WarmupRecord
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.states import State
+from lifecycle.core.format.events import GateDecided, WarmupRecord
+from lifecycle.core.format.states import State
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, Comm, ModelSpec, Shape
 from lifecycle.runtime import pipeline as runtime_pipeline
 from lifecycle.runtime.pipeline import build_pipeline

@@ -142,7 +142,7 @@ def test_nodes_holding_different_models_at_the_same_path_stop_at_the_rendezvous(
     """Two ranks under torchrun, each on its own node (working directory) given the same
     relative --model-path, whose transformers differ only in their weights' values: both stop
     at the rendezvous naming model.source_digest and each rank's value, exit 2."""
-    from lifecycle.serve.supervisor import free_port
+    from lifecycle.serve.ranks.supervisor import free_port
 
     port = free_port()
     models = []

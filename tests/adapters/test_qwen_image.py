@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from lifecycle.adapters.diffusers import built_in_spec, register, spec_for_directory
-from lifecycle.adapters.diffusers.tinyqwen import tiny_qwen_tokenizer
+from lifecycle.adapters.diffusers.qwen.tiny import tiny_qwen_tokenizer
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, Comm, Shape
 from lifecycle.runtime import pipeline as runtime_pipeline
 from lifecycle.runtime.pipeline import build_pipeline

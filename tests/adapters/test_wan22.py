@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from lifecycle.adapters.diffusers import register, spec_for_directory
-from lifecycle.adapters.diffusers.experts import EXPERTS, SWAPPED, block_bytes
+from lifecycle.adapters.diffusers.wan.experts import EXPERTS, SWAPPED, block_bytes
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import Comm, Shape
 from lifecycle.runtime import pipeline as runtime_pipeline
 from lifecycle.runtime.pipeline import build_pipeline
@@ -231,8 +231,8 @@ def test_the_planner_swaps_the_experts_only_when_both_do_not_fit(
     """Planned from one measurement with the adapter's own options: with a budget that holds
     both experts the plan keeps them resident (swapping costs time); with one that holds less
     than both even with the text encoder offloaded, it swaps them."""
-    from lifecycle.core.planner import plan_residency
-    from lifecycle.core.records import ComponentCost, PlannerInput
+    from lifecycle.core.decisions.residencyplanner import plan_residency
+    from lifecycle.core.format.records import ComponentCost, PlannerInput
 
     adapter = adapter_of(wan22_dir)
     options = adapter.residency_options(SHAPE)

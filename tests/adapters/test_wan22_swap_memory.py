@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from lifecycle.adapters.diffusers import register, spec_for_directory
-from lifecycle.adapters.diffusers.experts import EXPERTS, RESIDENT, SWAPPED
-from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.adapters.diffusers.wan.experts import EXPERTS, RESIDENT, SWAPPED
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import Comm, Shape
 from lifecycle.runtime import pipeline as runtime_pipeline
 from lifecycle.runtime.pipeline import build_pipeline

@@ -281,7 +281,7 @@ def test_a_run_stopped_by_a_timeout_leaves_no_process_behind(tmp_path: Path) -> 
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
-            ranks = [c for _, c in _marked(marker) if "lifecycle.serve.worker" in c]
+            ranks = [c for _, c in _marked(marker) if "lifecycle.serve.ranks.worker" in c]
             if len(ranks) >= 2:
                 break
             assert bench.poll() is None, (

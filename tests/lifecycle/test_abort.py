@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import Aborted, Error
+from lifecycle.core.format.events import Aborted, Error
 from tests.conftest import run_cli, wait_until
 from tests.support import journal_events, serve
 

@@ -6,11 +6,11 @@ import time
 from enum import StrEnum
 from pathlib import Path
 
-from lifecycle.core.config import ServerArgs
-from lifecycle.core.events import ActionStarted, Transition
-from lifecycle.core.fold import fold_run
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.states import TRANSITIONS, Edge, State, Trigger, action_states, mermaid
+from lifecycle.core.format.events import ActionStarted, Transition
+from lifecycle.core.format.fold import fold_run
+from lifecycle.core.format.states import TRANSITIONS, Edge, State, Trigger, action_states, mermaid
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.runtime.actions import STARTUP_ACTIONS
 from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.recorder import Recorder

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.admission import MemoryRule, RankMemory, admit, fits, largest_fitting
-from lifecycle.core.config import ServerArgs
-from lifecycle.core.errors import RequestAborted
-from lifecycle.core.events import Error, RequestFinished, RequestStarted
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.records import Shape
-from lifecycle.core.requesttime import (
+from lifecycle.core.decisions.admission import MemoryRule, RankMemory, admit, fits, largest_fitting
+from lifecycle.core.decisions.requesttime import (
     DEADLINE_MARGIN,
     DEADLINE_SLACK_S,
     RequestCancelled,
     Timing,
     predict,
 )
+from lifecycle.core.errors import RequestAborted
+from lifecycle.core.format.events import Error, RequestFinished, RequestStarted
+from lifecycle.core.format.records import Shape
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from tests.plugins import ENV, STEP_PAUSE_S
 from tests.support import BUDGET, OVER, SLOW, SMALL, journal_events, serve
 
@@ -195,8 +195,8 @@ def test_a_rank_waits_at_its_point_and_stops_at_the_step_every_rank_agreed() -> 
     goes no further until told, and stops at the agreed step, not before; a request not begun
     yet stops after its first step; a withdrawn cancel lets it go on; a request already
     answered is not answered again."""
-    from lifecycle.serve.cancel import StepCancels
-    from lifecycle.serve.control import Cancel, CancelAt, CancelPoint
+    from lifecycle.serve.ranks.cancel import StepCancels
+    from lifecycle.serve.ranks.control import Cancel, CancelAt, CancelPoint
 
     sent: list[CancelPoint] = []
     cancels = StepCancels(rank=1, send=sent.append)

@@ -5,9 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.agreement import agreed_decision, agreed_probe_shape, first_failed_gate
-from lifecycle.core.gates import GATES
-from lifecycle.core.records import GateOutcome, Shape
+from lifecycle.core.decisions.agreement import (
+    agreed_decision,
+    agreed_probe_shape,
+    first_failed_gate,
+)
+from lifecycle.core.decisions.gates import GATES
+from lifecycle.core.format.records import GateOutcome, Shape
 
 shapes = st.builds(
     Shape,

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     BuffersAllocated,
     BuffersDropped,
     RequestFinished,
@@ -17,9 +17,9 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
-from lifecycle.core.fold import fold_run
-from lifecycle.core.phrases import reuse_text
-from lifecycle.core.records import ReuseCode, ReuseDecision
+from lifecycle.core.format.fold import fold_run
+from lifecycle.core.format.phrases import reuse_text
+from lifecycle.core.format.records import ReuseCode, ReuseDecision
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed, file_digest, make_newer_journal
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     Error,
     Event,
     Expectations,
@@ -27,10 +27,10 @@ from lifecycle.core.events import (
     StoredEvent,
     Transition,
 )
-from lifecycle.core.records import StateExpectation
-from lifecycle.serve.console import PLAIN_EVERY_S, PlainConsole
-from lifecycle.serve.progress import ProgressPrinter
-from lifecycle.serve.steps import StepMark
+from lifecycle.core.format.records import StateExpectation
+from lifecycle.serve.console.progress import ProgressPrinter
+from lifecycle.serve.console.steps import StepMark
+from lifecycle.serve.console.terminal import PLAIN_EVERY_S, PlainConsole
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from lifecycle import __version__
-from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import ConfigError
-from lifecycle.serve.cli import build_parser
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.serve.cli.main import build_parser
 from lifecycle.store import Journal
 from tests.conftest import (
     REPO,
@@ -53,7 +53,7 @@ def test_version_names_the_package_version(lifecycle_cli: Callable[..., Complete
 def test_help_does_not_import_torch(tmp_path: Path) -> None:
     """`lifecycle boot --help` and `--version` answer without importing torch."""
     probe = (
-        "import sys\nfrom lifecycle.serve.cli import main\n"
+        "import sys\nfrom lifecycle.serve.cli.main import main\n"
         "for argv in (['boot', '--help'], ['serve', '--help'], ['--version']):\n"
         "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
         "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')\n"

@@ -177,9 +177,9 @@ def test_compiled_blocks_give_the_eager_output() -> None:
     level (measured: identical)."""
     import os
 
-    from lifecycle.core.modelspec import MODEL_PRESETS
-    from lifecycle.core.records import Shape
-    from lifecycle.runtime.comm import Comm
+    from lifecycle.core.format.records import Shape
+    from lifecycle.core.settings.modelspec import MODEL_PRESETS
+    from lifecycle.runtime.group.comm import Comm
     from lifecycle.runtime.pipeline import build_pipeline, repeated_blocks
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lifecycle-test-compile-")

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.compiling import KEPT_PER_MODEL, CompileKey, stale_reason
-from lifecycle.core.config import ServerArgs
+from lifecycle.core.decisions.compiling import KEPT_PER_MODEL, CompileKey, stale_reason
+from lifecycle.core.settings.config import ServerArgs
 from lifecycle.runtime.compiler import _pack, _unpack
-from lifecycle.store.artifacts import FIRST_KEPT, ArtifactStore, ArtifactUnusable
-from lifecycle.store.copy import copy_journal
+from lifecycle.store.backends.schema import compile_artifacts
 from lifecycle.store.journal import Journal
-from lifecycle.store.prune import RetentionPolicy, prune
+from lifecycle.store.learned.artifacts import FIRST_KEPT, ArtifactStore, ArtifactUnusable
 from lifecycle.store.runs import run_row
-from lifecycle.store.schema import compile_artifacts
+from lifecycle.store.upkeep.copy import copy_journal
+from lifecycle.store.upkeep.prune import RetentionPolicy, prune
 
 KEY = CompileKey(
     fingerprint="f" * 16, model="micro-video", torch="2.13.0+cpu", python="3.11.2",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.events import Heartbeat
+from lifecycle.core.format.events import Heartbeat
 from lifecycle.store import Journal, RunRow
 from tests.conftest import Completed, one_clear_line, run_cli
 from tests.replay.conftest import copy_journal

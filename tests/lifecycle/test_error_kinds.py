@@ -77,7 +77,7 @@ def test_a_kind_this_lifecycle_does_not_know_reads_as_exception() -> None:
 
 _CHILD = """
 import datetime, sys, torch, torch.distributed as dist
-from lifecycle.runtime.process_group import fatal_error
+from lifecycle.runtime.group.process_group import fatal_error
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0,
                         world_size=1, timeout=datetime.timedelta(seconds=30))
 try:  # a real failure inside torch.distributed: split sizes that do not add up

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.codec import decode, encode
 from lifecycle.core.errors import CorruptEvent
-from lifecycle.core.events import (
+from lifecycle.core.format.codec import decode, encode
+from lifecycle.core.format.events import (
     GateDecided,
     Heartbeat,
     PlanBuilt,
@@ -19,8 +19,8 @@ from lifecycle.core.events import (
     ResidencyPlanned,
     WarmupRecord,
 )
-from lifecycle.core.phrases import reuse_text
-from lifecycle.core.records import (
+from lifecycle.core.format.phrases import reuse_text
+from lifecycle.core.format.records import (
     Fingerprint,
     GateOutcome,
     PlannerInput,

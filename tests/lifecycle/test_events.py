@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core import codec
-from lifecycle.core import events as ev
-from lifecycle.core.codec import decode, decode_or_unknown, encode
 from lifecycle.core.errors import CorruptEvent, PeerGone
-from lifecycle.core.events import (
+from lifecycle.core.format import codec
+from lifecycle.core.format import events as ev
+from lifecycle.core.format.codec import decode, decode_or_unknown, encode
+from lifecycle.core.format.events import (
     EVENT_TYPES,
     Error,
     Event,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.serve.firstrun import NAME_WIDTH, RESULT_WIDTH
+from lifecycle.serve.cli.firstrun import NAME_WIDTH, RESULT_WIDTH
 from tests.conftest import processes_in, wait_until
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lifecycle.core import events as ev
-from lifecycle.core.fold import fold_rank, fold_run
+from lifecycle.core.format import events as ev
+from lifecycle.core.format.fold import fold_rank, fold_run
 
 
 def stream(

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.config import DisaggRole, PerformanceMode, ServerArgs, WarmupMode
-from lifecycle.core.gates import (
+from lifecycle.core.decisions.gates import (
     GATES,
     RESIDENCY_PLANNER_NOT_AVAILABLE,
     calibration_skip_reason,
     evaluate_gates,
 )
-from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
-from lifecycle.core.plan import build_plan, fit_probe
-from lifecycle.core.records import Platform, Role
+from lifecycle.core.decisions.warmupplan import build_plan, fit_probe
+from lifecycle.core.format.records import Platform, Role
+from lifecycle.core.settings.config import DisaggRole, PerformanceMode, ServerArgs, WarmupMode
+from lifecycle.core.settings.modelspec import MODEL_PRESETS, ModelSpec
 
 TINY = MODEL_PRESETS["tiny-video"]
 CPU = Platform(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import tests.otlp
-from lifecycle.runtime.tracing import run_span_id_of, trace_id_of
+from lifecycle.runtime.telemetry.tracing import run_span_id_of, trace_id_of
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
 from tests.plugins import ENV
 from tests.support import BUDGET, OVER, SLOW, SMALL, serve

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from lifecycle.core.events import Stalled
-from lifecycle.core.machine import LifecycleMachine
-from lifecycle.core.states import State, Trigger
-from lifecycle.runtime.heartbeat import HeartbeatThread
+from lifecycle.core.decisions.machine import LifecycleMachine
+from lifecycle.core.format.events import Stalled
+from lifecycle.core.format.states import State, Trigger
+from lifecycle.runtime.group.heartbeat import HeartbeatThread
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from alembic import command
 
-from lifecycle.core.deadlines import (
+from lifecycle.core.decisions.deadlines import (
     MIN_RUNS,
     SAMPLE_RUNS,
     STALL_FACTOR,
@@ -28,7 +28,7 @@ from lifecycle.core.deadlines import (
     expect,
     runs_of,
 )
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     ActionFinished,
     ActionStarted,
     Event,
@@ -37,8 +37,8 @@ from lifecycle.core.events import (
     Transition,
 )
 from lifecycle.store import Journal, RankWriter, RunRow, head_revision, journal_revision, to_url
-from lifecycle.store.history import recent_history
-from lifecycle.store.revisions import alembic_config
+from lifecycle.store.backends.revisions import alembic_config
+from lifecycle.store.learned.history import recent_history
 from tests.conftest import Completed, make_newer_journal, one_clear_line, processes_in
 from tests.support import T0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lifecycle.serve.supervisor import free_port
+from lifecycle.serve.ranks.supervisor import free_port
 from tests.conftest import run_cli, wait_until
 
 pytestmark = [pytest.mark.ranks]

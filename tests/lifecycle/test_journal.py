@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lifecycle.core.errors import JournalConflict, JournalNotFound, NotAJournal, SchemaMismatch
-from lifecycle.core.events import ActionStarted, StoredEvent, Transition
-from lifecycle.core.fold import fold_run
+from lifecycle.core.format.events import ActionStarted, StoredEvent, Transition
+from lifecycle.core.format.fold import fold_run
 from lifecycle.store import (
     Journal,
     RankWriter,
@@ -272,8 +272,8 @@ def test_garbage_rows_are_shown_as_unknown_not_fatal(
 
 def test_the_writer_keeps_every_summary_column_current() -> None:
     """The writer updates every column of rank_summaries but its key, with every append."""
-    from lifecycle.core.fold import RankFold
-    from lifecycle.store.schema import rank_summaries
+    from lifecycle.core.format.fold import RankFold
+    from lifecycle.store.backends.schema import rank_summaries
     from lifecycle.store.summaries import SUMMARY_COLUMNS, summary_values
 
     columns = {c.name for c in rank_summaries.columns} - {"run_id", "rank"}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import RunStarted
-from lifecycle.serve.launchtime import LAUNCHED_AT_ENV, launch_walls, process_started_wall
+from lifecycle.core.format.events import RunStarted
+from lifecycle.serve.ranks.launchtime import LAUNCHED_AT_ENV, launch_walls, process_started_wall
 from lifecycle.store.journal import Journal
 from tests.conftest import run_cli
 
@@ -188,7 +188,7 @@ def test_a_process_a_shell_execd_into_counts_its_launch_from_its_entry() -> None
     taken for the launch, the entry is. A real shell and a real exec, with the limit made
     small for the test."""
     code = (
-        "import time; from lifecycle.serve import launchtime as lt; lt.PRE_ENTRY_MAX_S = 2.0;"
+        "import time; from lifecycle.serve.ranks import launchtime as lt; lt.PRE_ENTRY_MAX_S = 2.0;"
         " now = time.time(); launched, process = lt.launch_walls({}, entered_at=now);"
         " print(now - launched, now - process, now - lt.process_started_wall())"
     )

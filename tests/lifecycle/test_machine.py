@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lifecycle.core.decisions.machine import LifecycleMachine
 from lifecycle.core.errors import IllegalTransition
-from lifecycle.core.machine import LifecycleMachine
-from lifecycle.core.states import State, Trigger, next_state
+from lifecycle.core.format.states import State, Trigger, next_state
 
 
 class Log:

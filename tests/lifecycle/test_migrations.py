@@ -11,7 +11,7 @@ import pytest
 from alembic import command
 
 from lifecycle.store import Journal, head_revision, journal_revision, known_revisions, to_url
-from lifecycle.store.revisions import alembic_config
+from lifecycle.store.backends.revisions import alembic_config
 from tests.conftest import Completed, file_digest
 
 EARLIER = known_revisions()[:-1]

@@ -7,10 +7,8 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.config import ServerArgs, WarmupMode
-from lifecycle.core.gates import RESIDENCY_PLANNER_NOT_AVAILABLE
-from lifecycle.core.modelspec import MODEL_PRESETS, MemoryModel
-from lifecycle.core.plan import (
+from lifecycle.core.decisions.gates import RESIDENCY_PLANNER_NOT_AVAILABLE
+from lifecycle.core.decisions.warmupplan import (
     GIB,
     PROBE_DOES_NOT_FIT,
     bounded_shape,
@@ -18,7 +16,9 @@ from lifecycle.core.plan import (
     fit_probe,
     plan_for,
 )
-from lifecycle.core.records import Role, Shape, probe_reserve_bytes
+from lifecycle.core.format.records import Role, Shape, probe_reserve_bytes
+from lifecycle.core.settings.config import ServerArgs, WarmupMode
+from lifecycle.core.settings.modelspec import MODEL_PRESETS, MemoryModel
 
 TINY = MODEL_PRESETS["tiny-video"]
 PLENTY = dict(free_bytes=60 * GIB, total_bytes=64 * GIB)

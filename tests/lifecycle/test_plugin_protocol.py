@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.records import Shape
+from lifecycle.core.format.records import Shape
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.runtime.pipeline.conformance import EarlierProtocol, conform
 from tests.conftest import Completed, one_clear_line
 from tests.support import EARLIER, plugin

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from lifecycle.serve.supervisor import free_port
+from lifecycle.serve.ranks.supervisor import free_port
 from tests.conftest import reaped, run_cli
 from tests.pg import PASSWORD, PostgresServer
 
@@ -132,7 +132,7 @@ def test_without_psycopg_a_postgres_url_names_the_extra(
     naming the extra to install, exit 2."""
     url = postgres.url("postgres")
     entry = (
-        "import sys; sys.modules['psycopg'] = None; from lifecycle.serve.cli import main;"
+        "import sys; sys.modules['psycopg'] = None; from lifecycle.serve.cli.main import main;"
         f" sys.exit(main(['boot', '--db', {url!r}]))"
     )
     done = subprocess.run(

@@ -59,7 +59,7 @@ def test_the_drivers_own_notes_on_a_lost_connection_are_not_printed() -> None:
     closing cursor` carries the driver's traceback) is not written to stderr beside the
     store's own line: with no handler of their own, Python's last-resort handler would."""
     code = (
-        "import lifecycle.store.postgres, logging\n"
+        "import lifecycle.store.backends.postgres, logging\n"
         "try:\n"
         "    raise OSError('server closed the connection unexpectedly')\n"
         "except OSError:\n"

@@ -21,7 +21,9 @@ from sqlalchemy import Table, create_engine
 
 from lifecycle.core.errors import ConfigError
 from lifecycle.store import Journal, RunRow, to_url
-from lifecycle.store.prune import (
+from lifecycle.store.backends.revisions import alembic_config
+from lifecycle.store.backends.schema import events, metadata, runs
+from lifecycle.store.upkeep.prune import (
     ACTIVE_MARGIN_S,
     EVENTS_PER_TRANSACTION,
     RetentionPolicy,
@@ -29,8 +31,6 @@ from lifecycle.store.prune import (
     parse_duration,
     plan_prune,
 )
-from lifecycle.store.revisions import alembic_config
-from lifecycle.store.schema import events, metadata, runs
 from tests.conftest import Completed, file_digest, one_clear_line, reaped, wait_until
 
 NOW = 1_900_000_000.0
@@ -251,7 +251,7 @@ def test_a_run_with_more_events_than_one_transaction_is_removed_whole(
 
 APPENDER = """
 import os, sys, time
-from lifecycle.core.events import Heartbeat
+from lifecycle.core.format.events import Heartbeat
 from lifecycle.store import Journal, RunRow
 
 db, stop, deadline = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])

@@ -223,10 +223,10 @@ def test_prune_looks_for_a_runs_dumps_where_its_ranks_put_them(
     """For a journal path given relative or absolute, or as a URL, and with or without a dump
     folder of its own, the folder prune removes a run's dumps from is the one a rank of that
     run dumps into."""
-    from lifecycle.core.config import ServerArgs, args_to_json
-    from lifecycle.runtime.flightrecorder import folder_for
+    from lifecycle.core.settings.config import ServerArgs, args_to_json
+    from lifecycle.runtime.group.flightrecorder import folder_for
     from lifecycle.store import to_url
-    from lifecycle.store.dumps import ThisJournal
+    from lifecycle.store.upkeep.dumps import ThisJournal
 
     monkeypatch.chdir(tmp_path)
     args = ServerArgs(**{key: value.replace("ABS", str(tmp_path)) for key, value in where.items()})

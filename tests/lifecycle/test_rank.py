@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import IllegalTransition
-from lifecycle.core.events import ActionStarted, Error, Transition
-from lifecycle.core.fold import fold_run
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.states import ACTION_STATES, State, Trigger
+from lifecycle.core.format.events import ActionStarted, Error, Transition
+from lifecycle.core.format.fold import fold_run
+from lifecycle.core.format.states import ACTION_STATES, State, Trigger
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.runtime.actions import STARTUP_ACTIONS
 from lifecycle.runtime.pipeline import register_pipeline
 from lifecycle.runtime.recorder import Recorder

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     CollectiveFinished,
     CollectiveStarted,
     Error,
@@ -19,7 +19,7 @@ from lifecycle.core.events import (
     StoredEvent,
     Transition,
 )
-from lifecycle.core.fold import fold_run
+from lifecycle.core.format.fold import fold_run
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lifecycle.core.errors import ConfigError
+from lifecycle.core.format.runid import is_run_id
 from lifecycle.core.requestid import REQUEST_ID_RULE, request_id_of
-from lifecycle.core.runid import is_run_id
 
 
 def test_a_request_without_a_name_gets_a_new_id_of_the_one_form() -> None:

@@ -8,14 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifecycle.core.agreement import agreed_gate, agreed_rollback, reuse_token
-from lifecycle.core.config import ServerArgs
-from lifecycle.core.errors import ConfigError, FaultSpecError
-from lifecycle.core.faults import FaultKind, parse_fault
-from lifecycle.core.fingerprint import PlanStatus, StoredPlan, choose_reuse, fingerprint
-from lifecycle.core.gates import GATES, RESIDENCY_GATE_INDEX
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.planner import (
+from lifecycle.core.decisions.agreement import agreed_gate, agreed_rollback, reuse_token
+from lifecycle.core.decisions.fingerprint import PlanStatus, StoredPlan, choose_reuse, fingerprint
+from lifecycle.core.decisions.gates import GATES, RESIDENCY_GATE_INDEX
+from lifecycle.core.decisions.residencyplanner import (
     candidates,
     check_options,
     choose,
@@ -26,7 +22,11 @@ from lifecycle.core.planner import (
     verify_peak,
     verify_time,
 )
-from lifecycle.core.records import ComponentCost, PlannerInput, ResidencyOption
+from lifecycle.core.errors import ConfigError, FaultSpecError
+from lifecycle.core.format.records import ComponentCost, PlannerInput, ResidencyOption
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.faults import FaultKind, parse_fault
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 
 MIB = 2**20
 GIB = 2**30

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lifecycle.core import events as ev
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.phrases import reuse_text
-from lifecycle.core.records import ReuseCode, Shape
-from lifecycle.runtime.comm import Comm
+from lifecycle.core.format import events as ev
+from lifecycle.core.format.phrases import reuse_text
+from lifecycle.core.format.records import ReuseCode, Shape
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.runtime.device import LinuxRssMeter
+from lifecycle.runtime.group.comm import Comm
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed
@@ -165,7 +165,7 @@ def _pipeline() -> TinyVideoPipeline:
 
 DECODE = """
 import sys, torch
-from lifecycle.core.config import Shape
+from lifecycle.core.settings.config import Shape
 from lifecycle.runtime.device import LinuxRssMeter
 from lifecycle.runtime.pipeline.placement import DecoderResidency
 from tests.lifecycle.test_residency_boot import _pipeline

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.config import ServerArgs
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.events import Event, FlightRecorderDumped
-from lifecycle.core.runid import is_run_id
-from lifecycle.runtime.flightrecorder import FlightDumper, folder_for
+from lifecycle.core.format.events import Event, FlightRecorderDumped
+from lifecycle.core.format.runid import is_run_id
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.runtime.group.flightrecorder import FlightDumper, folder_for
 from lifecycle.store.runs import elastic_run_id
 from tests.conftest import one_clear_line, run_cli
 

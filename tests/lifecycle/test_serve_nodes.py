@@ -22,11 +22,11 @@ from typing import IO
 import httpx
 import pytest
 
-from lifecycle.core.events import RequestFinished, RunStarted
-from lifecycle.core.records import StageRecord
-from lifecycle.serve.control import Progress, Result
-from lifecycle.serve.supervisor import free_port
-from lifecycle.serve.wire import from_wire, to_wire
+from lifecycle.core.format.events import RequestFinished, RunStarted
+from lifecycle.core.format.records import StageRecord
+from lifecycle.serve.ranks.control import Progress, Result
+from lifecycle.serve.ranks.supervisor import free_port
+from lifecycle.serve.ranks.wire import from_wire, to_wire
 from tests.support import journal_events
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -245,10 +245,10 @@ def test_a_rank_is_judged_lost_only_once_it_has_beaten() -> None:
 
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    from lifecycle.runtime.storetrust import RunKey, StoreTrust
-    from lifecycle.serve import crossnode
-    from lifecycle.serve.upreader import StoreReader
-    from lifecycle.serve.wire import beat_key
+    from lifecycle.runtime.group.storetrust import RunKey, StoreTrust
+    from lifecycle.serve.ranks import crossnode
+    from lifecycle.serve.ranks.upreader import StoreReader
+    from lifecycle.serve.ranks.wire import beat_key
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,

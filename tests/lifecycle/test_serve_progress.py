@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     ActionFinished,
     Event,
     Expectations,
@@ -20,10 +20,10 @@ from lifecycle.core.events import (
     StoredEvent,
     Transition,
 )
-from lifecycle.core.fold import RankFold
-from lifecycle.core.records import StateExpectation
-from lifecycle.core.view import RankView
-from lifecycle.serve.service import rank_json
+from lifecycle.core.format.fold import RankFold
+from lifecycle.core.format.records import StateExpectation
+from lifecycle.core.format.view import RankView
+from lifecycle.serve.http.service import rank_json
 from tests.support import BODY, scrape, serve, value
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     BuffersAllocated,
     CollectiveStarted,
     RequestFinished,

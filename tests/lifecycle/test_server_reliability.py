@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     Aborted,
     Error,
     RequestStarted,

@@ -7,15 +7,15 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.agreement import (
+from lifecycle.core.decisions.agreement import (
     describe_disagreements,
     disagreements,
     settings_digest,
     shared_settings,
 )
-from lifecycle.core.config import ServerArgs, WarmupMode, args_to_json
-from lifecycle.core.faults import parse_fault
-from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.core.settings.config import ServerArgs, WarmupMode, args_to_json
+from lifecycle.core.settings.faults import parse_fault
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 
 
 def settings_of(**changes: object) -> dict[str, object]:

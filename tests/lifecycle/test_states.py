@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lifecycle.core.states import (
+from lifecycle.core.format.states import (
     ACTION_STATES,
     TERMINAL_STATES,
     TRANSITIONS,

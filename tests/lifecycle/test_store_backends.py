@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from lifecycle.core.errors import JournalConflict, JournalError
-from lifecycle.core.events import ActionStarted, Event, Transition
+from lifecycle.core.format.events import ActionStarted, Event, Transition
 from lifecycle.store import Journal, RunRow, head_revision, to_url
-from lifecycle.store.backend import Backend, backend_for
-from lifecycle.store.genericdb import GenericBackend
+from lifecycle.store.backends.backend import Backend, backend_for
+from lifecycle.store.backends.genericdb import GenericBackend
 
 # The SQLite file through its own backend, and the same file through the generic one, which
 # is what a database without a backend of its own gets.

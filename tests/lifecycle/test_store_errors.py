@@ -18,9 +18,9 @@ from lifecycle.core.errors import (
     JournalWriteFailed,
     NotAJournal,
 )
-from lifecycle.core.events import ActionStarted
+from lifecycle.core.format.events import ActionStarted
 from lifecycle.store import Journal, RankWriter, RunRow, to_url
-from lifecycle.store.dberrors import append_error, is_retryable, journal_error
+from lifecycle.store.backends.dberrors import append_error, is_retryable, journal_error
 from tests.conftest import file_digest
 
 EVENT_ROW = (

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core.config import ServerArgs
+from lifecycle.core.settings.config import ServerArgs
 from lifecycle.store import Journal, RunRow, shown_location
 from lifecycle.store.location import command_without_passwords, without_password
 from lifecycle.store.runs import launch_command, run_row

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.events import Aborted, Error, RequestFinished, StoredEvent
-from lifecycle.runtime.abort import Failure, abort_key
-from lifecycle.serve.supervisor import free_port
-from lifecycle.serve.wire import beat_key, message_key, to_wire
+from lifecycle.core.format.events import Aborted, Error, RequestFinished, StoredEvent
+from lifecycle.runtime.group.abort import Failure, abort_key
+from lifecycle.serve.ranks.supervisor import free_port
+from lifecycle.serve.ranks.wire import beat_key, message_key, to_wire
 from tests.conftest import one_clear_line, run_cli, wait_until
 from tests.lifecycle.test_torchrun_env import boot_with, rank_env, rank_process, store_listens
 from tests.support import BODY, journal_events, serve

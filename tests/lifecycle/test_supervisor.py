@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.config import ServerArgs, args_to_json
-from lifecycle.core.fold import RankFold
-from lifecycle.core.view import RankView
-from lifecycle.serve.supervisor import exit_text, summary_lines
+from lifecycle.core.format.fold import RankFold
+from lifecycle.core.format.view import RankView
+from lifecycle.core.settings.config import ServerArgs, args_to_json
+from lifecycle.serve.ranks.supervisor import exit_text, summary_lines
 from lifecycle.store import Journal
 from lifecycle.testing.journals import T0, JournalBuilder, a2a, beat
 from lifecycle.verdict.launched import LaunchedRun, failure_reason, launched_verdict

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.events import CollectiveStarted
+from lifecycle.core.format.events import CollectiveStarted
 from lifecycle.pipelines import Comm, ModelSpec, Shape
 from lifecycle.testing.plugins import PLUGIN, SPEC, MinimalPipeline, check_plugin
 from tests.conftest import Completed

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import Error, RunStarted, Shutdown, StoredEvent
-from lifecycle.serve.supervisor import free_port
+from lifecycle.core.format.events import Error, RunStarted, Shutdown, StoredEvent
+from lifecycle.serve.ranks.supervisor import free_port
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed, one_clear_line, reaped, run_cli, wait_until
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-import lifecycle.runtime.rankspans
-from lifecycle.core import events as ev
-from lifecycle.core.records import PhaseTime
-from lifecycle.runtime.rankspans import RankSpans
-from lifecycle.runtime.tracing import FLUSH_WITHIN_S, Tracing
+import lifecycle.runtime.telemetry.rankspans
+from lifecycle.core.format import events as ev
+from lifecycle.core.format.records import PhaseTime
+from lifecycle.runtime.telemetry.rankspans import RankSpans
+from lifecycle.runtime.telemetry.tracing import FLUSH_WITHIN_S, Tracing
 from lifecycle.store.journal import Journal
 from tests.conftest import REPO, Completed
 from tests.otlp import Receiver, otlp_receiver
@@ -123,9 +123,9 @@ def test_holding_a_startups_events_imports_nothing_of_opentelemetry(
     script = textwrap.dedent(
         """
         import os, sys, time
-        from lifecycle.core import events as ev
-        from lifecycle.runtime.rankspans import RankSpans
-        from lifecycle.runtime.tracing import Tracing
+        from lifecycle.core.format import events as ev
+        from lifecycle.runtime.telemetry.rankspans import RankSpans
+        from lifecycle.runtime.telemetry.tracing import Tracing
 
         tracing = Tracing.deferred(os.environ, warn=print)
         spans = RankSpans(tracing, run_id="r1", rank=0, attributes={"model": "m"})
@@ -164,7 +164,7 @@ def test_a_long_startup_sends_its_spans_while_it_runs(
 ) -> None:
     """A startup still going once the feed's wait is over: its ended spans reach the collector
     before it is ready, with the times their events carry; nothing is sent before the wait."""
-    monkeypatch.setattr(lifecycle.runtime.rankspans, "_CURRENT", [None])
+    monkeypatch.setattr(lifecycle.runtime.telemetry.rankspans, "_CURRENT", [None])
     for name, value in otel_env(receiver.endpoint).items():
         monkeypatch.setenv(name, value)
     tracing = Tracing.deferred(os.environ, warn=lambda text: None)
@@ -215,7 +215,7 @@ def test_the_http_fronts_sdk_is_configured_once_every_rank_is_ready_and_never_af
 ) -> None:
     """`serve`'s front imports and configures its SDK in a thread of its own once the ranks
     are ready, not while they start; a server that failed or stopped first never does."""
-    from lifecycle.serve.httpspans import configure_once_ready
+    from lifecycle.serve.http.httpspans import configure_once_ready
 
     for name, value in otel_env(receiver.endpoint).items():
         monkeypatch.setenv(name, value)

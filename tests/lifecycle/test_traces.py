@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.runtime.tracing import run_span_id_of, trace_id_of
+from lifecycle.runtime.telemetry.tracing import run_span_id_of, trace_id_of
 from tests.conftest import Completed
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
 
@@ -165,7 +165,7 @@ def test_without_the_extra_is_one_warning_and_no_export(
 def test_export_is_on_only_where_the_standard_variables_say() -> None:
     """No endpoint, or the SDK disabled: no export; an endpoint is shown without its
     credentials or query."""
-    from lifecycle.runtime.tracing import export_settings
+    from lifecycle.runtime.telemetry.tracing import export_settings
 
     assert export_settings({}) == (None, None)
     assert export_settings(

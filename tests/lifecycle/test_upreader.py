@@ -11,11 +11,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from lifecycle.runtime.storetrust import RunKey, StoreTrust
-from lifecycle.serve import crossnode
-from lifecycle.serve.control import Progress, Result
-from lifecycle.serve.upreader import StoreReader
-from lifecycle.serve.wire import UP, beat_key, message_key, to_wire
+from lifecycle.runtime.group.storetrust import RunKey, StoreTrust
+from lifecycle.serve.ranks import crossnode
+from lifecycle.serve.ranks.control import Progress, Result
+from lifecycle.serve.ranks.upreader import StoreReader
+from lifecycle.serve.ranks.wire import UP, beat_key, message_key, to_wire
 from tests.conftest import wait_until
 from tests.lifecycle.test_store_trust import KEY, client
 
@@ -25,7 +25,7 @@ class Reading:
     rank's own sealed writes, and `forger`, a client without the key."""
 
     def __init__(self) -> None:
-        from lifecycle.runtime.abort import host_store
+        from lifecycle.runtime.group.abort import host_store
 
         self.store = host_store(world_size=1)
         self.trust = StoreTrust(RunKey(KEY.encode(), run_id="r"))

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lifecycle.core.errors import FaultSpecError
-from lifecycle.core.faults import FaultKind, FaultSpec, parse_fault
+from lifecycle.core.settings.faults import FaultKind, FaultSpec, parse_fault
 from lifecycle.testing.journals import JournalBuilder, a2a, beat
 from tests.conftest import REPO, Completed, file_digest, make_newer_journal, one_clear_line, run_cli
 from tests.replay_argv import REPLAY_COMMANDS, replay_argv

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import Heartbeat, PendingCollective
+from lifecycle.core.format.events import Heartbeat, PendingCollective
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import Error, Transition
+from lifecycle.core.format.events import Error, Transition
 from lifecycle.store.journal import Journal
 from tests.conftest import run_cli
 

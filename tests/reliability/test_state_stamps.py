@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lifecycle.core.config import ServerArgs
-from lifecycle.core.events import StoredEvent, Transition
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.states import State, Trigger
+from lifecycle.core.format.events import StoredEvent, Transition
+from lifecycle.core.format.states import State, Trigger
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.session import RankLaunch, RankSession
 from lifecycle.store.journal import Journal

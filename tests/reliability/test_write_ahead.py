@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.config import ServerArgs
-from lifecycle.core.events import ActionStarted
-from lifecycle.core.modelspec import MODEL_PRESETS
-from lifecycle.core.states import State
+from lifecycle.core.format.events import ActionStarted
+from lifecycle.core.format.states import State
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.runtime.actions import STARTUP_ACTIONS, Action
 from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.session import RankLaunch, RankSession
-from lifecycle.serve.supervisor import free_port
+from lifecycle.serve.ranks.supervisor import free_port
 from lifecycle.store.journal import Journal
 from lifecycle.store.runs import new_run_id, run_row
 

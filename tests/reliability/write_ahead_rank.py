@@ -15,7 +15,7 @@ CHECKS: list[dict[str, Any]] = []
 def _install(db: str, rank: int) -> None:
     import torch.distributed as dist
 
-    from lifecycle.core.events import CollectiveStarted
+    from lifecycle.core.format.events import CollectiveStarted
     from lifecycle.store.journal import Journal
 
     def checked(name: str, expected_op: str) -> None:
@@ -45,9 +45,9 @@ def _install(db: str, rank: int) -> None:
 
 
 def main() -> int:
-    from lifecycle.core.config import ServerArgs
-    from lifecycle.core.modelspec import MODEL_PRESETS
-    from lifecycle.serve.worker import run_rank_process
+    from lifecycle.core.settings.config import ServerArgs
+    from lifecycle.core.settings.modelspec import MODEL_PRESETS
+    from lifecycle.serve.ranks.worker import run_rank_process
 
     db, out = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lifecycle.core.faults import FAULTABLE_STATES, FaultKind
-from lifecycle.core.states import State
+from lifecycle.core.format.states import State
+from lifecycle.core.settings.faults import FAULTABLE_STATES, FaultKind
 
 # Long enough that rank 0 decoding a video while rank 1 waits in the next collective does not
 # time out on a loaded 2-core machine; short enough to keep the matrix quick.

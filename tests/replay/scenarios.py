@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lifecycle.core.events import Aborted, Error, Shutdown
+from lifecycle.core.format.events import Aborted, Error, Shutdown
 from lifecycle.testing.journals import JournalBuilder, a2a, beat, timeout_error
 
 # Every startup state a rank walks through before ready, after created.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lifecycle
-from lifecycle.core.events import Error
+from lifecycle.core.format.events import Error
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 from replay.cli import main
 from replay.exits import ReplayExit

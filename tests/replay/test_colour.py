@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from wcwidth import wcswidth
 
-from lifecycle.core.events import Error, RunStarted
+from lifecycle.core.format.events import Error, RunStarted
 from lifecycle.testing.journals import AS_WRITTEN, T0, JournalBuilder
 from replay.views.render import Style, table
 from replay.views.runs import RunSummary, format_runs

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.core import safepickle
-from lifecycle.core.config import ServerArgs
-from lifecycle.runtime.flightrecorder import BUFFER_ENV, folder_for, turn_on
+from lifecycle.core.format import safepickle
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.runtime.group.flightrecorder import BUFFER_ENV, folder_for, turn_on
 from replay.flight.dumps import MAX_ENTRIES, BadDump, parse, read_files
 
 _scalars = (

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from lifecycle.core import safepickle
-from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.core.format import safepickle
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from tests.conftest import REPO, Completed, run_cli
 
 if TYPE_CHECKING:
-    from lifecycle.core.modelspec import ModelSpec
-    from lifecycle.runtime.comm import Comm
+    from lifecycle.core.settings.modelspec import ModelSpec
+    from lifecycle.runtime.group.comm import Comm
     from lifecycle.runtime.pipeline import Pipeline
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import ActionFinished, ActionStarted, Error, Shutdown
+from lifecycle.core.format.events import ActionFinished, ActionStarted, Error, Shutdown
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, a2a, beat, done, timeout_error
 from replay.cli import main
 from tests.replay.scenarios import signalled, warming

@@ -10,7 +10,7 @@ from typing import Any
 
 from alembic import command
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     ActionFinished,
     ActionStarted,
     Event,
@@ -21,7 +21,7 @@ from lifecycle.core.events import (
     Transition,
 )
 from lifecycle.store import Journal, RunRow, to_url
-from lifecycle.store.revisions import alembic_config
+from lifecycle.store.backends.revisions import alembic_config
 from tests.conftest import Completed, run_cli
 from tests.support import T0
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.events import FlightRecorderDumped
-from lifecycle.core.records import TorchGroup
+from lifecycle.core.format.events import FlightRecorderDumped
+from lifecycle.core.format.records import TorchGroup
 from lifecycle.testing.journals import AS_WRITTEN, T0, JournalBuilder
 from tests.conftest import REPO, Completed
 

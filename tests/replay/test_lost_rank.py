@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import Aborted, ActionFinished, ActionStarted, Shutdown
+from lifecycle.core.format.events import Aborted, ActionFinished, ActionStarted, Shutdown
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 from replay.cli import main
 

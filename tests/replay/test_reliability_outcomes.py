@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from lifecycle.core.modelspec import MODEL_PRESETS
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from tests.conftest import REPO, Completed, run_cli, wait_until
 
 if TYPE_CHECKING:
-    from lifecycle.core.modelspec import ModelSpec
-    from lifecycle.runtime.comm import Comm
+    from lifecycle.core.settings.modelspec import ModelSpec
+    from lifecycle.runtime.group.comm import Comm
     from lifecycle.runtime.pipeline import Pipeline
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -147,7 +147,7 @@ def test_a_rank_that_exited_is_crashed_at_once(tmp_path: Path) -> None:
 def test_a_rank_killed_after_ready_is_crashed_not_ready(tmp_path: Path) -> None:
     """SIGKILL of rank 1 of a serving 2-rank server: diagnose says `crashed`, rank 1, in
     ready, exit 1, and not `ready`."""
-    from lifecycle.serve.supervisor import free_port
+    from lifecycle.serve.ranks.supervisor import free_port
 
     db = tmp_path / "j.db"
     port = free_port()

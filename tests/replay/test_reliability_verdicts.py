@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lifecycle.core.config import ServerArgs, args_to_json
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     ActionFinished,
     ActionStarted,
     Error,
@@ -20,6 +19,7 @@ from lifecycle.core.events import (
     RunStarted,
     Transition,
 )
+from lifecycle.core.settings.config import ServerArgs, args_to_json
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, a2a, beat

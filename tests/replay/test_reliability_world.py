@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lifecycle.core.events import ActionFinished, ActionStarted, Error, RunStarted, Shutdown
+from lifecycle.core.format.events import ActionFinished, ActionStarted, Error, RunStarted, Shutdown
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, RankStream
 from tests.conftest import Completed, run_cli
 

@@ -15,11 +15,11 @@ from alembic import command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lifecycle.core.checkpoint import checkpoint, restore
-from lifecycle.core.events import StoredEvent
-from lifecycle.core.fold import RankFold
+from lifecycle.core.format.checkpoint import checkpoint, restore
+from lifecycle.core.format.events import StoredEvent
+from lifecycle.core.format.fold import RankFold
 from lifecycle.store import Journal, head_revision, journal_revision, to_url
-from lifecycle.store.revisions import alembic_config
+from lifecycle.store.backends.revisions import alembic_config
 from lifecycle.store.rows import RunRow
 from tests.conftest import run_cli
 from tests.replay.conftest import Journaled, copy_journal
@@ -106,7 +106,7 @@ def test_an_upgraded_journal_is_summarized_and_reads_the_same(
 def test_runs_names_every_host_of_a_run(tmp_path: Path) -> None:
     """A run whose ranks ran on two hosts: `runs` names both, rank 0's first, from the
     summaries of a run that ended healthy and from the fold of one that did not."""
-    from lifecycle.core.events import ActionFinished, RunStarted, Shutdown
+    from lifecycle.core.format.events import ActionFinished, RunStarted, Shutdown
     from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 
     for run_id, healthy in (("run-healthy", True), ("run-cut", False)):

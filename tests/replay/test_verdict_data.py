@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.events import (
+from lifecycle.core.format.events import (
     ActionFinished,
     ActionStarted,
     Error,

@@ -7,9 +7,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from lifecycle.core.codec import encode
-from lifecycle.core.config import ServerArgs, args_to_json
-from lifecycle.core.events import (
+from lifecycle.core.decisions.gates import calibration_skip_reason, evaluate_gates
+from lifecycle.core.decisions.warmupplan import WarmupPlan, build_plan, fit_probe
+from lifecycle.core.format.codec import encode
+from lifecycle.core.format.events import (
     ActionFinished,
     ActionStarted,
     BuffersDropped,
@@ -22,9 +23,8 @@ from lifecycle.core.events import (
     Transition,
     WarmupRecord,
 )
-from lifecycle.core.gates import calibration_skip_reason, evaluate_gates
-from lifecycle.core.plan import WarmupPlan, build_plan, fit_probe
-from lifecycle.core.records import Platform, Shape, WarmupRequest
+from lifecycle.core.format.records import Platform, Shape, WarmupRequest
+from lifecycle.core.settings.config import ServerArgs, args_to_json
 from lifecycle.store import Journal, RunRow
 from tests.support import T0
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from lifecycle.core.events import StoredEvent
-from lifecycle.serve.supervisor import free_port
+from lifecycle.core.format.events import StoredEvent
+from lifecycle.serve.ranks.supervisor import free_port
 from lifecycle.store.journal import Journal
 
 

@@ -18,7 +18,6 @@ import torch
 from lifecycle.adapters.diffusers.regions import repeated_blocks_of
 from lifecycle.pipelines import (
     Comm,
-    ConfigError,
     ModelSpec,
     Shape,
     StageRecord,
@@ -44,14 +43,8 @@ class GenericAdapter:
     """A diffusers pipeline run as one call per request."""
 
     def __init__(self, spec: ModelSpec, comm: Comm, pipe: Any) -> None:
-        if comm.layout.world_size > 1:
-            from lifecycle.adapters.diffusers.families import driven_classes
-
-            raise ConfigError(
-                f"{type(pipe).__name__} runs on one rank only (the lifecycle drives the"
-                f" components of {', '.join(driven_classes())} alone): use --num-ranks 1",
-                field="num_ranks",
-            )
+        """On one rank only (the table of families refuses more, naming the classes that run
+        on several)."""
         self.spec = spec
         self.comm = comm
         self.pipe = pipe

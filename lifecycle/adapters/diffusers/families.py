@@ -17,17 +17,17 @@ from typing import Any
 
 from lifecycle.adapters.diffusers.anypipeline import GenericAdapter
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
-from lifecycle.adapters.diffusers.qwenimage import QwenImageAdapter
-from lifecycle.adapters.diffusers.qwenspec import read_qwen_image_spec
-from lifecycle.adapters.diffusers.specs import generic_spec, read_wan_spec
-from lifecycle.adapters.diffusers.tinyqwen import (
+from lifecycle.adapters.diffusers.qwen.adapter import QwenImageAdapter
+from lifecycle.adapters.diffusers.qwen.spec import read_qwen_image_spec
+from lifecycle.adapters.diffusers.qwen.tiny import (
     TINY_QWEN_IMAGE,
     build_tiny_qwen_image,
     tiny_qwen_image_spec,
 )
-from lifecycle.adapters.diffusers.tinywan import TINY_WAN, build_tiny_wan, tiny_wan_spec
-from lifecycle.adapters.diffusers.wan import WanAdapter
-from lifecycle.pipelines import Comm, ModelSpec, Pipeline
+from lifecycle.adapters.diffusers.specs import generic_spec, read_wan_spec
+from lifecycle.adapters.diffusers.wan.adapter import WanAdapter
+from lifecycle.adapters.diffusers.wan.tiny import TINY_WAN, build_tiny_wan, tiny_wan_spec
+from lifecycle.pipelines import Comm, ConfigError, ModelSpec, Pipeline
 
 # (the directory, the pipeline class diffusers has under its name) -> its spec
 SpecReader = Callable[[PipelineDirectory, Any], ModelSpec]
@@ -57,8 +57,20 @@ FAMILIES: dict[str, Family] = {
     "WanPipeline": Family(read_spec=read_wan_spec, adapter=WanAdapter),
     "QwenImagePipeline": Family(read_spec=read_qwen_image_spec, adapter=QwenImageAdapter),
 }
+
+
+def _one_rank_adapter(spec: ModelSpec, comm: Comm, pipe: Any) -> Pipeline:
+    if comm.layout.world_size > 1:
+        raise ConfigError(
+            f"{type(pipe).__name__} runs on one rank only (the lifecycle drives the"
+            f" components of {', '.join(driven_classes())} alone): use --num-ranks 1",
+            field="num_ranks",
+        )
+    return GenericAdapter(spec, comm, pipe)
+
+
 # Any class not in FAMILIES: one rank, its own __call__, calibration closed by the gate.
-GENERIC = Family(read_spec=generic_spec, adapter=GenericAdapter)
+GENERIC = Family(read_spec=generic_spec, adapter=_one_rank_adapter)
 
 BUILT_INS: dict[str, BuiltIn] = {
     TINY_WAN: BuiltIn(spec=tiny_wan_spec, build=build_tiny_wan, class_name="WanPipeline"),

@@ -9,9 +9,9 @@ from typing import Any, Protocol
 import torch
 
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.modelspec import MODEL_PRESETS, ModelSpec
-from lifecycle.core.records import ResidencyOption, Shape, StageRecord
-from lifecycle.runtime.comm import Comm
+from lifecycle.core.format.records import ResidencyOption, Shape, StageRecord
+from lifecycle.core.settings.modelspec import MODEL_PRESETS, ModelSpec
+from lifecycle.runtime.group.comm import Comm
 from lifecycle.runtime.pipeline.conformance import PIPELINE, check_factory, conform
 
 

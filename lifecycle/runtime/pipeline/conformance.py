@@ -20,8 +20,8 @@ import structlog
 import torch
 
 from lifecycle.core.errors import ConfigError, Setting
-from lifecycle.core.modelspec import ModelSpec
-from lifecycle.core.records import Shape
+from lifecycle.core.format.records import Shape
+from lifecycle.core.settings.modelspec import ModelSpec
 
 PIPELINE = Setting("pipeline")  # the option that names a plug-in
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lifecycle.core.records import Shape
+from lifecycle.core.format.records import Shape
 from lifecycle.runtime.pipeline.placement import DecoderResidency
 from lifecycle.runtime.pipeline.tinyconfig import TinyConfig
 

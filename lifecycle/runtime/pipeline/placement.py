@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lifecycle.core.records import ResidencyOption
+from lifecycle.core.format.records import ResidencyOption
 
 VAE = "vae"
 TEXT_ENCODER = "text_encoder"

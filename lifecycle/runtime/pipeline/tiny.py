@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lifecycle.core.modelspec import ModelSpec
-from lifecycle.core.records import ResidencyOption, Shape
-from lifecycle.runtime.comm import Comm, UlyssesAttention
+from lifecycle.core.format.records import ResidencyOption, Shape
+from lifecycle.core.settings.modelspec import ModelSpec
+from lifecycle.runtime.group.comm import Comm, UlyssesAttention
 from lifecycle.runtime.phases import component_load
 from lifecycle.runtime.pipeline.decoder import Decoder, decode_video
 from lifecycle.runtime.pipeline.placement import (

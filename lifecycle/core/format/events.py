@@ -1,0 +1,519 @@
+"""Event kinds: the frozen dataclasses a journal holds, and the envelope of a stored one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lifecycle.core.errors import classify
+from lifecycle.core.format.records import (
+    Fingerprint,
+    GateOutcome,
+    GroupMark,
+    PendingCollective,
+    PhaseTime,
+    PlannerInput,
+    Platform,
+    ProbeFit,
+    RequestResult,
+    ResidencyPlan,
+    ReuseDecision,
+    Role,
+    Shape,
+    Signature,
+    StateExpectation,
+    ThreadStack,
+    TorchGroup,
+    WarmupRequest,
+)
+
+# Nested records (lifecycle.core.format.records), and the domain values the events below hold
+# (Shape, Platform, GateOutcome, WarmupRequest, ProbeFit, Role, and the residency planner's
+# values), are part of the journal format: change any of them only with a version bump of every
+# kind that holds it, and an upcaster.
+
+# ---------------------------------------------------------------------------------------------
+# Event kinds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of the event kinds; `kind` names it in the journal, `version` is its payload schema."""
+
+    kind: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted(Event):
+    """A rank's start. Version 2 adds its launch phase, the time before `created` that the
+    field counts in "startup to healthy": when the launcher (or torchrun's agent) and this
+    rank's process began, on this rank's clock, and how long its imports took (None for a
+    version 1 event). Version 3 splits that time into its phases (the interpreter's start,
+    each library's import, the journal's opening), in order."""
+
+    kind: ClassVar[str] = "run_started"
+    version: ClassVar[int] = 3
+    world_size: int
+    host: str
+    pid: int
+    lifecycle_version: str
+    torch_version: str | None
+    python_version: str
+    device: str
+    dist_backend: str | None
+    launcher_started_wall: float | None = None
+    process_started_wall: float | None = None
+    imports_s: float | None = None
+    phases: tuple[PhaseTime, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expectations(Event):
+    """What this rank expects of each startup state, from the journal's earlier healthy runs
+    of the same fingerprint and path (`key`): each state's median, p95 and count, and the
+    deadline past which it is stalled; journaled at gate-check once the path is known. No
+    states (with `runs` below the minimum) means no history: the fixed --state-deadline."""
+
+    kind: ClassVar[str] = "expectations"
+    version: ClassVar[int] = 1
+    key: str
+    runs: int
+    states: tuple[StateExpectation, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateDecided(Event):
+    kind: ClassVar[str] = "gate_decided"
+    skip_reason: str | None
+    local_skip_reason: str | None  # this rank's own decision before the ranks agreed
+    gates: tuple[GateOutcome, ...]
+    platform: Platform
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanBuilt(Event):
+    """Version 2 nests each request's and the probe fit's shapes (version 1 flattened them)."""
+
+    kind: ClassVar[str] = "plan_built"
+    version: ClassVar[int] = 2
+    skip_reason: str | None
+    requests: tuple[WarmupRequest, ...]
+    probe_fit: ProbeFit | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition(Event):
+    kind: ClassVar[str] = "transition"
+    trigger: str
+    source: str
+    dest: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionStarted(Event):
+    kind: ClassVar[str] = "action_started"
+    action: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionFinished(Event):
+    kind: ClassVar[str] = "action_finished"
+    action: str
+    duration_s: float
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadEvent(Event):
+    """A step of a pipeline component's load (the startup accounted)."""
+
+    component: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadStarted(LoadEvent):
+    """A pipeline component's load began (journaled before it reads, so that a load that
+    hangs leaves which component, and which files, on disk)."""
+
+    kind: ClassVar[str] = "load_started"
+    files: tuple[str, ...]  # its files, by name inside the model (the first MAX_LOAD_FILES)
+    bytes: int  # their size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadFinished(LoadEvent):
+    """A component's load ended: how long it took in all, reading and building it apart from
+    moving it to the device, the bytes it read and the dtype it holds."""
+
+    kind: ClassVar[str] = "load_finished"
+    seconds: float
+    read_s: float
+    device_s: float
+    bytes: int
+    dtype: str | None
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompileEvent(Event):
+    """A step of the compile paid once per fingerprint: compiled, or its artifact kept."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compiled(CompileEvent):
+    """The denoiser's repeated block compiled (torch.compile), or why not (`cache` "off"):
+    how long compiling took (a one-step request at the bounded shape that runs it), and what
+    the journal's artifacts did for it: loaded (hit), none of its key (miss), or found and not
+    used (rejected, `reason` says why)."""
+
+    kind: ClassVar[str] = "compiled"
+    key: str | None  # the compile key (None: nothing compiled)
+    blocks: int  # the blocks compiled
+    backend: str
+    mode: str
+    seconds: float
+    cache: str  # a CacheUse
+    reason: str | None
+    artifact_bytes: int  # the artifact loaded (hit), else 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompileKept(CompileEvent):
+    """After the warmups, the compiler's artifacts kept in the journal for the next startup of
+    the key, or why not (`kept` false: too large, another pod kept one first, a write that
+    failed)."""
+
+    kind: ClassVar[str] = "compile_kept"
+    key: str
+    bytes: int
+    kept: bool
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmupRecord(Event, RequestResult):
+    """One warmup request's result, with its role in the plan and its tokens. Version 2 nests
+    the shape (version 1 flattened it)."""
+
+    kind: ClassVar[str] = "warmup_record"
+    version: ClassVar[int] = 2
+    role: Role
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveStarted(Event, Signature):
+    """A collective a rank entered: its signature (what its peers' must match), and where."""
+
+    kind: ClassVar[str] = "collective_started"
+    group: str
+    group_ranks: tuple[int, ...]
+    group_seq: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveFinished(Event):
+    kind: ClassVar[str] = "collective_finished"
+    group: str
+    group_seq: int
+    op: str
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuffersAllocated(Event):
+    kind: ClassVar[str] = "buffers_allocated"
+    purpose: str
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    live_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuffersDropped(Event):
+    kind: ClassVar[str] = "buffers_dropped"
+    buffers: int
+    bytes_freed: int
+    keys: tuple[str, ...]
+    allocator_released_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat(Event):
+    """Version 2 carries every group's progress, so that a rank whose collective records wait
+    in its ring (after ready) is still placed when it dies without writing them."""
+
+    kind: ClassVar[str] = "heartbeat"
+    version: ClassVar[int] = 2
+    uptime_s: float
+    in_state_s: float
+    pending: PendingCollective | None
+    groups: tuple[GroupMark, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stalled(Event):
+    kind: ClassVar[str] = "stalled"
+    in_state_s: float
+    deadline_s: float
+    pending: PendingCollective | None
+    threads: tuple[ThreadStack, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(Event):
+    """An error a rank recorded; `error_kind` (an ErrorKind value) says what went wrong, and
+    `error_type` and `message` are only for people to read."""
+
+    kind: ClassVar[str] = "error"
+    version: ClassVar[int] = 2
+    error_type: str
+    error_kind: str
+    message: str
+    traceback: str
+    trigger: str | None
+    fatal: bool
+
+
+def error_event(exc: BaseException, *, fatal: bool, trigger: str | None, traceback: str) -> Error:
+    """The record of `exc`, classified as it is recorded."""
+    return Error(
+        error_type=type(exc).__name__,
+        error_kind=classify(exc).value,
+        message=str(exc),
+        traceback=traceback,
+        trigger=trigger,
+        fatal=fatal,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultInjected(Event):
+    kind: ClassVar[str] = "fault_injected"
+    fault: str
+    fault_kind: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestStarted(Event):
+    """Version 2 nests the shape (version 1 flattened it); version 3 adds what else a request
+    is asked with: the negative prompt's length, the guidance scale and the seed (None for a
+    request journaled before them)."""
+
+    kind: ClassVar[str] = "request_started"
+    version: ClassVar[int] = 3
+    request_id: str
+    source: str  # "http" or "smoke"
+    shape: Shape
+    steps: int
+    prompt_chars: int
+    negative_prompt_chars: int = 0
+    guidance_scale: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestFinished(Event):
+    """Version 2 adds what the request's collectives did (their records stay in the ring after
+    ready): how many ran, and every group's progress when it ended."""
+
+    kind: ClassVar[str] = "request_finished"
+    version: ClassVar[int] = 2
+    request_id: str
+    ok: bool
+    total_s: float
+    checksum: str | None
+    peak_bytes: int | None
+    collectives: int = 0
+    groups: tuple[GroupMark, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectivesDumped(Event):
+    """The collective records of the ring after ready follow this event in the journal (their
+    own wall times are when they happened); `dropped` records fell out of the bounded ring
+    since the last dump."""
+
+    kind: ClassVar[str] = "collectives_dumped"
+    reason: str  # error, stall, request-failed, shutdown, signal, http
+    records: int
+    dropped: int
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlightRecorderDumped(Event):
+    """PyTorch's Flight Recorder dumped on trouble to `path` on `host` (`error`: why not), with
+    torch's name for each of the lifecycle's `groups`."""
+
+    kind: ClassVar[str] = "flight_recorder_dumped"
+    reason: str  # the trouble: stall, request-failed, signal, an error kind, or an explicit dump
+    path: str | None
+    host: str
+    bytes: int
+    entries: int
+    groups: tuple[TorchGroup, ...]
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClockAligned(Event):
+    """This rank's wall clock measured against rank 0's at the rendezvous: from this event on,
+    its events' wall times are on rank 0's clock (local time minus `offset_s`), so ranks on
+    different hosts order correctly; events before it keep the local clock."""
+
+    kind: ClassVar[str] = "clock_aligned"
+    offset_s: float  # this rank's clock minus rank 0's
+    round_trip_s: float  # of the exchange the offset was taken from: its uncertainty
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyEvent(Event):
+    """A step of the residency planner: every one carries the plan and its fingerprint, so the
+    newest of a run says how its plan ended (what a later startup decides reuse from)."""
+
+    fingerprint: Fingerprint
+    plan: ResidencyPlan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyPlanned(ResidencyEvent):
+    """The planner's decision after the probe, with the inputs it decided from; `reuse` says
+    why no earlier plan was reused (a code and its facts; version 1 held a sentence)."""
+
+    kind: ClassVar[str] = "residency_planned"
+    version: ClassVar[int] = 2
+    given: PlannerInput
+    reuse: ReuseDecision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyApplied(ResidencyEvent):
+    """A plan applied: before re-warm after calibration, or before bounded-warm when reused
+    (`reused_from` names the run that verified it)."""
+
+    kind: ClassVar[str] = "residency_applied"
+    reused_from: str | None
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyVerified(ResidencyEvent):
+    """Every rank's re-warm measured within the budget and near its prediction, in memory and
+    (version 2) in time; a version 1 event has no times (None)."""
+
+    kind: ClassVar[str] = "residency_verified"
+    version: ClassVar[int] = 2
+    measured_bytes: int
+    predicted_bytes: int  # at the re-warm's shape
+    measured_s: float | None = None  # the re-warm request's time
+    predicted_s: float | None = None  # the planner's for it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidencyRolledBack(ResidencyEvent):
+    """A rank could not apply or verify the plan: every rank went back to its reference
+    residency; `ranks` are the ranks that failed, `reason` this rank's own or theirs."""
+
+    kind: ClassVar[str] = "residency_rolled_back"
+    reason: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shutdown(Event):
+    kind: ClassVar[str] = "shutdown"
+    reason: str
+    signal: str | None
+    events_written: int  # this rank's events before this one
+    journal_write_s: float  # time this rank spent committing them
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Aborted(Event):
+    """This rank stops because a peer failed for good: the run's agreed abort, instead of
+    waiting in its next collective until the process-group timeout. It names the peer, its
+    error as the peer announced it (or its process's end, as its launcher saw it), the state
+    the peer failed in, and how long after the peer's failure this rank learned it."""
+
+    kind: ClassVar[str] = "aborted"
+    version: ClassVar[int] = 1
+    failed_rank: int | None  # None: the rendezvous store went away, and with it its host
+    error_type: str
+    error_kind: str
+    message: str
+    failed_state: str | None
+    announced_by: str  # "rank" (the failed rank itself) or "launcher" (its process ended)
+    learned_after_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownEvent(Event):
+    """A row whose kind this lifecycle does not know, or whose payload does not decode."""
+
+    kind: ClassVar[str] = "unknown"
+    row_kind: str
+    row_version: int
+    reason: str
+    raw: str
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        RunStarted,
+        GateDecided,
+        PlanBuilt,
+        Transition,
+        ActionStarted,
+        ActionFinished,
+        LoadStarted,
+        LoadFinished,
+        Compiled,
+        CompileKept,
+        WarmupRecord,
+        CollectiveStarted,
+        CollectiveFinished,
+        BuffersAllocated,
+        BuffersDropped,
+        Heartbeat,
+        Stalled,
+        Error,
+        FaultInjected,
+        RequestStarted,
+        RequestFinished,
+        CollectivesDumped,
+        FlightRecorderDumped,
+        ClockAligned,
+        ResidencyPlanned,
+        ResidencyApplied,
+        ResidencyVerified,
+        ResidencyRolledBack,
+        Shutdown,
+        Aborted,
+        Expectations,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredEvent:
+    """One journal row: the envelope (who, when, in which state) around a decoded event."""
+
+    run_id: str
+    rank: int
+    seq: int
+    wall_time: float
+    mono_ns: int
+    state: str  # the rank's state after this event
+    event: Event
+
+    @property
+    def kind(self) -> str:
+        event = self.event
+        return event.row_kind if isinstance(event, UnknownEvent) else event.kind

@@ -1,0 +1,415 @@
+"""Rebuild each rank's state and records by folding its events (pure; shared with replay)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lifecycle.core.format.events import (
+    Aborted,
+    ActionFinished,
+    ActionStarted,
+    BuffersAllocated,
+    BuffersDropped,
+    ClockAligned,
+    CollectiveFinished,
+    CollectivesDumped,
+    CollectiveStarted,
+    CompileEvent,
+    Error,
+    Event,
+    Expectations,
+    FaultInjected,
+    FlightRecorderDumped,
+    GateDecided,
+    Heartbeat,
+    LoadEvent,
+    PlanBuilt,
+    RequestFinished,
+    RequestStarted,
+    ResidencyEvent,
+    RunStarted,
+    Shutdown,
+    Stalled,
+    StoredEvent,
+    Transition,
+    UnknownEvent,
+    WarmupRecord,
+)
+from lifecycle.core.format.records import GroupMark, PendingCollective, Signature
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import (
+    ActionTime,
+    OpenCollective,
+    RankView,
+    RecentStart,
+    SeqGap,
+    Span,
+)
+
+# How many of each group's latest collectives a rank's fold keeps with their signature and start
+# time: what diagnosis compares across members (a mismatch) and times (who came late) at the
+# end of a run. A fold's size, and a summary's, does not grow with the run.
+RECENT_STARTS = 16
+# The actions a fold keeps before ready (a few per state: a bound against a journal that says
+# otherwise, not a limit a startup meets).
+MAX_ACTIONS = 256
+# Beyond this a measured clock offset is no offset (a clock not set at all): left as recorded.
+MAX_CLOCK_OFFSET_S = 1e8
+# Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
+RECENT_HEARTBEATS = 4
+
+
+# The events a fold keeps with when, and in which state, each was written: each kind by the
+# name of the RankFold list that keeps it, in the order a checkpoint writes them.
+NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
+    (Error, "errors"),
+    (FaultInjected, "faults"),
+    (Stalled, "stalls"),
+    (BuffersAllocated, "buffer_allocations"),
+    (BuffersDropped, "buffer_drops"),
+    (CollectivesDumped, "dumps"),
+    (ResidencyEvent, "residency"),
+    (FlightRecorderDumped, "flight_dumps"),
+    (Aborted, "aborts"),
+    (LoadEvent, "loads"),
+    (CompileEvent, "compiles"),
+)
+
+
+_NOTED_BY_KIND: dict[type[Event], str | None] = {}
+
+
+def noted_list(kind: type[Event]) -> str | None:
+    """The RankFold list that keeps events of `kind`, if a fold keeps them."""
+    try:
+        return _NOTED_BY_KIND[kind]
+    except KeyError:
+        found = next((name for noted, name in NOTED_LISTS if issubclass(kind, noted)), None)
+        _NOTED_BY_KIND[kind] = found
+        return found
+
+
+@dataclass(slots=True)
+class GroupTally:
+    ranks: tuple[int, ...]
+    started: int = -1
+    finished: int = -1
+    count: int = 0
+
+    @classmethod
+    def of(cls, mark: GroupMark) -> GroupTally:
+        return cls(ranks=mark.ranks, started=mark.started, finished=mark.finished, count=mark.count)
+
+    def mark(self, group: str) -> GroupMark:
+        return GroupMark(
+            group=group,
+            ranks=self.ranks,
+            started=self.started,
+            finished=self.finished,
+            count=self.count,
+        )
+
+
+@dataclass(slots=True)
+class RankFold:
+    """The accumulator behind fold_rank; `apply` one event at a time, then take `view()`."""
+
+    run_id: str
+    rank: int
+    state: str = State.CREATED.value
+    events: int = 0
+    last_seq: int = -1
+    first_wall: float | None = None
+    last_wall: float | None = None
+    last_kind: str | None = None
+    run_started: RunStarted | None = None
+    expectations: Expectations | None = None
+    path: list[str] = field(default_factory=lambda: [State.CREATED.value])
+    spans: list[Span] = field(default_factory=list)
+    gate: GateDecided | None = None
+    plan: PlanBuilt | None = None
+    warmup_records: list[WarmupRecord] = field(default_factory=list)
+    action: ActionStarted | None = None
+    action_at: float | None = None
+    ready_action_done: bool = False
+    errors: list[tuple[float, str, Error]] = field(default_factory=list)
+    faults: list[tuple[float, str, FaultInjected]] = field(default_factory=list)
+    stalls: list[tuple[float, str, Stalled]] = field(default_factory=list)
+    live_buffer_bytes: int = 0
+    buffer_allocations: list[tuple[float, str, BuffersAllocated]] = field(default_factory=list)
+    buffer_drops: list[tuple[float, str, BuffersDropped]] = field(default_factory=list)
+    groups: dict[str, GroupTally] = field(default_factory=dict)
+    open_collectives: dict[str, OpenCollective] = field(default_factory=dict)
+    heartbeats: int = 0
+    last_heartbeat_wall: float | None = None
+    last_heartbeat_pending: PendingCollective | None = None
+    requests_started: int = 0
+    requests_finished: int = 0
+    shutdown: Shutdown | None = None
+    unknown: list[UnknownEvent] = field(default_factory=list)
+    seq_gaps: list[SeqGap] = field(default_factory=list)
+    dumps: list[tuple[float, str, CollectivesDumped]] = field(default_factory=list)
+    residency: list[tuple[float, str, ResidencyEvent]] = field(default_factory=list)
+    flight_dumps: list[tuple[float, str, FlightRecorderDumped]] = field(default_factory=list)
+    aborts: list[tuple[float, str, Aborted]] = field(default_factory=list)
+    loads: list[tuple[float, str, LoadEvent]] = field(default_factory=list)
+    compiles: list[tuple[float, str, CompileEvent]] = field(default_factory=list)
+    actions_done: list[ActionTime] = field(default_factory=list)
+    recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
+    recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
+    last_progress: float | None = None
+    shutdown_wall: float | None = None
+    clock: ClockAligned | None = None
+
+    def apply(self, stored: StoredEvent) -> None:
+        at = stored.wall_time
+        if stored.seq != self.last_seq + 1:
+            self.seq_gaps.append(SeqGap(expected=self.last_seq + 1, found=stored.seq))
+        self.last_seq = stored.seq
+        self.events += 1
+        if self.first_wall is None:
+            self.first_wall = at
+            self.spans.append(Span(state=State.CREATED.value, entered_at=at, left_at=None))
+        # Collective records dumped from the ring after ready come after later events.
+        self.last_wall = at if self.last_wall is None else max(self.last_wall, at)
+        self.last_kind = stored.kind
+        event = stored.event
+        if isinstance(event, Shutdown):
+            # Being told to stop is not progress: a rank stopped while stuck stays stuck.
+            if self.shutdown_wall is None:
+                self.shutdown_wall = at
+        elif not isinstance(event, Heartbeat):
+            self.last_progress = at if self.last_progress is None else max(self.last_progress, at)
+        # The kinds a journal holds most of first: each case is an isinstance test.
+        match event:
+            case CollectiveStarted():
+                group = self.groups.setdefault(event.group, GroupTally(ranks=event.group_ranks))
+                group.started = max(group.started, event.group_seq)
+                group.count += 1
+                self.open_collectives[event.group] = OpenCollective(started=event, at=at)
+                recent = self.recent_starts.get(event.group)
+                if recent is None:
+                    recent = self.recent_starts[event.group] = deque(maxlen=RECENT_STARTS)
+                recent.append(
+                    RecentStart(seq=event.group_seq, at=at, signature=Signature.of(event))
+                )
+            case CollectiveFinished():
+                group = self.groups.setdefault(event.group, GroupTally(ranks=()))
+                group.finished = max(group.finished, event.group_seq)
+                opened = self.open_collectives.get(event.group)
+                if opened is not None and opened.started.group_seq == event.group_seq:
+                    del self.open_collectives[event.group]
+            case Heartbeat():
+                self.heartbeats += 1
+                self.last_heartbeat_wall = at
+                self.last_heartbeat_pending = event.pending
+                self.recent_heartbeats.append(at)
+                self._mark(event.groups)
+            case Transition():
+                self._enter(event.dest, at)
+            case RunStarted():
+                self.run_started = event
+            case Expectations():
+                self.expectations = event
+            case GateDecided():
+                self.gate = event
+            case PlanBuilt():
+                self.plan = event
+            case ActionStarted():
+                self.action, self.action_at = event, at
+            case ActionFinished():
+                if not self.ready_action_done and len(self.actions_done) < MAX_ACTIONS:
+                    self.actions_done.append(
+                        ActionTime(
+                            state=stored.state,
+                            action=event.action,
+                            started_at=at - event.duration_s,
+                            seconds=event.duration_s,
+                            ok=event.ok,
+                        )
+                    )
+                self.action = self.action_at = None
+                if stored.state == State.READY and event.ok:
+                    self.ready_action_done = True
+            case WarmupRecord():
+                self.warmup_records.append(event)
+            case BuffersAllocated():
+                self.live_buffer_bytes = event.live_bytes
+            case BuffersDropped():
+                self.live_buffer_bytes = 0
+            case RequestStarted():
+                self.requests_started += 1
+            case RequestFinished():
+                self.requests_finished += 1
+                self._mark(event.groups)
+            case ClockAligned():
+                self.clock = event
+                self._onto_rank0_clock(event.offset_s, before=at)
+            case Shutdown():
+                self.shutdown = event
+            case UnknownEvent():
+                self.unknown.append(event)
+            case _:
+                pass
+        noted = noted_list(type(event))
+        if noted is not None:
+            getattr(self, noted).append((at, stored.state, event))
+        # The envelope's state is authoritative: it is what the rank had committed to. Not for
+        # collective records, which a dump of the ring writes after the state they ran in.
+        if (
+            stored.state != self.state
+            and stored.state in _STATES
+            and not isinstance(event, CollectiveStarted | CollectiveFinished)
+        ):
+            self._enter(stored.state, at)
+
+    def _onto_rank0_clock(self, offset_s: float, *, before: float) -> None:
+        """The few events before the rank's clock was aligned (its start, the rendezvous, the
+        heartbeats while it waited) carry its own clock: put them on rank 0's too."""
+        if not offset_s or abs(offset_s) > MAX_CLOCK_OFFSET_S:
+            return  # none, or not an offset between two clocks that tell today's date
+
+        def moved(wall: float | None) -> float | None:
+            return None if wall is None else wall - offset_s
+
+        self.first_wall = moved(self.first_wall)
+        self.action_at = moved(self.action_at)
+        self.last_heartbeat_wall = moved(self.last_heartbeat_wall)
+        self.last_progress = before if self.last_progress is not None else None
+        self.recent_heartbeats = deque(
+            (w - offset_s for w in self.recent_heartbeats), maxlen=RECENT_HEARTBEATS
+        )
+        self.actions_done = [
+            dataclasses.replace(done, started_at=done.started_at - offset_s)
+            for done in self.actions_done
+        ]
+        self.loads = [(at - offset_s, state, event) for at, state, event in self.loads]
+        self.compiles = [(at - offset_s, state, event) for at, state, event in self.compiles]
+        self.spans = [
+            Span(
+                state=span.state,
+                entered_at=span.entered_at - offset_s,
+                left_at=moved(span.left_at),
+            )
+            for span in self.spans
+        ]
+        self.last_wall = before
+
+    def _mark(self, marks: tuple[GroupMark, ...]) -> None:
+        """Progress a heartbeat or a finished request reports, for collectives whose records
+        stay in the ring."""
+        for mark in marks:
+            group = self.groups.get(mark.group)
+            if group is None:
+                group = self.groups[mark.group] = GroupTally(ranks=mark.ranks)
+            group.ranks = group.ranks or mark.ranks
+            group.started = max(group.started, mark.started)
+            group.finished = max(group.finished, mark.finished)
+            group.count = max(group.count, mark.count)
+
+    def _pending(self) -> OpenCollective | None:
+        """The collective this rank waits in: its latest open record, else what its last
+        heartbeat says it waited in, when no record of it reached the journal."""
+        opened = (
+            max(self.open_collectives.values(), key=lambda o: o.at)
+            if self.open_collectives
+            else None
+        )
+        beat = self.last_heartbeat_pending
+        if beat is None or self.last_heartbeat_wall is None:
+            return opened
+        group = self.groups.get(beat.group)
+        recorded = self.open_collectives.get(beat.group)
+        if (recorded is not None and recorded.started.group_seq >= beat.group_seq) or (
+            group is not None and group.finished >= beat.group_seq
+        ):
+            return opened
+        if opened is not None and opened.at >= self.last_heartbeat_wall:
+            return opened
+        started = CollectiveStarted(
+            group=beat.group,
+            group_ranks=group.ranks if group is not None else (),
+            group_seq=beat.group_seq,
+            op=beat.op,
+            purpose=beat.purpose,
+            dtype="?",
+            shapes=(),
+            input_splits=None,
+            output_splits=None,
+            timeout_s=0.0,
+        )
+        return OpenCollective(
+            started=started, at=self.last_heartbeat_wall - beat.waiting_s, from_heartbeat=True
+        )
+
+    def _enter(self, state: str, at: float) -> None:
+        if state == self.state and self.path[-1] == state:
+            return
+        if self.spans:
+            last = self.spans[-1]
+            self.spans[-1] = Span(state=last.state, entered_at=last.entered_at, left_at=at)
+        self.spans.append(Span(state=state, entered_at=at, left_at=None))
+        self.path.append(state)
+        self.state = state
+
+    def view(self) -> RankView:
+        as_is = {name: frozen(getattr(self, name)) for name in _VIEW_AS_IS}
+        return RankView(
+            **as_is,
+            skip_reason=self.plan.skip_reason if self.plan else self.gate_skip_reason,
+            groups=tuple(g.mark(name) for name, g in sorted(self.groups.items())),
+            pending=self._pending(),
+            recent_starts=tuple(
+                (name, tuple(starts)) for name, starts in sorted(self.recent_starts.items())
+            ),
+        )
+
+    @property
+    def gate_skip_reason(self) -> str | None:
+        return self.gate.skip_reason if self.gate else None
+
+
+_STATES = frozenset(s.value for s in State)
+
+# RankView's fields that are RankFold's own, frozen (lists as tuples); the others are derived.
+_VIEW_AS_IS = tuple(
+    f.name
+    for f in fields(RankView)
+    if f.name not in ("skip_reason", "groups", "pending", "recent_starts")
+)
+
+
+def frozen(value: Any) -> Any:
+    """A fold's list or deque as a tuple, for a view or a checkpoint; anything else as it is."""
+    return tuple(value) if isinstance(value, list | deque) else value
+
+
+def fold_rank(events: Iterable[StoredEvent], *, run_id: str = "", rank: int = 0) -> RankView:
+    """Fold one rank's events (in seq order) into its view."""
+    acc: RankFold | None = None
+    for stored in events:
+        if acc is None:
+            acc = RankFold(run_id=stored.run_id, rank=stored.rank)
+        acc.apply(stored)
+    return (acc or RankFold(run_id=run_id, rank=rank)).view()
+
+
+def fold_run(events: Iterable[StoredEvent], *, until: float | None = None) -> dict[int, RankView]:
+    """Fold a run's events, any rank order, into one view per rank.
+
+    `until` keeps only the events written at or before that wall time: the state of every rank
+    at that moment.
+    """
+    folds: dict[int, RankFold] = {}
+    for stored in events:
+        if until is not None and stored.wall_time > until:
+            continue
+        acc = folds.get(stored.rank)
+        if acc is None:
+            acc = folds[stored.rank] = RankFold(run_id=stored.run_id, rank=stored.rank)
+        acc.apply(stored)
+    return {rank: acc.view() for rank, acc in sorted(folds.items())}

@@ -1,0 +1,2 @@
+"""The command line: `lifecycle boot`, `serve`, `db`, `first-run`, their options and
+config files."""

@@ -1,0 +1,84 @@
+"""One rank as /lifecycle shows it: its folded state, its exit, its launch and startup, and
+its progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lifecycle.core.format.accounting import account, account_json
+from lifecycle.core.format.launchphase import launch_phase
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import RankView
+from lifecycle.serve.console.progress import eta_s
+from lifecycle.serve.console.steps import StepMark
+from lifecycle.verdict.launched import ended_unjournaled, exit_text
+
+
+def at(codes: list[int | None], index: int) -> int | None:
+    return codes[index] if index < len(codes) else None
+
+
+def rank_json(
+    view: RankView, *, now: float, exit_code: int | None, step: StepMark | None = None
+) -> dict[str, Any]:
+    """One rank's folded state as /lifecycle shows it: `state` is the journal's unless the
+    process ended without journaling its end (`exited`; the journal's stays in
+    `journaled_state`), and `exit` reads `exit_code` as every other line does. `launch` is
+    its launch phase and `startup_to_ready_s` counts from it; `startup` accounts for every
+    second of it (to now, while it starts); `step` is how far the request
+    it is denoising has got (from `step`, the latest mark the rank wrote: none once its last
+    step is made, or from a state it has left), and `eta_s` what history expects it to need
+    still before ready."""
+    pending = view.pending
+    first_error = view.errors[0] if view.errors else None
+    state = "exited" if ended_unjournaled(view, exit_code) else view.state
+    launch = launch_phase(view)
+    ready_at = view.entered_at(State.READY.value)
+    return {
+        "rank": view.rank,
+        "state": state,
+        "journaled_state": view.state,
+        "healthy": view.healthy and exit_code is None,
+        "time_in_state_s": view.time_in_state_s(now=now),
+        "launch": None
+        if launch is None
+        else {
+            "launch_s": launch.launch_s,
+            "process_started_s": launch.spawn_s,
+            "imports_s": launch.imports_s,
+        },
+        "startup_to_ready_s": None
+        if launch is None or ready_at is None
+        else ready_at - launch.launched_at,
+        "startup": None if (kept := account(view, now=now)) is None else account_json(kept),
+        "step": None
+        if step is None or step.state != view.state or step.done >= step.steps
+        else {"done": step.done, "steps": step.steps},
+        "eta_s": eta_s(view, now=now),
+        "path": list(view.path),
+        "skip_reason": view.skip_reason,
+        "calibrated": view.calibrated,
+        "pending_collective": None
+        if pending is None
+        else {
+            "group": pending.started.group,
+            "group_seq": pending.started.group_seq,
+            "op": pending.started.op,
+            "purpose": pending.started.purpose,
+            "waiting_s": now - pending.at,
+        },
+        "last_heartbeat_age_s": None
+        if view.last_heartbeat_wall is None
+        else now - view.last_heartbeat_wall,
+        "first_error": None
+        if first_error is None
+        else {
+            "state": first_error[1],
+            "type": first_error[2].error_type,
+            "message": first_error[2].message,
+        },
+        "live_buffer_bytes": view.live_buffer_bytes,
+        "requests": view.requests_finished,
+        "exit_code": exit_code,
+        "exit": None if exit_code is None else exit_text(exit_code),
+    }

@@ -1,0 +1,389 @@
+"""What `lifecycle serve` knows and does behind its endpoints: the ranks' folded journal, their
+health, and one request at a time sent to every rank."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shlex
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from lifecycle.core.decisions.requesttime import Prediction
+from lifecycle.core.format.events import StoredEvent
+from lifecycle.core.format.records import Generation
+from lifecycle.core.format.view import RankView
+from lifecycle.core.requestid import request_id_of
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.serve.console.progress import ProgressPrinter
+from lifecycle.serve.console.steps import StepMark
+from lifecycle.serve.console.terminal import PlainConsole
+from lifecycle.serve.http.bounds import RequestBounds
+from lifecycle.serve.http.failure import RunFailure
+from lifecycle.serve.http.metrics import JournalMetrics
+from lifecycle.serve.http.rankjson import at, rank_json
+from lifecycle.serve.logs import say
+from lifecycle.serve.ranks.cancel import wait_within
+from lifecycle.serve.ranks.control import (
+    ControlChannel,
+    Generate,
+    GivenUp,
+    RankLink,
+    Result,
+    ServiceUnavailable,
+)
+from lifecycle.serve.ranks.inflight import RequestFailed, RequestInFlight
+from lifecycle.serve.ranks.supervisor import POLL_S
+from lifecycle.store import shown_location
+from lifecycle.verdict.launched import LaunchedRun, exit_text
+
+# /generate requests that may wait behind the running one; more are refused with 503 at once,
+# so that waiting requests cannot take every worker thread.
+MAX_QUEUED_REQUESTS = 8
+RETRY_AFTER_S = 5
+# Every collective is bounded by the process-group timeout, so a rank that has shown no
+# progress (a denoising step, its reply) for that long plus this margin is stuck in its own
+# compute. The bound is on silence, not on the request's length: a large request that keeps
+# stepping is never cut short.
+
+
+class Ranks(Protocol):
+    """The ranks a Service serves with: spawned here (RankGroup), or under torchrun on any
+    number of hosts (lifecycle.serve.launch.nodeserve.NodeRanks)."""
+
+    run_id: str
+    created_at: float
+    store_authenticated: bool  # whether what the ranks read from the store is sealed
+
+    def poll(self) -> list[StoredEvent]: ...
+
+    def views(self) -> dict[int, RankView]: ...
+
+    def steps(self) -> dict[int, StepMark]: ...
+
+    def exit_codes(self) -> list[int | None]: ...
+
+    def announce_ended(self) -> None: ...
+
+    def lost(self) -> dict[int, str]: ...
+
+    def hosts(self) -> dict[int, str]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """A request's answer: rank 0's timings and checksum, and its video when asked for."""
+
+    summary: dict[str, Any]
+    video: Any = None  # uint8 (frames, height, width, 3)
+
+
+class Service:
+    """What the endpoints read and do: the ranks, their folded journal, their control links."""
+
+    def __init__(self, args: ServerArgs, group: Ranks, control: ControlChannel) -> None:
+        self.args = args
+        self.group = group
+        self.control = control
+        self.views: dict[int, RankView] = {}
+        self.exit_codes: list[int | None] = []
+        self.steps: dict[int, StepMark] = {}  # each rank's latest denoising step
+        self.stopping: str | None = None
+        self._lock = threading.Lock()  # the fields above; never held across a request
+        self._line = threading.Condition()  # /generate: the request running and those waiting
+        self._in_line = 0
+        self._running: RequestInFlight | None = None
+        self._stop = threading.Event()
+        self.printer = ProgressPrinter(run_created_at=group.created_at, ranks=args.num_ranks)
+        self.console = PlainConsole(self.printer)
+        self.metrics = JournalMetrics(
+            views=self.views_now,
+            ended=self.ended_ranks,
+            created_at=group.created_at,
+            hosts=group.hosts,
+            lost=lambda: set(group.lost()),
+            rejected=control.rejected,
+        )
+        self.run_failure = RunFailure(
+            LaunchedRun.of(args, run_id=group.run_id, created_at=group.created_at)
+        )
+        self.bounds = RequestBounds(args)
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the ranks failed for good: the first sign, then the run's verdict."""
+        return self.run_failure.reason
+
+    @property
+    def failed_at(self) -> float | None:
+        return self.run_failure.at  # monotonic
+
+    def follow(self) -> None:
+        """Fold the journal every poll interval until told to stop; once the ranks failed and
+        their ends settled, say why, as the run's verdict names its culprit."""
+        while not self._stop.is_set():
+            # The exit statuses first: a rank that had ended by then has committed everything
+            # it will, and the poll after reads it, so that a rank that journaled its end is
+            # never shown as one that ended without it.
+            codes = self.group.exit_codes()
+            events = self.group.poll()
+            self.group.announce_ended()
+            self._print(events)
+            self.metrics.feed(events)
+            views = self.group.views()
+            steps = self.group.steps()
+            self.console.steps(steps)
+            with self._lock:
+                self.views, self.exit_codes, self.steps = views, codes, steps
+            failed = [v for v in views.values() if v.state == "failed"]
+            if failed:
+                self.fail(f"rank {failed[0].rank} failed")
+            self._check_ranks()
+            if self.run_failure.settled(codes, self.group.lost()):
+                # Judged and printed here, not where the failure is seen: the probes must not
+                # wait on the verdict or on I/O.
+                self._judge(views, codes)
+            self._stop.wait(POLL_S)
+        if self.failed and not self.run_failure.judged:  # stopped before the ends settled
+            self._judge(self.views_now(), list(self.exit_codes))
+
+    def _judge(self, views: dict[int, RankView], codes: list[int | None]) -> None:
+        why = self.run_failure.judge(views, codes, self.group.lost())
+        say(f"failed: {why}", event="serve-failed", why=why)
+
+    def _print(self, events: list[StoredEvent]) -> None:
+        for stored in events:
+            self.console.feed(stored)
+
+    def views_now(self) -> dict[int, RankView]:
+        with self._lock:
+            return dict(self.views)
+
+    def ended_ranks(self) -> set[int]:
+        """The ranks whose process has ended, as of the last poll."""
+        with self._lock:
+            return {rank for rank, code in enumerate(self.exit_codes) if code is not None}
+
+    def stop_following(self) -> None:
+        self._stop.set()
+
+    def fail(self, reason: str) -> None:
+        """Mark the ranks failed for good (the first reason is kept, until the run's verdict
+        names the culprit); refuse waiting requests."""
+        if not self.run_failure.seen(reason):
+            return
+        with self._line:
+            self._line.notify_all()
+
+    def begin_stop(self, reason: str) -> None:
+        """Refuse new requests and answer the running and waiting ones: the server stops."""
+        with self._lock:
+            if self.stopping is None:
+                self.stopping = reason
+        with self._line:
+            running = self._running
+            self._line.notify_all()
+        if running is not None:
+            running.abandon(f"server stopping ({reason})")
+
+    def _check_ranks(self) -> None:
+        """A rank process that ended, or whose control connection closed, while the server
+        was not stopping has failed, whatever its journal last said (SIGKILL leaves nothing)."""
+        if self.stopping is not None or self.failure is not None:
+            return
+        for rank, why in sorted(self.group.lost().items()):
+            self.fail(f"rank {rank} lost: {why}")
+            return
+        for rank, code in enumerate(self.group.exit_codes()):
+            if code is not None:
+                self.fail(f"rank {rank} process ended: {exit_text(code)}")
+                return
+        for rank, link in sorted(self.control.snapshot().items()):
+            if not link.alive:
+                self.fail(f"rank {rank} {link.gone}")
+                return
+
+    def dump(self) -> list[int]:
+        """Ask every rank to write its collective ring to the journal; the ranks asked."""
+        return self.control.dump("http")
+
+    def health(self) -> tuple[bool, str]:
+        self._check_ranks()
+        with self._lock:
+            if self.failure is not None:
+                return False, "failed"
+            if self.stopping is not None:
+                return False, "stopping"
+            views = self.views
+        links = self.control.snapshot()
+        ready = (
+            len(views) == self.args.num_ranks
+            and all(v.healthy for v in views.values())
+            and len(links) == self.args.num_ranks
+            and all(link.ready.is_set() and link.alive for link in links.values())
+        )
+        return ready, "ready" if ready else "starting"
+
+    def lifecycle(self) -> dict[str, Any]:
+        now = time.time()
+        healthy, status = self.health()
+        with self._lock:
+            views = dict(self.views)
+            codes = list(self.exit_codes)
+            failure = self.failure
+            steps = dict(self.steps)
+        hosts = self.group.hosts()
+        lost = self.group.lost()
+        return {
+            "run_id": self.group.run_id,
+            "status": status,
+            "healthy": healthy,
+            "failure": failure,
+            "store": {
+                "authenticated": self.group.store_authenticated,
+                "rejected": sum(self.control.rejected().values()),
+            },
+            "ranks": [
+                {
+                    **rank_json(view, now=now, exit_code=at(codes, r), step=steps.get(r)),
+                    "host": hosts.get(r),
+                    "lost": lost.get(r),
+                    # A rank lost (its host gone, its process stopped) is in no state its
+                    # journal can say: what it last said stays in journaled_state.
+                    **({"state": "lost", "healthy": False} if r in lost else {}),
+                }
+                for r, view in views.items()
+            ],
+            "admission": self.bounds.describe(views),
+        }
+
+    def _refusal(self) -> ServiceUnavailable | None:
+        with self._lock:
+            if self.failure is not None:
+                return ServiceUnavailable(status="failed", detail=f"failed: {self.failure}")
+            if self.stopping is not None:
+                return ServiceUnavailable(
+                    status="stopping", detail=f"server stopping ({self.stopping})"
+                )
+        return None
+
+    def failed_request(self, exc: RequestFailed) -> dict[str, Any]:
+        """A failed request's answer: the culprit rank and its error, the ranks that failed
+        waiting on it, and the command that explains the run."""
+        journal = shlex.quote(shown_location(self.args.db))
+        return exc.answer(diagnose=f"replay diagnose {self.group.run_id} {journal}")
+
+    def queue_depth(self) -> int:
+        """The requests running or waiting for the ranks."""
+        with self._line:
+            return self._in_line
+
+    @contextlib.contextmanager
+    def place_in_line(self) -> Iterator[None]:
+        """Hold a place among the requests running or waiting; refuse at once when the line
+        is full."""
+        with self._line:
+            if self._in_line > MAX_QUEUED_REQUESTS:
+                raise ServiceUnavailable(
+                    status="busy",
+                    detail=f"busy: {self._in_line} requests running or waiting",
+                    retry_after_s=RETRY_AFTER_S,
+                )
+            self._in_line += 1
+        try:
+            yield
+        finally:
+            with self._line:
+                self._in_line -= 1
+
+    def generate(
+        self,
+        request: Generation,
+        *,
+        request_id: str | None = None,
+        return_video: bool = False,
+        traceparent: str | None = None,
+    ) -> Reply:
+        """Run one request on every rank once the one running now is done, under
+        `request_id` (a new one when None), within the deadline its prediction sets
+        (RequestPastDeadline past it); rank 0's result (it decodes) is the answer.
+        `traceparent` is the server's span of it, which the ranks' spans join."""
+        with self._line:
+            while self._running is not None and self._refusal() is None:
+                self._line.wait()
+            refusal = self._refusal()
+            if refusal is not None:
+                raise refusal
+            links = self.control.snapshot()
+            running = RequestInFlight(request_id=request_id_of(request_id), ranks=links)
+            self._running = running
+        try:
+            message = Generate(
+                request_id=running.request_id,
+                request=request,
+                return_video=return_video,
+                traceparent=traceparent,
+            )
+            prediction = self.bounds.prediction(self.views_now(), request)
+            replies = self._run(running, links, message, prediction)
+            self.bounds.served(request, replies)
+        finally:
+            with self._line:
+                self._running = None
+                self._line.notify_all()
+        lead = replies[0]
+        shape = request.shape
+        summary = {
+            "request_id": running.request_id,
+            "checksum": lead.checksum,
+            "total_s": lead.total_s,
+            "step_s": list(lead.step_s),
+            "stages": [dataclasses.asdict(stage) for stage in lead.stages],
+            "peak_bytes": lead.peak_bytes,
+            "memory_source": lead.memory_source,
+            "width": shape.width,
+            "height": shape.height,
+            "frames": shape.frames,
+            "steps": request.steps,
+            "guidance_scale": request.guidance_scale,
+            "seed": request.seed,
+        }
+        return Reply(summary=summary, video=lead.video)
+
+    def _run(
+        self,
+        request: RequestInFlight,
+        links: dict[int, RankLink],
+        message: Generate,
+        prediction: Prediction | None,
+    ) -> dict[int, Result]:
+        self.control.begin(request)
+        try:
+            for rank, link in sorted(links.items()):
+                if not link.send(message):
+                    request.fail_rank(rank, "control connection closed")
+            try:
+                return wait_within(
+                    request,
+                    links,
+                    silence_s=self.args.request_silence_limit_s,
+                    prediction=prediction,
+                    steps=message.request.steps,
+                )
+            except RequestFailed as exc:
+                # A rank that fails a request has failed (it journals so and leaves), and one
+                # that went silent is stuck in it: neither can serve the next request. A
+                # silent rank is told, so that it journals why the server gave it up (its
+                # reader thread answers; its main thread is stuck).
+                for rank, silent_s in exc.silent.items():
+                    links[rank].send(GivenUp(request_id=request.request_id, silent_s=silent_s))
+                self.fail(f"request {request.request_id} failed: {exc}")
+                raise self.run_failure.named(exc) from None
+        finally:
+            self.control.end(request)

@@ -1,0 +1,2 @@
+"""The launcher: a startup run on this process or on spawned rank processes, and
+`serve` under torchrun."""

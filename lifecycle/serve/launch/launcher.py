@@ -1,0 +1,159 @@
+"""The launcher: runs a startup on this process (one rank) or on spawned rank processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from lifecycle.core.command import Exit
+from lifecycle.core.errors import ConfigError
+from lifecycle.core.format.states import State
+from lifecycle.core.settings.config import DEFAULT_LINGER_S, ServerArgs
+from lifecycle.runtime.group.signals import leave_process, watch_shutdown_signals
+from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL, mark
+from lifecycle.runtime.recorder import Recorder
+from lifecycle.serve.console.progress import ProgressPrinter
+from lifecycle.serve.logs import configure_logging, say
+from lifecycle.serve.ranks.launchtime import launch_walls
+from lifecycle.serve.ranks.supervisor import LaunchOptions
+from lifecycle.serve.ranks.worker import trace_startup, under_torchrun
+from lifecycle.store import shown_location
+from lifecycle.store.runs import new_run_id, open_run
+
+
+def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
+    """Run a startup to ready and stop; 0 when every rank got to ready, else 1.
+
+    Under torchrun this process is one rank of the group; otherwise one rank runs here and
+    several run as spawned processes.
+    """
+    if under_torchrun(os.environ):
+        from lifecycle.serve.ranks.worker import RankEnv, run_rank_process
+
+        try:
+            ranks = RankEnv.from_env(os.environ)
+        except ValueError:
+            raise ConfigError(
+                "RANK, WORLD_SIZE and LOCAL_WORLD_SIZE must be integers (as torchrun sets them),"
+                f" not {_torchrun_env(os.environ)}",
+                field="env",
+            ) from None
+        if ranks.world_size != args.num_ranks:
+            raise ConfigError(
+                f"torchrun started {ranks.world_size} ranks but --num-ranks is {args.num_ranks}",
+                field="num_ranks",
+            )
+        return run_rank_process(args, mode="boot", env=os.environ, created_at=created_at)
+    if args.num_ranks == 1:
+        return _boot_in_process(args, created_at=created_at, options=options)
+    from lifecycle.serve.ranks.supervisor import boot_ranks
+
+    return boot_ranks(args, created_at=created_at, options=options)
+
+
+def serve(
+    args: ServerArgs,
+    *,
+    created_at: float,
+    options: LaunchOptions,
+    host: str,
+    port: int,
+    linger_s: float = DEFAULT_LINGER_S,
+    access_log: bool = False,
+) -> int:
+    """Boot the ranks as processes of their own and serve HTTP here until SIGTERM, or until
+    `linger_s` after a fatal startup failure (then exit 1, so that a pod restarts). Under
+    torchrun this process is one rank of the group, and rank 0 serves HTTP."""
+    if under_torchrun(os.environ):
+        from lifecycle.serve.launch.nodeserve import serve_under_torchrun
+
+        return serve_under_torchrun(
+            args,
+            created_at=created_at,
+            host=host,
+            port=port,
+            linger_s=linger_s,
+            access_log=access_log,
+        )
+    from lifecycle.serve.http.app import serve_http
+
+    return serve_http(
+        args,
+        created_at=created_at,
+        options=options,
+        host=host,
+        port=port,
+        linger_s=linger_s,
+        access_log=access_log,
+    )
+
+
+def _torchrun_env(env: Mapping[str, str]) -> str:
+    names = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    return " ".join(f"{name}={env[name]!r}" for name in names if name in env)
+
+
+def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
+    run_id = new_run_id(created_at)
+    journal = open_run(args, run_id=run_id, created_at=created_at, command=options.command)
+    mark(OPEN_JOURNAL)
+    # Imported once the journal is open: a journal that cannot be is one line in a second,
+    # not after torch's import.
+    import torch  # noqa: F401  (its import is a phase of its own)
+
+    mark(IMPORT_TORCH)
+    from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.serve.console.steps import StepMark, counting_actions
+    from lifecycle.serve.console.terminal import boot_console
+
+    mark(IMPORT_RUNTIME)
+
+    recorder = Recorder(journal.writer(run_id=run_id, rank=0))
+    trace_startup(recorder, run_id=run_id, rank=0, model=args.model.name, env=os.environ)
+    console = boot_console(ProgressPrinter(run_created_at=created_at), ranks=1)
+    logs = console.log_stream()
+    if logs is not None:  # this process's own logs go above the bar, not through it
+        configure_logging(json=options.json_logs, level=options.log_level, stream=logs)
+    console.show(
+        [f"run {run_id}  model {args.model.name}  ranks 1  journal {shown_location(args.db)}"]
+    )
+    recorder.subscribe(console.feed)
+    launched_at, process_started_at = launch_walls(os.environ, entered_at=created_at)
+    launch = RankLaunch(
+        run_id=run_id,
+        rank=0,
+        local_ranks=1,
+        distributed=False,
+        launcher_started_wall=launched_at,
+        process_started_wall=process_started_at,
+    )
+
+    def on_step(done: int, steps: int) -> None:
+        console.steps({0: StepMark(state=session.machine.state, done=done, steps=steps)})
+
+    session = RankSession(args, launch, recorder, actions=counting_actions(on_step))
+
+    def on_signal(sig: signal.Signals) -> None:
+        status = session.shutdown_by_signal(sig)
+        console.close()
+        sys.stdout.flush()
+        leave_process(status)
+
+    watch_shutdown_signals(on_signal)
+    try:
+        state = session.boot()
+        if session.refused is not None:
+            console.close()
+            say(f"lifecycle: error: {session.refused}", event="error", out=sys.stderr)
+            session.close()
+            journal.close()
+            return Exit.USAGE
+        if state is State.READY:
+            session.stop(reason="boot complete")
+        session.close()
+        journal.close()
+    finally:
+        console.close()
+    return Exit.OK if state is State.READY else Exit.FAILED

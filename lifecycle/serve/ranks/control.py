@@ -1,0 +1,447 @@
+"""The control channel between `lifecycle serve` and its rank processes: typed messages and
+both ends of the loopback connection that carries them."""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any, Protocol
+
+from lifecycle.core.errors import LifecycleError
+from lifecycle.core.format.records import Generation, StageRecord
+from lifecycle.runtime.group.storetrust import CHANNELS
+
+
+class InFlight(Protocol):
+    """What the channel's readers tell the request in flight (serve.inflight's): each rank's
+    progress, cancel point and result, or that its process went away."""
+
+    request_id: str
+
+    def progress(self, rank: int) -> None: ...
+
+    def cancel_point(self, rank: int, step: int) -> None: ...
+
+    def deliver(self, result: Result) -> None: ...
+
+    def fail_rank(self, rank: int, error: str) -> None: ...
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    """A rank process connected; the first message on its link."""
+
+    rank: int
+    host: str = ""  # its host's name (under torchrun, where ranks may be on several)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready:
+    """The rank finished its startup and serves requests."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generate:
+    """Run one request; every rank gets the same one, under the server's request id."""
+
+    request_id: str
+    request: Generation
+    return_video: bool = False  # the rank that decodes sends the video with its result
+    # The server's span of the request (W3C traceparent): each rank's span of it is its child.
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """A rank finished a denoising step of a request: it is alive and working on it."""
+
+    request_id: str
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    """A rank's answer to a request: its timing and checksum, or why it failed."""
+
+    request_id: str
+    rank: int
+    ok: bool
+    error: str | None = None
+    error_kind: str | None = None  # the ErrorKind of `error`: a wait on a peer, or its own
+    checksum: str | None = None
+    total_s: float | None = None
+    step_s: tuple[float, ...] = ()
+    stages: tuple[StageRecord, ...] = ()
+    peak_bytes: int | None = None
+    memory_source: str | None = None
+    video: Any = None  # uint8 (frames, height, width, 3), when asked for and decoded here
+    cancelled_after: int | None = None  # cancelled (CancelAt) after this step, from 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    """Cancel a request between denoising steps: say the step after which this rank will
+    wait for the step every rank stops after (CancelPoint; answered by the rank's reader
+    thread, whatever its main thread is doing)."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelPoint:
+    """Where a rank waits in a request being cancelled: after step `step` (from 0), the step
+    after its last one made; it makes no step past it before CancelAt says."""
+
+    request_id: str
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelAt:
+    """Every rank stops the request after step `step` (the latest CancelPoint: no rank is
+    past it, so none is left in a collective its peers never enter); None: the cancel is
+    withdrawn (not every rank said where it can stop) and the request goes on."""
+
+    request_id: str
+    step: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stop:
+    """Stop serving: journal the stop (with the launcher's signal, if any) and leave."""
+
+    reason: str
+    signal: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GivenUp:
+    """The server gave up the rank's request: it reported no step for `silent_s` (answered by
+    the rank's reader thread, since its main thread is stuck in the request)."""
+
+    request_id: str
+    silent_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dump:
+    """Write the collective ring to the journal now (answered by the rank's reader thread, so
+    a rank stuck in a collective still does)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lost:
+    """Under torchrun, rank `rank` is lost: rank 0 (its broadcasts ended without a stop), or
+    this rank itself (silent past the beat's limit, so that the group went on without it).
+    This rank fails, and leaves its serve loop. Put by the rank's own bridge, never sent."""
+
+    why: str
+    rank: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejected:
+    """How many messages the rank has dropped so far on `channel` of the rendezvous store or
+    the control group, as not sealed with the run's store key (for /metrics)."""
+
+    rank: int
+    channel: str
+    total: int
+
+
+ToRank = Generate | Stop | Dump | GivenUp | Lost | Cancel | CancelAt
+FromRank = Hello | Ready | Progress | Result | Rejected | CancelPoint
+
+# -- the launcher's end ------------------------------------------------------------------------
+
+
+class ServiceUnavailable(LifecycleError):
+    """/generate cannot run now: the ranks are starting, failed, or the server is stopping."""
+
+    def __init__(self, *, status: str, detail: str, retry_after_s: int | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class Line(Protocol):
+    """What a rank's link reads and writes: a spawned rank's connection, or under torchrun
+    the line rank 0's server keeps to each rank (lifecycle.serve.ranks.crossnode)."""
+
+    def send(self, obj: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
+class LockedConnection:
+    """A rank process's connection to the launcher, written from several threads (its replies,
+    its counts of dropped messages), one message at a time."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+
+    def send(self, obj: Any) -> None:
+        with self._lock:
+            self._connection.send(obj)
+
+    def recv(self) -> Any:
+        return self._connection.recv()
+
+
+@dataclass
+class RankLink:
+    """The control connection to one rank process."""
+
+    connection: Connection | Line
+    ready: threading.Event = field(default_factory=threading.Event)
+    alive: bool = True
+    gone: str = "closed its control connection"  # why it is not alive, after the rank
+
+    def send(self, message: ToRank) -> bool:
+        """Send `message`; False when the rank's end is gone."""
+        try:
+            self.connection.send(message)
+        except OSError:
+            return False
+        return True
+
+
+# A connection to the control port must complete the authkey handshake and say which rank it
+# is within this long: a rank does so at once, and anything else (a port scanner, a client
+# that connects and says nothing) is dropped without holding up the ranks.
+HANDSHAKE_S = 10.0
+ACCEPT_POLL_S = 0.2  # how often the accept loop looks whether the channel was closed
+
+
+def _bound_io(sock: socket.socket, seconds: float) -> None:
+    """Make a blocking read or write on `sock` fail after `seconds` (0: wait for ever), for
+    every descriptor of the socket: multiprocessing's Connection reads the descriptor itself,
+    past the Python socket's own timeout."""
+    whole = int(seconds)
+    value = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
+class ControlChannel:
+    """A loopback listener the rank processes connect to, authenticated by a random key; or,
+    under torchrun, links attached to the ranks' lines (`attach`) and no listener."""
+
+    def __init__(self, *, listen: bool = True) -> None:
+        self.authkey = secrets.token_bytes(32)
+        self.host, self.port = "", 0
+        if listen:
+            self._listening = socket.create_server(("127.0.0.1", 0))
+            self._listening.settimeout(ACCEPT_POLL_S)
+            host, port = self._listening.getsockname()[:2]
+            self.host, self.port = str(host), int(port)
+        self.links: dict[int, RankLink] = {}
+        self._rejected: dict[tuple[int, str], int] = {}  # (rank, channel): messages it dropped
+        self._lock = threading.Lock()
+        self._request: InFlight | None = None
+        self._closed = threading.Event()
+
+    def accept(self, count: int) -> None:
+        """Take connections until `count` ranks have said hello (each with its rank) or the
+        channel closes; runs in its own thread. Each connection is vetted on a thread of its
+        own, so that one that stalls or sends garbage holds up no other."""
+        with self._listening:
+            while not self._closed.is_set():
+                with self._lock:
+                    if len(self.links) >= count:
+                        return
+                try:
+                    sock, _ = self._listening.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                threading.Thread(
+                    target=self._admit, args=(sock,), name="control-handshake", daemon=True
+                ).start()
+
+    def _admit(self, sock: socket.socket) -> None:
+        """Link the rank on `sock` once it proved it holds the key and said hello within
+        HANDSHAKE_S; else drop it."""
+        with sock:
+            _bound_io(sock, HANDSHAKE_S)
+            connection = Connection(os.dup(sock.fileno()))
+            try:
+                deliver_challenge(connection, self.authkey)
+                answer_challenge(connection, self.authkey)
+                hello = connection.recv()
+            except (OSError, EOFError, AuthenticationError):
+                hello = None
+            if not isinstance(hello, Hello) or self._closed.is_set():
+                connection.close()
+                return
+            _bound_io(sock, 0)  # a rank's link is read for as long as the rank lives
+        if not self.attach(hello.rank, connection):
+            connection.close()
+
+    def attach(self, rank: int, connection: Connection | Line) -> bool:
+        """Link `rank` through `connection` and read it; False when the rank has a link."""
+        link = RankLink(connection=connection)
+        with self._lock:
+            if rank in self.links:
+                return False
+            self.links[rank] = link
+        threading.Thread(
+            target=self._read, args=(rank, link), name=f"rank-{rank}-link", daemon=True
+        ).start()
+        return True
+
+    def _read(self, rank: int, link: RankLink) -> None:
+        while True:
+            try:
+                message = link.connection.recv()
+            except (EOFError, OSError) as exc:
+                if isinstance(exc, EOFError) and str(exc):
+                    link.gone = str(exc)
+                link.alive = False
+                with self._lock:
+                    request = self._request
+                if request is not None:
+                    request.fail_rank(rank, "rank process went away")
+                return
+            if isinstance(message, Ready):
+                link.ready.set()
+                continue
+            if isinstance(message, Rejected):
+                if message.channel in CHANNELS:
+                    with self._lock:
+                        slot = (rank, message.channel)
+                        self._rejected[slot] = max(self._rejected.get(slot, 0), message.total)
+                continue
+            with self._lock:
+                request = self._request
+            # A result or progress for any other request is late: that request was already
+            # answered (failed or abandoned), and its result must not answer the next one.
+            if not isinstance(message, Progress | Result | CancelPoint) or request is None:
+                continue
+            if message.request_id != request.request_id:
+                continue
+            if isinstance(message, Progress):
+                request.progress(rank)
+            elif isinstance(message, CancelPoint):
+                request.cancel_point(rank, message.step)
+            else:
+                request.deliver(message)
+
+    def begin(self, request: InFlight) -> None:
+        with self._lock:
+            self._request = request
+
+    def end(self, request: InFlight) -> None:
+        with self._lock:
+            if self._request is request:
+                self._request = None
+
+    def rejected(self) -> dict[tuple[int, str], int]:
+        """Messages each rank dropped, by channel, as it last said."""
+        with self._lock:
+            return dict(self._rejected)
+
+    def snapshot(self) -> dict[int, RankLink]:
+        with self._lock:
+            return dict(self.links)
+
+    def dump(self, reason: str) -> list[int]:
+        """Ask every rank to write its collective ring; the ranks that were asked."""
+        return [
+            rank for rank, link in sorted(self.snapshot().items()) if link.send(Dump(reason=reason))
+        ]
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+# -- the rank's end ----------------------------------------------------------------------------
+
+
+class ControlInbox:
+    """The launcher's messages, read by a thread of their own, so that a stop reaches a rank
+    that is busy in a request. A closed connection reads as a stop."""
+
+    def __init__(
+        self,
+        control: Connection | Line,
+        *,
+        on_dump: Callable[[str], object],
+        on_given_up: Callable[[GivenUp], object],
+        on_lost: Callable[[Lost], object] | None = None,
+        on_cancel: Callable[[Cancel | CancelAt], object] | None = None,
+    ) -> None:
+        self._control = control
+        self._on_dump = on_dump
+        self._on_given_up = on_given_up
+        self._on_lost = on_lost
+        self._on_cancel = on_cancel
+        self._messages: queue.Queue[Generate | Stop | Lost] = queue.Queue()
+        self._stop_requested = threading.Event()
+        self.stop_message = Stop(reason="stop requested")
+        threading.Thread(target=self._read, name="lifecycle-control", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._control.recv()
+            except (EOFError, OSError):
+                message = Stop(reason="launcher went away")
+            if isinstance(message, Stop):
+                self.stop_message = message
+                self._stop_requested.set()
+                self._messages.put(message)
+                return
+            if isinstance(message, Lost):
+                if self._on_lost is not None:
+                    self._on_lost(message)
+                self._messages.put(message)
+                return
+            if isinstance(message, Generate):
+                self._messages.put(message)
+            elif isinstance(message, Dump):
+                self._on_dump(message.reason)
+            elif isinstance(message, GivenUp):
+                self._on_given_up(message)
+            elif isinstance(message, Cancel | CancelAt) and self._on_cancel is not None:
+                self._on_cancel(message)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def wait_for_stop(self, timeout: float) -> bool:
+        return self._stop_requested.wait(timeout)
+
+    def next(self) -> Generate | Stop | Lost:
+        return self._messages.get()
+
+    def send(self, message: FromRank) -> None:
+        """Send to the launcher; a launcher that went away is noticed by the reader, as a
+        stop."""
+        try:
+            self._control.send(message)
+        except OSError:
+            return

@@ -1,0 +1,171 @@
+"""A rank serving after ready: the server's orders through its control line (the launcher's
+connection, or under torchrun its bridge), each request run on every rank and answered, until
+a stop or the rank's failure."""
+
+from __future__ import annotations
+
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+
+from lifecycle.core.decisions.requesttime import RequestCancelled
+from lifecycle.core.errors import PeerGone, RequestAborted, RequestStalled, classify
+from lifecycle.core.format.records import shared_fields
+from lifecycle.core.settings.validation import validate_shape
+from lifecycle.serve.ranks.cancel import StepCancels
+from lifecycle.serve.ranks.control import (
+    CancelPoint,
+    ControlInbox,
+    Line,
+    Lost,
+    Progress,
+    Ready,
+    Result,
+    Stop,
+)
+from lifecycle.serve.ranks.crossnode import RankBridge
+
+if TYPE_CHECKING:
+    from lifecycle.runtime.session import RankSession
+
+
+def _lost(session: RankSession, lost: Lost) -> None:
+    """Rank 0 is gone (the rank fails on it), or this rank was silent long enough for the
+    group to go on without it: it fails on that once, as when the group's announcement of its
+    loss reaches its abort watcher, whichever comes first."""
+    from lifecycle.runtime.group.abort import rank_lost
+
+    if lost.rank != session.launch.rank:
+        session.fail(
+            PeerGone(lost.why, group="control", group_seq=0, op="broadcast"), where=lost.why
+        )
+        return
+    state = session.machine.state.value
+    session.abort(rank_lost(lost.rank, lost.why, state=state, announced_by="rank"))
+
+
+# A peer that gave up a request for a stop hangs up on the collective this rank waits in;
+# the same stop reaches this rank at about the same time, and is waited for this long before
+# the hang-up is taken for a failure.
+PEER_STOP_GRACE_S = 2.0
+
+
+def serve_requests(session: RankSession, control: Connection | Line) -> None:
+    """Answer the launcher's requests until it says stop or the rank fails."""
+    from lifecycle.core.errors import CollectiveError, CollectiveTimeout
+    from lifecycle.runtime.actions import generate
+
+    runtime = session.runtime
+    assert runtime is not None
+    rank = session.launch.rank
+
+    def answer(message: CancelPoint) -> None:
+        inbox.send(message)  # the inbox made below: its reader thread answers a cancel
+
+    cancels = StepCancels(rank=rank, send=answer)
+    inbox = ControlInbox(
+        control,
+        on_dump=session.dump_ring,
+        on_given_up=lambda given: session.fail(
+            RequestStalled(request_id=given.request_id, silent_s=given.silent_s),
+            where=f"the server gave request {given.request_id} up",
+        ),
+        on_lost=lambda lost: _lost(session, lost),
+        on_cancel=cancels.on_message,
+    )
+
+    def stopping() -> str | None:
+        return inbox.stop_message.reason if inbox.stopping else None
+
+    session.serve_collectives_from_ring()
+    if isinstance(control, RankBridge):
+        control.join_control_group()  # every rank at once, as it enters its serve loop
+    inbox.send(Ready(rank=rank))
+    served = 0
+    while True:
+        message = inbox.next()
+        if isinstance(message, Stop):
+            session.stop(reason=message.reason, signal_name=message.signal)
+            return
+        if isinstance(message, Lost):
+            return  # failed (or aborted) by the reader thread
+        if inbox.stopping:
+            continue
+        request_id = message.request_id
+        served += 1
+        cancels.begin(request_id)
+
+        def after_step(
+            step: int,
+            request_id: str = request_id,
+            nth: int = served,
+            steps: int = message.request.steps,
+        ) -> None:
+            if inbox.stopping:
+                raise RequestAborted(
+                    request_id=request_id, step=step, reason=inbox.stop_message.reason
+                )
+            if step + 1 == max(1, steps // 2):
+                session.faults.inject_in_request(nth)
+            inbox.send(Progress(request_id=request_id, rank=rank, step=step))
+            cancels.after_step(request_id, step, steps=steps, stopping=stopping)
+
+        try:
+            request = message.request
+            validate_shape(session.args.model, request.shape, request.steps)
+            generated = generate(
+                runtime,
+                request,
+                source="http",
+                request_id=request_id,
+                keep_video=message.return_video,
+                after_step=after_step,
+                traceparent=message.traceparent,
+            )
+            video = None if generated.video is None else generated.video.numpy()
+            cancels.end(request_id)
+            inbox.send(
+                Result(
+                    request_id=request_id,
+                    rank=rank,
+                    ok=True,
+                    video=video,
+                    **shared_fields(generated.result, Result),
+                )
+            )
+        except RequestCancelled as exc:  # journaled by generate; the rank serves on
+            cancels.end(request_id)
+            inbox.send(
+                Result(
+                    request_id=request_id,
+                    rank=rank,
+                    ok=False,
+                    error=str(exc),
+                    error_kind=classify(exc),
+                    cancelled_after=exc.step,
+                )
+            )
+        except Exception as exc:  # the request failed on this rank: journal it, fail, report
+            cancels.end(request_id)
+            hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
+            stopped = (
+                isinstance(exc, RequestAborted)
+                or inbox.stopping
+                or (hung_up and inbox.wait_for_stop(PEER_STOP_GRACE_S))
+            )
+            if stopped:
+                # Given up for a stop, here or on a peer: a shutdown, not a failure.
+                stop = inbox.stop_message
+                session.stop(reason=stop.reason, signal_name=stop.signal)
+                return
+            session.fail(exc)
+            error = f"{type(exc).__name__}: {exc}"
+            inbox.send(
+                Result(
+                    request_id=request_id,
+                    rank=rank,
+                    ok=False,
+                    error=error,
+                    error_kind=classify(exc),
+                )
+            )
+            return

@@ -1,0 +1,399 @@
+"""The launcher's side of several ranks: spawn them, follow their journal, end what is left."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
+from lifecycle.core.format.events import StoredEvent
+from lifecycle.core.format.fold import RankFold
+from lifecycle.core.format.states import State
+from lifecycle.core.format.view import RankView
+from lifecycle.core.settings.config import PeerFailure, ServerArgs, args_to_json
+from lifecycle.runtime.group.storetrust import (
+    STORE_KEY_ENV,
+    STORE_KEY_FILE_ENV,
+    RunKey,
+    StoreTrust,
+    new_store_secret,
+)
+from lifecycle.serve.console.progress import ProgressPrinter
+from lifecycle.serve.console.steps import StepMark, StepPipes
+from lifecycle.serve.logs import say
+from lifecycle.serve.ranks.launchtime import LAUNCHED_AT_ENV
+from lifecycle.serve.ranks.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
+from lifecycle.store import Journal, shown_location
+from lifecycle.store.runs import new_run_id, open_run
+from lifecycle.store.summaries import with_latest_heartbeat
+from lifecycle.verdict.launched import (
+    LaunchedRun,
+    exit_text,
+    failure_reason,
+    launched_verdict,
+    summary_lines,
+)
+
+WORKER_MODULE = "lifecycle.serve.ranks.worker"  # the entry of a spawned rank process
+POLL_S = 0.2
+# After the first rank settles (fails, exits, stops), the others get the process-group timeout
+# plus this margin to settle too before the launcher ends them.
+SETTLE_MARGIN_S = 5.0
+TERM_GRACE_S = 10.0
+# With the agreed abort, the others learn a rank's failure within a fraction of a second and
+# leave; this is how long they get before the launcher ends them.
+ABORT_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchOptions:
+    """How the launcher was asked to run, handed down to every rank process."""
+
+    pipeline: str | None = None
+    json_logs: bool = False
+    log_level: str = "info"
+    command: str | None = None  # the launch command line, recorded with the run
+
+    def worker_spec(self, args: ServerArgs, *, mode: str, **control: Any) -> WorkerSpec:
+        return WorkerSpec(
+            config=args_to_json(args),
+            mode=mode,
+            pipeline=self.pipeline,
+            json_logs=self.json_logs,
+            log_level=self.log_level,
+            command=self.command,
+            **control,
+        )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RankGroup:
+    """N rank processes of one run, and what their journal says of them."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        *,
+        created_at: float,
+        spec: WorkerSpec,
+        run_id: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.args = args
+        self.env = dict(env or {})  # added to every rank process's environment
+        self.created_at = created_at
+        self.run_id = run_id or new_run_id(created_at)
+        self.spec = spec
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._folds: dict[int, RankFold] = {
+            r: RankFold(run_id=self.run_id, rank=r) for r in range(args.num_ranks)
+        }
+        self.first_settled_at: float | None = None
+        self.port: int | None = None  # the rendezvous store's
+        self._store: Any = None  # the rendezvous store, hosted here while several ranks run
+        self._trust: StoreTrust | None = None  # its run key, handed to the ranks
+        self.store_authenticated = True  # every message through the store is sealed
+        self._announced: set[int] = set()
+        self.last_progress: dict[int, float] = {}  # monotonic time of each rank's last event
+        self._steps: StepPipes | None = None  # each rank's denoising steps, beside the journal
+        open_run(args, run_id=self.run_id, created_at=created_at, command=spec.command).close()
+        self._reader = Journal.open_for_read(args.db)
+
+    def start(self, *, stderr_of: Callable[[int], int | None] | None = None) -> None:
+        """Spawn the ranks; `stderr_of(rank)` may give a rank's stderr (a descriptor this
+        group closes once the rank holds it), else it shares the launcher's. Several ranks meet
+        at a rendezvous store hosted here on 127.0.0.1 only, whose messages are sealed with a
+        key made for this run and handed to the ranks alone (their environment)."""
+        secret = new_store_secret()
+        self._trust = StoreTrust(RunKey(secret.encode(), run_id=self.run_id))
+        listening = None
+        if self.args.num_ranks > 1:
+            # Hosted here, as torchrun's agent hosts its store: it outlives any rank, so a
+            # rank's failure still reaches its peers after rank 0 is gone (the agreed abort).
+            # Its socket first: torch's import for the store itself runs while the ranks
+            # start, not before them.
+            from lifecycle.runtime.group.abort import store_socket
+
+            listening = store_socket()
+            port = self.port = int(listening.getsockname()[1])
+        else:
+            port = self.port = free_port()  # named for the rank, which joins no group
+        steps = self._steps = StepPipes(self.args.num_ranks)
+        inherited = {**os.environ, **self.env}
+        inherited.pop(STORE_KEY_FILE_ENV, None)  # this run's own key replaces an operator's
+        base = {
+            **inherited,
+            STORE_KEY_ENV: secret,
+            WORKER_ENV: self.spec.to_env(),
+            RUN_ID_ENV: self.run_id,
+            # The launch the ranks count from: this process's start, as the run's.
+            LAUNCHED_AT_ENV: repr(self.created_at),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(self.args.num_ranks),
+            "LOCAL_WORLD_SIZE": str(self.args.num_ranks),
+        }
+        if listening is not None:
+            from lifecycle.runtime.group.abort import AGENT_STORE_ENV
+
+            base[AGENT_STORE_ENV] = "True"
+        for rank in range(self.args.num_ranks):
+            env = {**base, **steps.env_for(rank), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            stderr = stderr_of(rank) if stderr_of is not None else None
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "lifecycle.serve.ranks.worker"],
+                    env=env,
+                    pass_fds=steps.pass_fds(rank),
+                    stderr=stderr,
+                )
+            )
+            steps.spawned(rank)
+            if stderr is not None:
+                os.close(stderr)
+        if listening is not None:
+            from lifecycle.runtime.group.abort import serve_store
+
+            try:
+                self._store = serve_store(listening, world_size=self.args.num_ranks)
+            except BaseException:
+                for proc in self.procs:  # no rank outlives a launch that cannot go on
+                    proc.kill()
+                    proc.wait(timeout=30)
+                raise
+
+    def steps(self) -> dict[int, StepMark]:
+        """Each rank's latest denoising step mark (not journaled: see
+        lifecycle.serve.console.steps)."""
+        return {} if self._steps is None else self._steps.read()
+
+    # -- following the journal -----------------------------------------------------------------
+
+    def poll(self) -> list[StoredEvent]:
+        """Fold in what each rank journaled since the last poll, and its latest heartbeat;
+        return the new events."""
+        new: list[StoredEvent] = []
+        for rank, fold in self._folds.items():
+            for stored in self._reader.read(
+                run_id=self.run_id, rank=rank, from_seq=fold.last_seq + 1
+            ):
+                fold.apply(stored)
+                new.append(stored)
+                if stored.kind != "heartbeat":
+                    self.last_progress[rank] = time.monotonic()
+        # Once a rank serves, its heartbeats live in its summary row rather than as events:
+        # its latest is read from there, so that an idle rank is seen beating.
+        for summary in self._reader.summaries([self.run_id], checkpoints=False):
+            beating = self._folds.get(summary.rank)
+            if beating is not None:
+                with_latest_heartbeat(beating, summary.last_heartbeat_wall)
+        new.sort(key=lambda s: s.wall_time)
+        return new
+
+    def views(self) -> dict[int, RankView]:
+        return {rank: fold.view() for rank, fold in self._folds.items()}
+
+    def lost(self) -> dict[int, str]:
+        """Ranks lost without a word: none here, where each is a process of this one's."""
+        return {}
+
+    def hosts(self) -> dict[int, str]:
+        return dict.fromkeys(self._folds, socket.gethostname())
+
+    def exit_codes(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
+
+    def settled(self) -> list[bool]:
+        """A rank is settled once its journal says failed or stopped, or its process ended."""
+        codes = self.exit_codes()
+        return [
+            self._folds[r].state in (State.FAILED, State.STOPPED) or codes[r] is not None
+            for r in range(len(self.procs))
+        ]
+
+    def any_failed(self) -> bool:
+        codes = self.exit_codes()
+        return any(
+            self._folds[r].state == State.FAILED or codes[r] not in (None, 0)
+            for r in range(len(self.procs))
+        )
+
+    def announce_ended(self) -> None:
+        """For the agreed abort: announce each rank whose process ended without journaling its
+        failure (killed, out of memory, its journal lost), so that its peers learn it from the
+        rendezvous store as from a rank's own announcement. When the store went with the rank
+        (rank 0 hosts it), the peers' watchers see the store gone themselves."""
+        if self.args.on_peer_failure is not PeerFailure.ABORT or self._store is None:
+            return
+        assert self._trust is not None
+        for rank, code in enumerate(self.exit_codes()):
+            if code in (None, 0) or rank in self._announced:
+                continue
+            self._announced.add(rank)
+            if self._folds[rank].state == State.FAILED:
+                continue  # it journaled its failure, and announced it itself
+            from lifecycle.runtime.group.abort import Failure, announce
+
+            failure = Failure(
+                rank=rank,
+                error_type="ProcessEnded",
+                error_kind="peer-gone",
+                message=f"rank {rank}'s process ended: {exit_text(code)}",
+                state=self._folds[rank].state,
+                wall=time.time(),
+                announced_by="launcher",
+            )
+            with contextlib.suppress(RuntimeError):
+                announce(self._store, self._trust, failure)
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+
+    def end(self) -> None:
+        """Let ranks that journaled `stopped` finish their teardown, SIGTERM what is still
+        running (each rank journals its shutdown), then SIGKILL."""
+        deadline = time.monotonic() + TERM_GRACE_S
+        for rank, proc in enumerate(self.procs):
+            if self._folds[rank].state == State.STOPPED:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=TERM_GRACE_S)
+
+    def close(self) -> None:
+        self._reader.close()
+        self._store = None
+        if self._steps is not None:
+            self._steps.close()
+
+
+def supervise(
+    group: RankGroup,
+    *,
+    on_events: Callable[[list[StoredEvent]], None],
+    keep_going: Callable[[], bool],
+) -> None:
+    """Follow the ranks until every one settles; once one has, give the others time to
+    settle too (with the agreed abort, ABORT_GRACE_S to journal why they stop and leave; with
+    --on-peer-failure wait, the process-group timeout plus a margin), and stop waiting early
+    for a rank that has journaled nothing but heartbeats for that long (hung: any collective
+    it waited in would have timed out). Then end what is left."""
+    if group.args.on_peer_failure is PeerFailure.ABORT:
+        margin = ABORT_GRACE_S
+    else:
+        margin = group.args.dist_timeout_s + SETTLE_MARGIN_S
+    while keep_going():
+        on_events(group.poll())
+        group.announce_ended()
+        settled = group.settled()
+        if all(settled):
+            break
+        now = time.monotonic()
+        if any(settled) and group.first_settled_at is None:
+            group.first_settled_at = now
+        if group.first_settled_at is not None:
+            waiting = [r for r, done in enumerate(settled) if not done]
+            stuck = all(now - group.last_progress.get(r, 0.0) > margin for r in waiting)
+            if now - group.first_settled_at > margin or stuck:
+                break
+        time.sleep(POLL_S)
+    group.end()
+    on_events(group.poll())
+
+
+def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
+    """`lifecycle boot --num-ranks N`: 0 when every rank got to ready, else 1."""
+    spec = options.worker_spec(args, mode="boot")
+    group = RankGroup(args, created_at=created_at, spec=spec)
+    from lifecycle.serve.console.terminal import boot_console
+
+    printer = ProgressPrinter(run_created_at=created_at, ranks=args.num_ranks)
+    console = boot_console(printer, ranks=args.num_ranks)
+    console.show(
+        [
+            f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
+            f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})"
+            f"  journal {shown_location(args.db)}"
+        ]
+    )
+    interrupted: list[signal.Signals] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        interrupted.append(signal.Signals(signum))
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        group.start(stderr_of=console.rank_stderr)
+
+        def show(events: list[StoredEvent]) -> None:
+            for stored in events:
+                console.feed(stored)
+            console.steps(group.steps())
+
+        supervise(group, on_events=show, keep_going=lambda: not interrupted)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        console.close()
+    # supervise() returns once every rank process has ended and the journal was read after
+    # that: these views hold everything each rank committed.
+    views = group.views()
+    codes = group.exit_codes()
+    group.close()
+    unjournaled = [rank for rank, code in enumerate(codes) if code == Exit.UNJOURNALED]
+    # The culprit `replay diagnose` names leads the reason, not the first rank to fail: that
+    # is often a victim (its collective timed out waiting on the rank that hung).
+    run = LaunchedRun.of(args, run_id=group.run_id, created_at=created_at)
+    verdict = launched_verdict(run, views, codes, now=time.time())
+    reason = failure_reason(verdict, views, codes)
+    if unjournaled:
+        # Above a failure or a signal: what the journal holds of this startup is incomplete.
+        status: int = Exit.UNJOURNALED
+        why = f"journal not written by rank {', '.join(map(str, unjournaled))}"
+    elif interrupted:
+        status = SIGNAL_EXIT_BASE + int(interrupted[0])
+        why = f"interrupted by {interrupted[0].name}"
+    elif Exit.USAGE in codes:
+        # A rank refused what it was given (a plug-in's pipeline it built): bad input, as the
+        # launcher's own refusals are.
+        status = Exit.USAGE
+        why = f"bad input: {reason}"
+    else:
+        status = Exit.OK if reason is None else Exit.FAILED
+        why = reason or "every rank got to ready"
+    for line in summary_lines(views, codes, created_at=created_at):
+        say(line, event="rank-summary")
+    say(f"boot: {exit_text(status)}: {why}", event="boot-result", exit_status=status, why=why)
+    if unjournaled:
+        say(
+            f"lifecycle: error: journal {shown_location(args.db)} could not be written by rank"
+            f" {', '.join(map(str, unjournaled))}: the startup stopped and its record is"
+            " incomplete",
+            event="error",
+            out=sys.stderr,
+        )
+    return status

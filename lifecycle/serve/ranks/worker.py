@@ -1,0 +1,390 @@
+"""A rank process, under the launcher or under torchrun: boot, then stop or serve requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from typing import TYPE_CHECKING, Any
+
+from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
+from lifecycle.core.errors import (
+    LifecycleError,
+    RankDisagreement,
+)
+from lifecycle.core.format.events import ActionFinished, StoredEvent
+from lifecycle.core.format.runid import checked_run_id
+from lifecycle.core.format.states import State
+from lifecycle.core.settings.config import PeerFailure, ServerArgs, args_from_json
+from lifecycle.runtime.group.signals import (
+    before_leaving,
+    block_shutdown_signals,
+    leave_process,
+    watch_dump_signal,
+    watch_shutdown_signals,
+)
+from lifecycle.runtime.phases import (
+    AGREE_RUN_ID,
+    IMPORT_LIFECYCLE,
+    IMPORT_RUNTIME,
+    IMPORT_TORCH,
+    MODEL_SPEC,
+    OPEN_JOURNAL,
+    mark,
+)
+from lifecycle.serve.logs import configure_logging, say
+from lifecycle.serve.ranks.control import (
+    Hello,
+    Line,
+    LockedConnection,
+    Rejected,
+)
+from lifecycle.serve.ranks.launchtime import launch_walls
+from lifecycle.serve.ranks.models import register_model
+
+# RUN_ID_ENV, RankEnv and under_torchrun are re-exported: the launcher, the supervisor and the
+# command line take them from the rank's entry, where they were first defined.
+from lifecycle.serve.ranks.rankenv import RUN_ID_ENV as RUN_ID_ENV  # noqa: PLC0414
+from lifecycle.serve.ranks.rankenv import RankEnv as RankEnv  # noqa: PLC0414
+from lifecycle.serve.ranks.rankenv import named_run_id
+from lifecycle.serve.ranks.rankenv import under_torchrun as under_torchrun  # noqa: PLC0414
+from lifecycle.serve.ranks.rankserve import serve_requests
+
+if TYPE_CHECKING:
+    from lifecycle.runtime.group.storetrust import StoreTrust
+    from lifecycle.runtime.recorder import Recorder
+    from lifecycle.runtime.session import RankSession
+
+# This module is the entry of rank processes and is imported by the launcher: it imports
+# torch (through lifecycle.runtime.session) only inside functions, after the shutdown signals
+# are blocked.
+
+WORKER_ENV = "LIFECYCLE_WORKER"
+UNAUTHENTICATED = (
+    "lifecycle: warning: the rendezvous store is unauthenticated (no LIFECYCLE_STORE_KEY or"
+    " LIFECYCLE_STORE_KEY_FILE): whatever reaches it can end or steer this run"
+)
+# A failed rank stays this long past the process-group timeout at most, so that peers blocked
+# on it time out themselves (as under NCCL) and journal where they were.
+LINGER_MARGIN_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """What the launcher tells each rank process, through the environment."""
+
+    config: dict[str, Any]
+    mode: str  # "boot" or "serve"
+    pipeline: str | None = None
+    control_host: str | None = None
+    control_port: int | None = None
+    control_authkey: str | None = None
+    json_logs: bool = False
+    log_level: str = "info"
+    command: str | None = None
+
+    def to_env(self) -> str:
+        return json.dumps(
+            {
+                "config": self.config,
+                "mode": self.mode,
+                "pipeline": self.pipeline,
+                "control_host": self.control_host,
+                "control_port": self.control_port,
+                "control_authkey": self.control_authkey,
+                "json_logs": self.json_logs,
+                "log_level": self.log_level,
+                "command": self.command,
+            }
+        )
+
+    @classmethod
+    def from_env(cls, text: str) -> WorkerSpec:
+        doc = json.loads(text)
+        return cls(**doc)
+
+
+def _agreed_run_id(
+    env: Mapping[str, str],
+    created_at: float,
+    ranks: RankEnv,
+    args: ServerArgs,
+    secret: bytes | None,
+) -> str:
+    """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast sealed
+    with the store key (`secret`)."""
+    from lifecycle.store.runs import new_run_id
+
+    named = named_run_id(env)
+    if named is not None:
+        return named
+    if ranks.world_size == 1:
+        return new_run_id(created_at)
+    import torch
+
+    from lifecycle.runtime.device import select_device
+    from lifecycle.runtime.group.flightrecorder import folder_for, turn_on
+    from lifecycle.runtime.group.process_group import broadcast_bytes, join_process_group
+    from lifecycle.runtime.group.storetrust import SAME_KEY, RunKey
+
+    # No shared id in the environment: join the group first and let rank 0 name the run.
+    device = select_device(args.device, local_rank=ranks.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # The run's folder is not known yet: NCCL's own dumps go to the folder above it.
+    turn_on(os.environ, entries=args.flight_recorder_entries, folder=folder_for(args))
+    join_process_group(
+        device=device,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+        dist_timeout_s=args.dist_timeout_s,
+        env=env,
+    )
+    key = RunKey(secret, run_id="")
+    chosen = key.seal(new_run_id(created_at).encode(), channel="run-id", rank=0)
+    body = key.open(
+        broadcast_bytes(chosen if ranks.rank == 0 else None, device=device),
+        channel="run-id",
+        rank=0,
+    )
+    if body is None:
+        raise RankDisagreement(
+            f"rank 0's run id is not sealed with this rank's store key: {SAME_KEY}",
+            rank=ranks.rank,
+        )
+    return checked_run_id(body.decode("utf-8", "replace"), source="rank 0")
+
+
+def run_rank_process(
+    args: ServerArgs,
+    *,
+    mode: str,
+    env: Mapping[str, str],
+    created_at: float,
+    control: Connection | Line | None = None,
+    on_journal: Callable[[str, Recorder, StoreTrust], object] | None = None,
+    leave: Callable[[int], None] = leave_process,
+    before_signal_exit: Callable[[signal.Signals], object] | None = None,
+) -> int:
+    """One rank from start to exit; returns the process exit status. `created_at` is
+    time.time() at the process's entry; `on_journal(run_id, recorder, trust)` is called once
+    the rank's journal is open, before its first event (`trust`: how the rank opens what it
+    reads from the rendezvous store); `leave(status)` ends the process from
+    another thread (an agreed abort, a startup timeout); `before_signal_exit(sig)` is
+    called on a shutdown signal once the session exists, before the rank journals it."""
+    import torch  # noqa: F401  (its import is a phase of its own)
+
+    mark(IMPORT_TORCH)
+    from lifecycle.runtime.actions import STARTUP_ACTIONS
+    from lifecycle.runtime.group.process_group import leave_process_group
+    from lifecycle.runtime.group.storetrust import Rejections, RunKey, StoreTrust, store_secret
+    from lifecycle.runtime.recorder import Recorder, clock_for
+    from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.serve.console.steps import counting_actions, pipe_report
+    from lifecycle.store.runs import launch_command, open_run
+
+    mark(IMPORT_RUNTIME)
+    ranks = RankEnv.from_env(env)
+    clock = clock_for(ranks.rank, env, world_size=ranks.world_size)
+    secret = store_secret(env)
+    stop = threading.Event()
+    started: list[RankSession] = []
+    pending: list[signal.Signals] = []  # a shutdown signal that came before the session
+
+    def on_signal(sig: signal.Signals) -> None:
+        stop.set()
+        if not started and named_run_id(env) is not None:
+            # The run is known and the journal opens in a moment: the stop is journaled then.
+            pending.append(sig)
+            return
+        if not started:
+            # Before the session: the ranks may still be joining the group to agree on a run
+            # id, which would hold this one until the rendezvous timeout, and no journal is
+            # open yet to record the stop in.
+            say(
+                f"lifecycle: rank {ranks.rank}: stopped by {sig.name} before its journal was"
+                " open (the ranks were agreeing on a run id): nothing journaled",
+                event="rank-stopped-unjournaled",
+                out=sys.stderr,
+                rank=ranks.rank,
+            )
+            leave_process(SIGNAL_EXIT_BASE + int(sig))
+        if before_signal_exit is not None:
+            before_signal_exit(sig)
+        leave_process(started[0].shutdown_by_signal(sig))
+
+    watch_shutdown_signals(on_signal)
+    run_id = _agreed_run_id(env, created_at, ranks, args, secret)
+    if ranks.world_size > 1 and named_run_id(env) is None:
+        mark(AGREE_RUN_ID)  # the ranks joined their group to agree on it
+    journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
+    mark(OPEN_JOURNAL)
+    recorder = Recorder(journal.writer(run_id=run_id, rank=ranks.rank), clock=clock)
+    trust = StoreTrust(RunKey(secret, run_id=run_id), Rejections(record=recorder.record))
+    if secret is None and ranks.world_size > 1 and ranks.local_rank == 0:
+        recorder.subscribe(_warn_unauthenticated())
+    if control is not None:
+        trust.rejections.on_count(_reporter(control, ranks.rank))
+    trace_startup(recorder, run_id=run_id, rank=ranks.rank, model=args.model.name, env=env)
+    if on_journal is not None:
+        on_journal(run_id, recorder, trust)
+    launched_at, process_started_at = launch_walls(env, entered_at=created_at)
+    launch = RankLaunch(
+        run_id=run_id,
+        rank=ranks.rank,
+        local_ranks=ranks.local_world_size,
+        distributed=ranks.world_size > 1,
+        launcher_started_wall=launched_at,
+        process_started_wall=process_started_at,
+    )
+    # Steps go to the launcher's console through a pipe of its own, never the journal.
+    report = pipe_report(env, lambda: session.machine.state)
+    actions = STARTUP_ACTIONS if report is None else counting_actions(report)
+    console = None
+    if mode == "boot" and ranks.rank == 0 and WORKER_ENV not in env:
+        # No launcher of ours prints the table under torchrun: rank 0 prints its own, in
+        # plain lines (the other ranks' processes share the terminal).
+        from lifecycle.serve.console.progress import ProgressPrinter
+        from lifecycle.serve.console.terminal import PlainConsole
+        from lifecycle.store import shown_location
+
+        console = PlainConsole(ProgressPrinter(run_created_at=created_at))
+        console.show(
+            [f"run {run_id}  model {args.model.name}  ranks {ranks.world_size} (torchrun)"
+             f"  journal {shown_location(args.db)}"]
+        )  # fmt: skip
+        recorder.subscribe(console.feed)
+    session = RankSession(args, launch, recorder, actions=actions, leave=leave, trust=trust)
+    started.append(session)
+    if pending:
+        leave_process(session.shutdown_before_start(pending[0]))
+    watch_dump_signal(lambda: session.dump_ring("signal"))
+    state = session.boot()
+    refused = session.disagreement or session.refused
+    if refused is not None:
+        # Every rank saw the same settings at the rendezvous (or built the same pipeline) and
+        # fails on them at once: none waits on a peer, so none lingers; bad input, as a flag
+        # refused at start is.
+        say(
+            f"lifecycle: error: rank {ranks.rank}: {refused}",
+            event="error",
+            out=sys.stderr,
+            rank=ranks.rank,
+        )
+        session.close()
+        leave_process_group()
+        return Exit.USAGE
+    if state is State.READY:
+        if mode == "serve" and control is not None:
+            serve_requests(session, control)
+        else:
+            session.stop(reason="boot complete")
+        session.close()
+        leave_process_group()
+        return Exit.OK if session.machine.state is State.STOPPED else Exit.FAILED
+    if ranks.world_size > 1 and args.on_peer_failure is PeerFailure.WAIT:
+        # As under NCCL without an abort: the peers blocked on this rank time out themselves.
+        session.linger(args.dist_timeout_s + LINGER_MARGIN_S, until=stop)
+    session.close()
+    return Exit.FAILED
+
+
+def trace_startup(
+    recorder: Recorder, *, run_id: str, rank: int, model: str, env: Mapping[str, str]
+) -> None:
+    """Send this rank's startup to the tracing collector the OTEL_* variables name, if any:
+    its events are held as they are recorded and become spans once the startup is over (the
+    SDK is imported then, off the path to ready), sent within a bounded time at the process's
+    end at the latest."""
+    from lifecycle.runtime.telemetry.rankspans import RankSpans
+    from lifecycle.runtime.telemetry.tracing import Tracing
+
+    def warn(text: str) -> None:
+        say(f"lifecycle: warning: rank {rank}: {text}", event="otel-warning", out=sys.stderr)
+
+    tracing = Tracing.deferred(env, warn=warn if rank == 0 else lambda _text: None)
+    if tracing is None:
+        return
+    spans = RankSpans(tracing, run_id=run_id, rank=rank, attributes={"model": model})
+    recorder.subscribe(spans)
+    before_leaving(spans.close)
+
+
+def _warn_unauthenticated() -> Callable[[StoredEvent], None]:
+    """A recorder listener that says once, when the rank has joined its group (from then on it
+    reads the store), that the store is unauthenticated: one line per host."""
+    said = threading.Event()
+
+    def listen(stored: StoredEvent) -> None:
+        event = stored.event
+        if (
+            isinstance(event, ActionFinished)
+            and event.action == "init-process-group"
+            and event.ok
+            and not said.is_set()
+        ):
+            said.set()
+            say(UNAUTHENTICATED, event="store-unauthenticated", out=sys.stderr)
+
+    return listen
+
+
+def _reporter(control: Connection | Line, rank: int) -> Callable[[str, int], None]:
+    """Tell the server each new count of messages this rank dropped (for /metrics)."""
+
+    def report(channel: str, total: int) -> None:
+        try:
+            control.send(Rejected(rank=rank, channel=channel, total=total))
+        except OSError:
+            return  # the server is gone: the rank learns it from its inbox
+
+    return report
+
+
+def main() -> int:
+    """Entry of a rank process the launcher spawned (`python -m lifecycle.serve.ranks.worker`)."""
+    created_at = time.time()
+    mark(IMPORT_LIFECYCLE, at=created_at)
+    block_shutdown_signals()
+    spec = WorkerSpec.from_env(os.environ[WORKER_ENV])
+    configure_logging(json=spec.json_logs, level=spec.log_level)
+    try:
+        if spec.pipeline:
+            from lifecycle.runtime.pipeline import load_plugin
+
+            load_plugin(spec.pipeline)
+        args = args_from_json(spec.config)
+        register_model(args.model)
+        mark(MODEL_SPEC)
+        control = None
+        if spec.mode == "serve" and spec.control_port is not None:
+            assert spec.control_host is not None and spec.control_authkey is not None
+            control = LockedConnection(
+                Client(
+                    (spec.control_host, spec.control_port),
+                    authkey=bytes.fromhex(spec.control_authkey),
+                )
+            )
+            control.send(Hello(rank=int(os.environ.get("RANK", "0"))))
+        status = run_rank_process(
+            args, mode=spec.mode, env=os.environ, created_at=created_at, control=control
+        )
+    except LifecycleError as exc:
+        # One write: the ranks of a launcher share its stderr.
+        rank = os.environ.get("RANK", "?")
+        say(f"lifecycle: error: rank {rank}: {exc}", event="error", out=sys.stderr, rank=rank)
+        status = exc.exit_status
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a failed gloo group can abort in its destructor.
+    leave_process(status)
+
+
+if __name__ == "__main__":
+    main()
