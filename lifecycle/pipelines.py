@@ -44,7 +44,7 @@ from lifecycle.runtime.pipeline import (
     ResidentPipeline,
     register_pipeline,
 )
-from lifecycle.runtime.pipeline.placement import Offloader, reload_seconds
+from lifecycle.runtime.pipeline.placement import Offloader, reload_seconds, resident_or_released
 
 __all__ = [
     "DIFFUSERS_BACKEND",
@@ -74,5 +74,6 @@ __all__ = [
     "memory_meter",
     "register_pipeline",
     "reload_seconds",
+    "resident_or_released",
     "synchronize",
 ]

@@ -285,14 +285,19 @@ class Journal:
             stmt = stmt.where(events.c.rank == rank)
         if from_seq:
             stmt = stmt.where(events.c.seq >= from_seq)
+        for row in self._rows(stmt):
+            stored = self._stored(row)
+            if stored is not None:
+                yield stored
+
+    def _rows(self, stmt: Any) -> Iterator[Any]:
+        """The statement's rows, READ_CHUNK at a time (a journal of millions of events is
+        never held at once); a database error is the journal's."""
         try:
             with self.engine.connect() as conn:
                 result = conn.execution_options(yield_per=READ_CHUNK).execute(stmt)
                 for chunk in result.partitions():
-                    for row in chunk:
-                        stored = self._stored(row)
-                        if stored is not None:
-                            yield stored
+                    yield from chunk
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self.location, opened=True) from None
 
@@ -312,34 +317,21 @@ class Journal:
         stmt = stmt.where(events.c.run_id == run_id, events.c.rank == rank).order_by(events.c.seq)
         if from_seq:
             stmt = stmt.where(events.c.seq >= from_seq)
-        try:
-            with self.engine.connect() as conn:
-                result = conn.execution_options(yield_per=READ_CHUNK).execute(stmt)
-                for chunk in result.partitions():
-                    for row in chunk:
-                        stored, problems = decode_row(row[:9], self.location)
-                        _, _, _, _, _, kind, version, _, data = row[:9]
-                        if stored is not None and isinstance(data, str):
-                            yield StoredRow(
-                                stored=stored,
-                                kind=kind,
-                                version=version,
-                                data=data,
-                                collective=(
-                                    tuple(row[9:12])
-                                    if indexed
-                                    else collective_columns(stored.event)
-                                ),
-                            )
-                        else:
-                            self.malformed_rows.append(
-                                problems[0]
-                                if problems
-                                else f"{self.location}: run {run_id} rank {rank} seq"
-                                f" {row[2]!r}: payload is not text"
-                            )
-        except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self.location, opened=True) from None
+        for row in self._rows(stmt):
+            stored, problems = decode_row(row[:9], self.location)
+            _, _, _, _, _, kind, version, _, data = row[:9]
+            if stored is not None and isinstance(data, str):
+                collective = tuple(row[9:12]) if indexed else collective_columns(stored.event)
+                yield StoredRow(
+                    stored=stored, kind=kind, version=version, data=data, collective=collective
+                )
+            else:
+                self.malformed_rows.append(
+                    problems[0]
+                    if problems
+                    else f"{self.location}: run {run_id} rank {rank} seq {row[2]!r}: payload is"
+                    " not text"
+                )
 
     @property
     def has_summaries(self) -> bool:

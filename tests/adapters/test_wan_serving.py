@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from lifecycle.store.journal import Journal
+from lifecycle.adapters.diffusers.wan.adapter import to_uint8
 from tests.adapters.pipeline_dirs import save_small_wan
 from tests.support import serve
+from tests.support.families import (
+    LAYOUTS,
+    QUICK,
+    assert_the_fields_failure_is_diagnosed,
+    assert_within_one_step,
+    served_npy,
+)
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -27,7 +34,6 @@ REQUEST = {
     "guidance_scale": 4.5,
     "seed": 11,
 }
-QUICK = ("--warmup-mode", "none", "--smoke-request", "off", "--dist-timeout", "60")
 
 
 @pytest.fixture(scope="module")
@@ -53,46 +59,22 @@ def diffusers_video(wan_dir: Path) -> np.ndarray:
         generator=torch.Generator("cpu").manual_seed(REQUEST["seed"]),
         output_type="np",
     ).frames[0]
-    return np.clip(np.round(frames * 255.0), 0, 255).astype(np.uint8)
+    return to_uint8(frames)
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [
-        pytest.param((), marks=pytest.mark.slow),
-        pytest.param(("--num-ranks", "2", "--cfg-parallel", "2"), marks=pytest.mark.slow),
-        ("--num-ranks", "2", "--ulysses", "2"),
-    ],
-    ids=["1-rank", "cfg-2", "ulysses-2"],
-)
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_served_video_equals_wan_pipeline_within_one_step(
     tmp_path: Path, wan_dir: Path, diffusers_video: np.ndarray, layout: tuple[str, ...]
 ) -> None:
     """POST /generate with response_format npy on a served directory gives WanPipeline's video
     for the same seed, within one uint8 step everywhere, under the request id it was given."""
-    with serve(tmp_path, "--model-path", str(wan_dir), *layout, *QUICK) as server:
-        server.wait_for_health(200, within=240)
-        reply = server.client.post(
-            "/generate",
-            json={**REQUEST, "response_format": "npy"},
-            headers={"X-Request-ID": "wan-req-1"},
-            timeout=240,
-        )
-        assert reply.status_code == 200, reply.text
-        assert reply.headers["x-request-id"] == "wan-req-1"
-        video = np.load(io.BytesIO(reply.content), allow_pickle=False)
-        assert server.stop() == 0
-    assert video.shape == diffusers_video.shape == (9, 32, 48, 3)
-    assert int(np.abs(video.astype(int) - diffusers_video.astype(int)).max()) <= 1
-    journal = Journal.open_for_read(str(tmp_path / "j.db"))
-    (run,) = journal.runs()
-    events = list(journal.read(run_id=run.run_id))
-    journal.close()
+    video, events = served_npy(
+        tmp_path, ("--model-path", str(wan_dir)), layout, REQUEST,
+        headers={"X-Request-ID": "wan-req-1"},
+    )  # fmt: skip
+    assert video.shape == (9, 32, 48, 3)
+    assert_within_one_step(video, diffusers_video, events, layout)
     started = [e for e in events if e.kind == "request_started"]
-    finished = [e for e in events if e.kind == "request_finished"]
-    # After ready the records stay in each rank's ring; the request counts what it ran.
-    expected = 0 if not layout else 1
-    assert all((e.event.collectives >= expected) for e in finished)  # type: ignore[attr-defined]
     assert {e.event.request_id for e in started} == {"wan-req-1"}  # type: ignore[attr-defined]
     assert {(e.event.seed, e.event.guidance_scale) for e in started} == {(11, 4.5)}  # type: ignore[attr-defined]
 
@@ -101,30 +83,11 @@ def test_served_video_equals_wan_pipeline_within_one_step(
 def test_the_fields_failure_on_a_wan_pipeline_is_diagnosed_with_the_all_to_all_named(
     tmp_path: Path,
 ) -> None:
-    """tiny-wan on 4 ranks (CFG 2 x Ulysses 2), calibrating, rank 1 raising in drop-buffers,
-    its peers waiting as the field's did (`--on-peer-failure wait`): `replay diagnose` names
-    rank 1 in drop-buffers as the culprit, and the all-to-all of the Ulysses group its peer
-    waits in."""
-    from tests.conftest import run_cli
-
-    booted = run_cli(
-        "lifecycle",
-        ["boot", "--model", "tiny-wan", "--default-shape", "64x64x33", "--num-ranks", "4",
-         "--cfg-parallel", "2", "--ulysses", "2", "--calibrate", "--fault",
-         "1:drop-buffers:raise", "--dist-timeout", "5", "--on-peer-failure", "wait", "--db",
-         "j.db", "--log-level", "warning"],
-        cwd=tmp_path, timeout=400,
-    )  # fmt: skip
-    assert booted.returncode == 1, booted.stderr[-2000:]
-    done = run_cli("replay", ["diagnose", "latest", "j.db", "--json"], cwd=tmp_path)
-    import json
-
-    doc = json.loads(done.stdout)
-    assert (doc["outcome"], doc["culprit_ranks"], doc["culprit_state"]) == (
-        "hung", [1], "drop-buffers",
-    )  # fmt: skip
-    blocked = {r["rank"]: r["pending_collective"] for r in doc["ranks"] if r["rank"] != 1}
-    assert blocked[0]["group"] == "ulysses0" and blocked[0]["op"] == "all_to_all"
+    """tiny-wan on 4 ranks, rank 1 raising in drop-buffers (see
+    assert_the_fields_failure_is_diagnosed)."""
+    assert_the_fields_failure_is_diagnosed(
+        tmp_path, "--model", "tiny-wan", "--default-shape", "64x64x33"
+    )
 
 
 def test_an_mp4_reply_holds_the_video_and_bad_fields_are_422_naming_them(

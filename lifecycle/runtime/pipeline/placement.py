@@ -90,14 +90,9 @@ def options_for(
             peak_scale=geometry.working(1, tiles=4) / geometry.working(1),
             time_scale=_TILES_TIME[kind],
         ),
-        ResidencyOption(
-            component=TEXT_ENCODER, name=RESIDENT, peak_scale=1.0, time_scale=1.0, reference=True
-        ),
-        ResidencyOption(
-            component=TEXT_ENCODER,
-            name=OFFLOADED,
-            peak_scale=1.0,
-            time_scale=1.0,
+        *resident_or_released(
+            TEXT_ENCODER,
+            released=OFFLOADED,
             released_bytes=encoder_bytes,
             reload_s=reload_seconds(encoder_bytes, kind),
         ),
@@ -118,6 +113,27 @@ class DecoderResidency:
             return cls(frames_at_once=1, tiles=2)
         count = name.removeprefix("frames-")
         return cls(frames_at_once=0 if count == "all" else int(count), tiles=1)
+
+
+def resident_or_released(
+    component: str, *, released: str, released_bytes: int, reload_s: float
+) -> tuple[ResidencyOption, ResidencyOption]:
+    """A component's two options: resident (the reference), or `released` (offloaded, swapped):
+    `released_bytes` given back between its uses, `reload_s` paid per request to bring them
+    back; neither changes the peak's scale or the time's."""
+    return (
+        ResidencyOption(
+            component=component, name=RESIDENT, peak_scale=1.0, time_scale=1.0, reference=True
+        ),
+        ResidencyOption(
+            component=component,
+            name=released,
+            peak_scale=1.0,
+            time_scale=1.0,
+            released_bytes=released_bytes,
+            reload_s=reload_s,
+        ),
+    )
 
 
 _round_trips: dict[int, float] = {}

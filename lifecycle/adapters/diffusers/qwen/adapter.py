@@ -21,13 +21,12 @@ import torch
 
 from lifecycle.adapters.diffusers.qwen.ulysses import ulysses_qwen_transformer
 from lifecycle.adapters.diffusers.regions import repeated_blocks_of
-from lifecycle.adapters.diffusers.wan.adapter import to_uint8
+from lifecycle.adapters.diffusers.wan.adapter import COND, UNCOND, cfg_branches, to_uint8
 from lifecycle.adapters.diffusers.wan.placement import WanResidency, tile_size, wan_options
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, ResidencyOption, Shape
 
 # What QwenImagePipeline.__call__ encodes a prompt to, by default.
 MAX_SEQUENCE_LENGTH = 512
-COND, UNCOND = "cond", "uncond"
 
 
 @dataclass(slots=True)
@@ -171,17 +170,7 @@ class QwenImageAdapter:
         one's norm; both branches here, or one here and one on the cfg peer, gathered."""
         if not guided:
             return predict(COND)
-        if len(embeds.embeds) == 2:
-            cond, uncond = predict(COND), predict(UNCOND)
-        else:
-            (branch,) = embeds.embeds
-            mine = predict(branch).contiguous()
-            group = self.comm.cfg
-            both = self.comm.staging.get(
-                purpose="cfg-gather", shape=(group.size, *mine.shape), dtype=mine.dtype, group=group
-            )
-            group.all_gather(both, mine, purpose="cfg-gather")
-            cond, uncond = both[0], both[1]
+        cond, uncond = cfg_branches(self.comm, predict, embeds.embeds)
         guided_noise = uncond + scale * (cond - uncond)
         cond_norm = torch.norm(cond, dim=-1, keepdim=True)
         rescaled: torch.Tensor = guided_noise * (

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from lifecycle.adapters.diffusers.wan.ulysses import gather_tokens, share_tokens
 from lifecycle.pipelines import Comm, UlyssesAttention
 
 
@@ -33,13 +34,7 @@ class _Split:
 
 
 def _share(x: torch.Tensor, split: _Split, comm: Comm, dim: int) -> torch.Tensor:
-    """This rank's contiguous share of `x` along `dim`, zero-padded at the end."""
-    pad = split.local * comm.ulysses.size - split.tokens
-    if pad:
-        shape = list(x.shape)
-        shape[dim] = pad
-        x = torch.cat((x, x.new_zeros(shape)), dim=dim)
-    return x.narrow(dim, comm.layout.ulysses_rank * split.local, split.local).contiguous()
+    return share_tokens(x, comm, tokens=split.tokens, local=split.local, dim=dim)
 
 
 class UlyssesQwenJointAttention:
@@ -149,11 +144,7 @@ def ulysses_qwen_transformer(transformer: Any, comm: Comm) -> Iterator[None]:
         return args, {**kwargs, "hidden_states": _share(kwargs["hidden_states"], split, comm, 1)}
 
     def on_projection(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
-        gathered = comm.staging.get(
-            purpose="ulysses-gather", shape=(group.size, *out.shape), dtype=out.dtype, group=group
-        )
-        group.all_gather(gathered, out.contiguous(), purpose="ulysses-gather")
-        return torch.cat(gathered.unbind(0), dim=1)[:, : split.tokens]
+        return gather_tokens(out, comm, tokens=split.tokens)
 
     try:
         for block in blocks:

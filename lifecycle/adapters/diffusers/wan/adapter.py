@@ -12,7 +12,7 @@ tokens over the ulysses group (`ulysses.py`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,23 @@ class WanEmbeds:
 
     texts: dict[str, str]
     embeds: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def cfg_branches(
+    comm: Comm, predict: Callable[[str], torch.Tensor], branches: Collection[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conditional and unconditional predictions of a guided step: both made here, or
+    this rank's one branch and its cfg peer's, gathered through the recorded cfg group."""
+    if len(branches) == 2:
+        return predict(COND), predict(UNCOND)
+    (branch,) = branches
+    mine = predict(branch).contiguous()
+    group = comm.cfg
+    both = comm.staging.get(
+        purpose="cfg-gather", shape=(group.size, *mine.shape), dtype=mine.dtype, group=group
+    )
+    group.all_gather(both, mine, purpose="cfg-gather")
+    return both[0], both[1]
 
 
 class WanAdapter:
@@ -214,17 +231,7 @@ class WanAdapter:
         of the cfg group, gathered."""
         if not guided:
             return predict(COND)
-        if len(embeds.embeds) == 2:
-            cond, uncond = predict(COND), predict(UNCOND)
-        else:
-            (branch,) = embeds.embeds
-            mine = predict(branch).contiguous()
-            group = self.comm.cfg
-            both = self.comm.staging.get(
-                purpose="cfg-gather", shape=(group.size, *mine.shape), dtype=mine.dtype, group=group
-            )
-            group.all_gather(both, mine, purpose="cfg-gather")
-            cond, uncond = both[0], both[1]
+        cond, uncond = cfg_branches(self.comm, predict, embeds.embeds)
         return uncond + scale * (cond - uncond)
 
     # -- vae ---------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lifecycle.pipelines import Offloader, ResidencyOption, reload_seconds
+from lifecycle.pipelines import Offloader, ResidencyOption, reload_seconds, resident_or_released
 
 EXPERTS = "experts"
 RESIDENT, SWAPPED = "resident", "swapped"
@@ -67,18 +67,11 @@ def experts_options(experts: Sequence[Any], device: str) -> tuple[ResidencyOptio
     if len(experts) < 2:
         return ()
     released = min(block_bytes(e) for e in experts)
-    return (
-        ResidencyOption(
-            component=EXPERTS, name=RESIDENT, peak_scale=1.0, time_scale=1.0, reference=True
-        ),
-        ResidencyOption(
-            component=EXPERTS,
-            name=SWAPPED,
-            peak_scale=1.0,
-            time_scale=1.0,
-            released_bytes=released,
-            reload_s=HANDOVERS_PER_REQUEST * reload_seconds(released, device),
-        ),
+    return resident_or_released(
+        EXPERTS,
+        released=SWAPPED,
+        released_bytes=released,
+        reload_s=HANDOVERS_PER_REQUEST * reload_seconds(released, device),
     )
 
 

@@ -22,7 +22,13 @@ from typing import Any
 import torch
 
 from lifecycle.adapters.diffusers.wan.experts import EXPERTS, SWAPPED, ExpertSwap, experts_options
-from lifecycle.pipelines import Offloader, ResidencyOption, Shape, reload_seconds
+from lifecycle.pipelines import (
+    Offloader,
+    ResidencyOption,
+    Shape,
+    reload_seconds,
+    resident_or_released,
+)
 
 VAE, TEXT_ENCODER = "vae", "text_encoder"
 WHOLE, TILED = "whole", "tiled"
@@ -146,14 +152,9 @@ def wan_options(
     return (
         ResidencyOption(component=VAE, name=WHOLE, peak_scale=1.0, time_scale=1.0, reference=True),
         _vae_tiled(pipe.vae, shape, tiling),
-        ResidencyOption(
-            component=TEXT_ENCODER, name=RESIDENT, peak_scale=1.0, time_scale=1.0, reference=True
-        ),
-        ResidencyOption(
-            component=TEXT_ENCODER,
-            name=OFFLOADED,
-            peak_scale=1.0,
-            time_scale=1.0,
+        *resident_or_released(
+            TEXT_ENCODER,
+            released=OFFLOADED,
             released_bytes=encoder_bytes,
             reload_s=reload_seconds(encoder_bytes, device),
         ),

@@ -73,12 +73,30 @@ class UlyssesWanSelfAttention:
         return attn.to_out[1](attn.to_out[0](out))  # type: ignore[no-any-return]
 
 
-def _share(x: torch.Tensor, split: _Split, comm: Comm) -> torch.Tensor:
-    """This rank's contiguous share of `x`'s tokens (dim 1), zero-padded at the end."""
-    pad = split.local * comm.ulysses.size - split.tokens
+def share_tokens(x: torch.Tensor, comm: Comm, *, tokens: int, local: int, dim: int) -> torch.Tensor:
+    """This rank's contiguous share (`local` of them) of `x`'s `tokens` along `dim`, the last
+    share zero-padded at the end."""
+    pad = local * comm.ulysses.size - tokens
     if pad:
-        x = torch.cat((x, x.new_zeros((x.shape[0], pad, *x.shape[2:]))), dim=1)
-    return x.narrow(1, comm.layout.ulysses_rank * split.local, split.local).contiguous()
+        shape = list(x.shape)
+        shape[dim] = pad
+        x = torch.cat((x, x.new_zeros(shape)), dim=dim)
+    return x.narrow(dim, comm.layout.ulysses_rank * local, local).contiguous()
+
+
+def gather_tokens(out: torch.Tensor, comm: Comm, *, tokens: int) -> torch.Tensor:
+    """Every rank's share of the output's tokens (dim 1), gathered in rank order through the
+    recorded Ulysses group, the padding cut."""
+    group = comm.ulysses
+    gathered = comm.staging.get(
+        purpose="ulysses-gather", shape=(group.size, *out.shape), dtype=out.dtype, group=group
+    )
+    group.all_gather(gathered, out.contiguous(), purpose="ulysses-gather")
+    return torch.cat(gathered.unbind(0), dim=1)[:, :tokens]
+
+
+def _share(x: torch.Tensor, split: _Split, comm: Comm) -> torch.Tensor:
+    return share_tokens(x, comm, tokens=split.tokens, local=split.local, dim=1)
 
 
 @contextmanager
@@ -111,11 +129,7 @@ def ulysses_transformer(transformer: Any, comm: Comm) -> Iterator[None]:
         return (_share(args[0], split, comm), *args[1:])
 
     def on_projection(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
-        gathered = comm.staging.get(
-            purpose="ulysses-gather", shape=(group.size, *out.shape), dtype=out.dtype, group=group
-        )
-        group.all_gather(gathered, out.contiguous(), purpose="ulysses-gather")
-        return torch.cat(gathered.unbind(0), dim=1)[:, : split.tokens]
+        return gather_tokens(out, comm, tokens=split.tokens)
 
     try:
         for block in blocks:
