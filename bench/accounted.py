@@ -57,44 +57,6 @@ def _sized(settings: Settings) -> Sized:
     return Sized(cases=tuple(Case(model=m, ranks=r) for m in models for r in (1, 4)), rounds=5)
 
 
-def save_small_wan(directory: Path) -> Path:
-    """A WanPipeline unlike tiny-wan (its own sizes, four heads so that four Ulysses ranks can
-    share them, a UniPC scheduler), written by diffusers' own save_pretrained."""
-    import torch
-    from diffusers import (
-        AutoencoderKLWan,
-        UniPCMultistepScheduler,
-        WanPipeline,
-        WanTransformer3DModel,
-    )
-    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
-
-    from lifecycle.adapters.diffusers.wan.tiny import tiny_vocabulary
-
-    torch.manual_seed(7)
-    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=1,
-                   num_heads=4, relative_attention_num_buckets=8)
-    ).eval()  # fmt: skip
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=16,
-        out_channels=16, text_dim=32, freq_dim=32, ffn_dim=32, num_layers=1,
-    ).eval()  # fmt: skip
-    vae = AutoencoderKLWan(
-        base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-    ).eval()  # fmt: skip
-    scheduler = UniPCMultistepScheduler(
-        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=2.0
-    )
-    WanPipeline(
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-        transformer=transformer,
-    ).save_pretrained(str(directory))  # fmt: skip
-    return directory
-
-
 def _model_args(case: Case, directory: Path | None) -> list[str]:
     from bench.diffusers import MODEL_ARGS
 
@@ -120,8 +82,10 @@ def measure(settings: Settings) -> list[Row]:
                 rounds=sized.rounds,
             )
         else:
+            from bench.pipelinedirs import save_small_wan
+
             progress("accounted: writing a small Wan directory with save_pretrained")
-            directory = save_small_wan(settings.workdir / "accounted-wan")
+            directory = save_small_wan(settings.workdir / "accounted-wan", heads=4)
     env = clean_env()
     boots: dict[tuple[Case, str], list[Booted]] = {}
     for index in range(sized.rounds):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.adapters.pipeline_dirs import save_small_ltx
+from bench.pipelinedirs import save_small_ltx
 from tests.support import serve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.pipelinedirs import save_small_ddpm
 from lifecycle.store.journal import Journal
-from tests.adapters.pipeline_dirs import save_small_ddpm
 from tests.conftest import one_clear_line, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

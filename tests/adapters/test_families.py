@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.pipelinedirs import save_small_ddpm
 from lifecycle.adapters.diffusers import register, spec_for_directory
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
 from lifecycle.adapters.diffusers.families import FAMILIES, Family, driven_classes
@@ -27,7 +28,6 @@ from lifecycle.runtime.recorder import Recorder
 from lifecycle.runtime.session import RankLaunch, RankSession
 from lifecycle.store.journal import Journal
 from lifecycle.store.runs import new_run_id, run_row
-from tests.adapters.pipeline_dirs import save_small_ddpm
 
 STEPS = 3
 SEED = 5

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.pipelinedirs import rewrite_weights, save_small_wan
 from lifecycle.adapters.diffusers import spec_for_directory
 from lifecycle.core.errors import ConfigError
-from tests.adapters.pipeline_dirs import rewrite_weights, save_small_wan
 from tests.conftest import reaped
 from tests.lifecycle.test_torchrun_env import rank_env
 

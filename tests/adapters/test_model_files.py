@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.pipelinedirs import save_small_ddpm, save_small_wan
 from lifecycle.adapters.diffusers import spec_for_directory
 from lifecycle.adapters.diffusers.modelfiles import MAX_DEPTH, MAX_ENTRIES
 from lifecycle.core.errors import ConfigError
-from tests.adapters.pipeline_dirs import save_small_ddpm, save_small_wan
 from tests.conftest import one_clear_line, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

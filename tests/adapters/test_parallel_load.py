@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.pipelinedirs import save_small_ltx, save_small_wan
 from lifecycle.adapters.diffusers.directory import read_directory
 from lifecycle.adapters.diffusers.loading import load_components
-from tests.adapters.pipeline_dirs import save_small_ltx, save_small_wan
 
 diffusers = pytest.importorskip("diffusers")
 

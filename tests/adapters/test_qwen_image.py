@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.pipelinedirs import save_tiny_qwen_image
 from lifecycle.adapters.diffusers import built_in_spec, register, spec_for_directory
 from lifecycle.adapters.diffusers.qwen.tiny import tiny_qwen_tokenizer
 from lifecycle.core.errors import ConfigError
@@ -21,7 +22,6 @@ from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, Comm, Shape
 from lifecycle.runtime import pipeline as runtime_pipeline
 from lifecycle.runtime.pipeline import build_pipeline
-from tests.adapters.pipeline_dirs import save_tiny_qwen_image
 from tests.conftest import one_clear_line, run_cli
 
 SHAPE = Shape(width=48, height=64, frames=1)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.pipelinedirs import save_small_wan22
 from lifecycle.adapters.diffusers import register, spec_for_directory
 from lifecycle.adapters.diffusers.wan.experts import EXPERTS, SWAPPED, block_bytes
 from lifecycle.core.errors import ConfigError
@@ -21,7 +22,6 @@ from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import Comm, Shape
 from lifecycle.runtime import pipeline as runtime_pipeline
 from lifecycle.runtime.pipeline import build_pipeline
-from tests.adapters.pipeline_dirs import save_small_wan22
 from tests.conftest import one_clear_line, run_cli
 
 SHAPE = Shape(width=32, height=32, frames=5)
@@ -147,7 +147,7 @@ def test_the_experts_option_releases_one_expert_and_costs_two_handovers(
     """Wan 2.2 declares experts: resident (its reference) or swapped, which gives back one
     expert's blocks through every stage and adds a reload time per request; a Wan 2.1
     directory declares no such option."""
-    from tests.adapters.pipeline_dirs import save_small_wan
+    from bench.pipelinedirs import save_small_wan
 
     adapter = adapter_of(wan22_dir)
     options = options_by_name(adapter)

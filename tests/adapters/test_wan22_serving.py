@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.pipelinedirs import save_small_wan22
 from lifecycle.adapters.diffusers.wan.adapter import to_uint8
-from tests.adapters.pipeline_dirs import save_small_wan22
 from tests.support.families import (
     LAYOUTS,
     assert_the_fields_failure_is_diagnosed,

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
+from bench.pipelinedirs import save_small_wan22
 from lifecycle.adapters.diffusers import register, spec_for_directory
 from lifecycle.adapters.diffusers.wan.experts import EXPERTS, RESIDENT, SWAPPED
 from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import Comm, Shape
 from lifecycle.runtime import pipeline as runtime_pipeline
 from lifecycle.runtime.pipeline import build_pipeline
-from tests.adapters.pipeline_dirs import save_small_wan22
 
 pytest.importorskip("diffusers")
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.pipelinedirs import save_small_wan
 from lifecycle.adapters.diffusers import spec_for_directory
 from lifecycle.adapters.diffusers.specs import DIFFUSERS_COMPONENTS
 from lifecycle.core.errors import ConfigError
-from tests.adapters.pipeline_dirs import save_small_wan
 
 
 @pytest.fixture(scope="module")

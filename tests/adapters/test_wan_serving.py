@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.pipelinedirs import save_small_wan
 from lifecycle.adapters.diffusers.wan.adapter import to_uint8
-from tests.adapters.pipeline_dirs import save_small_wan
 from tests.support import serve
 from tests.support.families import (
     LAYOUTS,

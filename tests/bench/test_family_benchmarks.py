@@ -34,7 +34,7 @@ def test_experts_rows_set_swapped_against_resident_and_the_declaration(tmp_path:
     """A round of each residency's worker process (the smallest Wan 2.2 directory, one request
     each after an untimed one) gives four rows, each with positive figures, a ratio computed
     from them and a target met or missed; the two residencies make the same latents."""
-    from tests.adapters.pipeline_dirs import save_small_wan22
+    from bench.pipelinedirs import save_small_wan22
 
     directory = save_small_wan22(tmp_path / "wan22")
     request = body((32, 32, 5, 4))

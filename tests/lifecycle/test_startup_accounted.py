@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bench.pipelinedirs import save_small_wan
 from lifecycle.runtime.phases import (
     IMPORT_LIFECYCLE,
     IMPORT_TORCH,
@@ -20,7 +21,6 @@ from lifecycle.runtime.phases import (
     PYTHON_PHASE,
     SETUP_PHASE,
 )
-from tests.adapters.pipeline_dirs import save_small_wan
 from tests.conftest import Completed, run_cli
 
 # Far above what is left of a whole startup (under 1 % here), far below any phase's share
