@@ -111,38 +111,40 @@ def read_summaries(
     )
     if run_ids is not None:
         stmt = stmt.where(c.run_id.in_(list(run_ids)))
-    out = []
-    for row in conn.execute(stmt.order_by(c.run_id, c.rank)):
-        (run_id, rank, last_seq, state, ready_at, healthy, ended, planned, calibrated, skip,
-         host, beat, version, fold_seq, fold) = row  # fmt: skip
-        if not (isinstance(run_id, str) and is_int(rank) and is_int(last_seq)):
-            continue  # a damaged row: that rank is folded from its events instead
-        flags = (healthy, ended, planned, calibrated)
-        if not all(f in (0, 1) for f in flags) or not isinstance(ready_at, float | None):
-            healthy = ended = False  # not a settled run: judged from its fold instead
-            ready_at = None
-        if not (is_int(version) and is_int(fold_seq) and isinstance(fold, str)):
-            version, fold_seq, fold = None, -1, ""
-        out.append(
-            Summary(
-                run_id=run_id,
-                rank=rank,
-                last_seq=last_seq,
-                state=str(state),
-                ready_at=ready_at,
-                healthy=bool(healthy),
-                ended=bool(ended),
-                planned=bool(planned),
-                calibrated=bool(calibrated),
-                skip_reason=skip if isinstance(skip, str) else None,
-                host=host if isinstance(host, str) else None,
-                fold_version=version,
-                fold_seq=fold_seq,
-                fold=fold,
-                last_heartbeat_wall=float(beat) if is_number(beat) else None,
-            )
-        )
-    return out
+    found = (_summary(row) for row in conn.execute(stmt.order_by(c.run_id, c.rank)))
+    return [summary for summary in found if summary is not None]
+
+
+def _summary(row: Any) -> Summary | None:
+    """A summary row as read, checked; None for a damaged one (that rank is folded from its
+    events instead)."""
+    (run_id, rank, last_seq, state, ready_at, healthy, ended, planned, calibrated, skip,
+     host, beat, version, fold_seq, fold) = row  # fmt: skip
+    if not (isinstance(run_id, str) and is_int(rank) and is_int(last_seq)):
+        return None
+    flags = (healthy, ended, planned, calibrated)
+    if not all(f in (0, 1) for f in flags) or not isinstance(ready_at, float | None):
+        healthy = ended = False  # not a settled run: judged from its fold instead
+        ready_at = None
+    if not (is_int(version) and is_int(fold_seq) and isinstance(fold, str)):
+        version, fold_seq, fold = None, -1, ""
+    return Summary(
+        run_id=run_id,
+        rank=rank,
+        last_seq=last_seq,
+        state=str(state),
+        ready_at=ready_at,
+        healthy=bool(healthy),
+        ended=bool(ended),
+        planned=bool(planned),
+        calibrated=bool(calibrated),
+        skip_reason=skip if isinstance(skip, str) else None,
+        host=host if isinstance(host, str) else None,
+        fold_version=version,
+        fold_seq=fold_seq,
+        fold=fold,
+        last_heartbeat_wall=float(beat) if is_number(beat) else None,
+    )
 
 
 def with_latest_heartbeat(fold: RankFold, wall: float | None) -> None:

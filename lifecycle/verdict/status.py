@@ -91,15 +91,8 @@ def rank_status(
             # A victim of the agreed abort (see endings.aborted_while_waiting).
             return Status.ABORTED
         return Status.FAILED
-    ended = view.shutdown is not None or view.state == State.STOPPED
-    if ended and view.ready_action_done:
-        return Status.READY
-    if ended:
-        # Stopped from outside before it was healthy: stuck first (a collective it had waited
-        # in too long, a stall in this state, no progress for long), or simply stopped.
-        if stuck(view, analysis, until=last):
-            return Status.BLOCKED
-        return Status.HUNG if current_stalled or idle else Status.STOPPED
+    if view.shutdown is not None or view.state == State.STOPPED:
+        return _ended_status(view, analysis, last=last, hung=current_stalled or idle)
     reference = analysis.end_wall if now is None else max(now, analysis.end_wall)
     # Dead: its process is gone (seen by the reader on this host), silent for several
     # heartbeat intervals, or silent while peers heartbeat on (a live rank writes one every
@@ -130,6 +123,17 @@ def rank_status(
     if current_stalled or idle:
         return Status.HUNG
     return Status.RUNNING
+
+
+def _ended_status(view: RankView, analysis: RunAnalysis[Run], *, last: float, hung: bool) -> Status:
+    """A rank that journaled its end: ready if it got there; else stopped from outside before
+    it was healthy, stuck first (a collective it had waited in too long, a stall in this
+    state, no progress for long: `hung`), or simply stopped."""
+    if view.ready_action_done:
+        return Status.READY
+    if stuck(view, analysis, until=last):
+        return Status.BLOCKED
+    return Status.HUNG if hung else Status.STOPPED
 
 
 def hang_after_s(analysis: RunAnalysis[Run]) -> float:

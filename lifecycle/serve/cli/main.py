@@ -263,19 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_json_lines(json_logs_asked(sys.argv[1:] if argv is None else argv))
     ns = parse_command_line(argv)
     set_json_lines(bool(getattr(ns, "json_logs", False)))
-    if ns.command == "diagram":
-        from lifecycle.core.format.states import mermaid
-
-        sys.stdout.write(mermaid())
-        return 0
-    if ns.command == "db":
-        return run_db_command(ns)
-    if ns.command == "completion":
-        return _completion(ns.shell)
-    if ns.command == "first-run":
-        from lifecycle.serve.cli.firstrun import first_run
-
-        return first_run(ns)
+    if ns.command not in ("boot", "serve"):
+        return _other_command(ns)
     try:
         args = server_args(ns)
     except ConfigError as exc:
@@ -320,6 +309,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return boot(args, created_at=created_at, options=options)
     except LifecycleError as exc:
         return fail(exc)
+
+
+def _other_command(ns: argparse.Namespace) -> int:
+    """`diagram`, `db`, `completion` and `first-run`: what starts no rank."""
+    if ns.command == "diagram":
+        from lifecycle.core.format.states import mermaid
+
+        sys.stdout.write(mermaid())
+        return 0
+    if ns.command == "db":
+        return run_db_command(ns)
+    if ns.command == "completion":
+        return _completion(ns.shell)
+    from lifecycle.serve.cli.firstrun import first_run
+
+    return first_run(ns)
 
 
 def _completion(shell: str) -> int:

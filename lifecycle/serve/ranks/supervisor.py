@@ -133,24 +133,7 @@ class RankGroup:
         else:
             port = self.port = free_port()  # named for the rank, which joins no group
         steps = self._steps = StepPipes(self.args.num_ranks)
-        inherited = {**os.environ, **self.env}
-        inherited.pop(STORE_KEY_FILE_ENV, None)  # this run's own key replaces an operator's
-        base = {
-            **inherited,
-            STORE_KEY_ENV: secret,
-            WORKER_ENV: self.spec.to_env(),
-            RUN_ID_ENV: self.run_id,
-            # The launch the ranks count from: this process's start, as the run's.
-            LAUNCHED_AT_ENV: repr(self.created_at),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(self.args.num_ranks),
-            "LOCAL_WORLD_SIZE": str(self.args.num_ranks),
-        }
-        if listening is not None:
-            from lifecycle.runtime.group.abort import AGENT_STORE_ENV
-
-            base[AGENT_STORE_ENV] = "True"
+        base = self._rank_env(secret, port, hosted=listening is not None)
         for rank in range(self.args.num_ranks):
             env = {**base, **steps.env_for(rank), "RANK": str(rank), "LOCAL_RANK": str(rank)}
             stderr = stderr_of(rank) if stderr_of is not None else None
@@ -166,15 +149,43 @@ class RankGroup:
             if stderr is not None:
                 os.close(stderr)
         if listening is not None:
-            from lifecycle.runtime.group.abort import serve_store
+            self._serve_store(listening)
 
-            try:
-                self._store = serve_store(listening, world_size=self.args.num_ranks)
-            except BaseException:
-                for proc in self.procs:  # no rank outlives a launch that cannot go on
-                    proc.kill()
-                    proc.wait(timeout=30)
-                raise
+    def _rank_env(self, secret: str, port: int, *, hosted: bool) -> dict[str, str]:
+        """What every rank process's environment holds: this one's, the group's additions,
+        the run's store key, settings and id, and where the rendezvous is."""
+        inherited = {**os.environ, **self.env}
+        inherited.pop(STORE_KEY_FILE_ENV, None)  # this run's own key replaces an operator's
+        base = {
+            **inherited,
+            STORE_KEY_ENV: secret,
+            WORKER_ENV: self.spec.to_env(),
+            RUN_ID_ENV: self.run_id,
+            # The launch the ranks count from: this process's start, as the run's.
+            LAUNCHED_AT_ENV: repr(self.created_at),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(self.args.num_ranks),
+            "LOCAL_WORLD_SIZE": str(self.args.num_ranks),
+        }
+        if hosted:
+            from lifecycle.runtime.group.abort import AGENT_STORE_ENV
+
+            base[AGENT_STORE_ENV] = "True"
+        return base
+
+    def _serve_store(self, listening: socket.socket) -> None:
+        """The rendezvous store on its socket, once the ranks are spawned (they connect only
+        after their own imports); no rank outlives a launch whose store cannot start."""
+        from lifecycle.runtime.group.abort import serve_store
+
+        try:
+            self._store = serve_store(listening, world_size=self.args.num_ranks)
+        except BaseException:
+            for proc in self.procs:
+                proc.kill()
+                proc.wait(timeout=30)
+            raise
 
     def steps(self) -> dict[int, StepMark]:
         """Each rank's latest denoising step mark (not journaled: see
