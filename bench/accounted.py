@@ -42,7 +42,7 @@ class Sized:
 
 def builtin_models() -> tuple[str, ...]:
     """The models `lifecycle boot --model` builds without files: the presets and tiny-wan."""
-    from lifecycle.adapters.diffusers.wan.tiny import TINY_WAN
+    from lifecycle.adapters.diffusers.wan.tinywan import TINY_WAN
     from lifecycle.core.settings.modelspec import MODEL_PRESETS
 
     return (*MODEL_PRESETS, TINY_WAN)

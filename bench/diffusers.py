@@ -74,7 +74,7 @@ class Started:
 
 
 def _save_tiny_wan(workdir: Path) -> Path:
-    from lifecycle.adapters.diffusers.wan.tiny import build_tiny_wan
+    from lifecycle.adapters.diffusers.wan.tinywan import build_tiny_wan
 
     directory = workdir / "tiny-wan"
     build_tiny_wan().save_pretrained(str(directory))

@@ -93,8 +93,8 @@ def _load(directory: str, residency: str, shape: tuple[int, int, int]) -> _Loade
     from diffusers import WanPipeline, WanTransformer3DModel
 
     from lifecycle.adapters.diffusers import spec_for_directory
-    from lifecycle.adapters.diffusers.wan.adapter import WanAdapter
     from lifecycle.adapters.diffusers.wan.experts import EXPERTS
+    from lifecycle.adapters.diffusers.wan.wanadapter import WanAdapter
     from lifecycle.pipelines import Comm, Shape
     from lifecycle.runtime.device import LinuxRssMeter
 

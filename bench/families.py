@@ -4,7 +4,7 @@
 experts swapped against both resident (bench.expertswap).
 
 The directories are built offline and saved by diffusers' `save_pretrained`: tiny-qwen-image
-(lifecycle.adapters.diffusers.qwen.tiny) and a Wan 2.2 directory of the tests'
+(lifecycle.adapters.diffusers.qwen.tinyqwen) and a Wan 2.2 directory of the tests'
 (bench.pipelinedirs.save_small_wan22) at a size where weights outweigh the working
 memory, as they do in the real experts.
 
@@ -82,7 +82,7 @@ def body(request: tuple[int, int, int, int]) -> dict[str, Any]:
 
 def save_directories(workdir: Path, sized: Sized) -> dict[str, Path]:
     from bench.pipelinedirs import save_small_wan22
-    from lifecycle.adapters.diffusers.qwen.tiny import build_tiny_qwen_image
+    from lifecycle.adapters.diffusers.qwen.tinyqwen import build_tiny_qwen_image
 
     heads, layers, ffn_dim = sized.wan22
     progress("families: saving tiny-qwen-image and a Wan 2.2 directory with save_pretrained")

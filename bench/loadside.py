@@ -74,7 +74,7 @@ def build(payload: dict[str, Any]) -> dict[str, Any]:
     )
     from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    from lifecycle.adapters.diffusers.wan.tiny import tiny_vocabulary
+    from lifecycle.adapters.diffusers.wan.tinywan import tiny_vocabulary
 
     def encoder_of(layers: int) -> Any:
         config = UMT5Config(vocab_size=payload["vocab"], num_layers=layers, **UMT5_XXL)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lifecycle.adapters.diffusers.wan.tiny import tiny_vocabulary
+from lifecycle.adapters.diffusers.wan.tinywan import tiny_vocabulary
 
 
 def small_wan(*, heads: int = 2, layers: int = 1, scheduler: str = "unipc") -> Any:
@@ -167,7 +167,7 @@ def rewrite_weights(weights: Path, *, seed: int | None = None, dtype: Any = None
 
 def save_tiny_qwen_image(path: Path) -> Path:
     """tiny-qwen-image, saved by diffusers as a Qwen-Image directory."""
-    from lifecycle.adapters.diffusers.qwen.tiny import build_tiny_qwen_image
+    from lifecycle.adapters.diffusers.qwen.tinyqwen import build_tiny_qwen_image
 
     build_tiny_qwen_image().save_pretrained(str(path))
     return path

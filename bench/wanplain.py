@@ -53,7 +53,7 @@ def checksum(frames: Any) -> str:
     """The checksum the lifecycle journals for a video: frames as uint8, digested."""
     import torch
 
-    from lifecycle.adapters.diffusers.wan.adapter import to_uint8
+    from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
     from lifecycle.runtime.request import video_checksum
 
     return video_checksum(torch.from_numpy(to_uint8(frames)))

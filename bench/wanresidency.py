@@ -78,7 +78,7 @@ def _pipe(*, vae: str = TINY, encoder: str | None = None) -> Any:
     from diffusers import AutoencoderKLWan
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from lifecycle.adapters.diffusers.wan.tiny import build_tiny_wan
+    from lifecycle.adapters.diffusers.wan.tinywan import build_tiny_wan
 
     pipe = build_tiny_wan()
     torch.manual_seed(0)
@@ -101,7 +101,7 @@ def _adapter(pipe: Any, shape: tuple[int, int, int]) -> Any:
     import torch
 
     from lifecycle.adapters.diffusers.specs import wan_spec
-    from lifecycle.adapters.diffusers.wan.adapter import WanAdapter
+    from lifecycle.adapters.diffusers.wan.wanadapter import WanAdapter
     from lifecycle.runtime.group.comm import Comm
 
     width, height, frames = shape

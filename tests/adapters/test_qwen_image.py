@@ -16,7 +16,7 @@ import torch
 
 from bench.pipelinedirs import save_tiny_qwen_image
 from lifecycle.adapters.diffusers import built_in_spec, register, spec_for_directory
-from lifecycle.adapters.diffusers.qwen.tiny import tiny_qwen_tokenizer
+from lifecycle.adapters.diffusers.qwen.tinyqwen import tiny_qwen_tokenizer
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, Comm, Shape

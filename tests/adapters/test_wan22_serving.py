@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench.pipelinedirs import save_small_wan22
-from lifecycle.adapters.diffusers.wan.adapter import to_uint8
+from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
 from tests.support.families import (
     LAYOUTS,
     assert_the_fields_failure_is_diagnosed,

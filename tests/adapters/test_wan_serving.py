@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench.pipelinedirs import save_small_wan
-from lifecycle.adapters.diffusers.wan.adapter import to_uint8
+from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
 from tests.support import serve
 from tests.support.families import (
     LAYOUTS,

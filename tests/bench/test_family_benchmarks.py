@@ -74,8 +74,8 @@ def test_the_qwen_image_worker_digests_the_image_as_generate_does(tmp_path: Path
     from diffusers import QwenImagePipeline
 
     from bench import families
-    from lifecycle.adapters.diffusers.qwen.tiny import build_tiny_qwen_image
-    from lifecycle.adapters.diffusers.wan.adapter import to_uint8
+    from lifecycle.adapters.diffusers.qwen.tinyqwen import build_tiny_qwen_image
+    from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
     from lifecycle.runtime.request import video_checksum
 
     directory = tmp_path / "qwen"

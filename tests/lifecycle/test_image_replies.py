@@ -73,7 +73,7 @@ def npy_of(server: Served, **fields: Any) -> np.ndarray:
 @functools.cache
 def tiny_qwen_image() -> Any:
     """diffusers' own QwenImagePipeline on tiny-qwen-image's weights, built here."""
-    from lifecycle.adapters.diffusers.qwen.tiny import build_tiny_qwen_image
+    from lifecycle.adapters.diffusers.qwen.tinyqwen import build_tiny_qwen_image
 
     pipe = build_tiny_qwen_image()
     pipe.set_progress_bar_config(disable=True)
@@ -235,7 +235,7 @@ def test_a_missing_encoder_library_is_a_one_line_refusal(monkeypatch: pytest.Mon
     """Where Pillow (PyAV) cannot be imported, png (mp4) is refused, as the server does before
     a request runs, in one line naming the library and the extra that brings it; npy needs
     nothing more."""
-    from lifecycle.adapters.diffusers.qwen.spec import qwen_image_spec
+    from lifecycle.adapters.diffusers.qwen.qwenspec import qwen_image_spec
 
     spec = qwen_image_spec(
         name=MODEL, source=None, digest="", transformer={}, vae_scale_factor=8, defaults={}

@@ -100,7 +100,7 @@ def test_a_text_encoder_with_a_rotary_table_encodes_the_same_after_a_round_trip(
     """tiny-qwen-image's Qwen2.5-VL text encoder, whose rotary inverse frequencies are not in
     its state dict, encodes a prompt to the same hidden states after an offload and restore."""
     pytest.importorskip("diffusers")
-    from lifecycle.adapters.diffusers.qwen.tiny import build_tiny_qwen_image
+    from lifecycle.adapters.diffusers.qwen.tinyqwen import build_tiny_qwen_image
 
     pipe = build_tiny_qwen_image()
     ids = pipe.tokenizer("a cat walks in the rain", return_tensors="pt").input_ids

@@ -357,11 +357,11 @@ def test_torchrun_environment_that_is_not_numbers_is_one_line(tmp_path: Path) ->
 
 
 # Every module that reads journal content: replay, the store, and the core that decodes and
-# folds it (a glob, so that a new module is covered the day it is added).
+# folds it (every folder below them, so that a new module is covered the day it is added).
 READ_PATH_MODULES = sorted(
     path
     for folder in (REPO / "replay", REPO / "lifecycle" / "store", REPO / "lifecycle" / "core")
-    for path in folder.glob("*.py")
+    for path in folder.rglob("*.py")
 )
 
 

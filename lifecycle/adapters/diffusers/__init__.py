@@ -9,7 +9,7 @@ from lifecycle.adapters.diffusers.families import BUILT_INS, driven_classes, fam
 from lifecycle.adapters.diffusers.library import EXTRA, diffusers_offline, pipeline_class
 from lifecycle.adapters.diffusers.loading import load_components
 from lifecycle.adapters.diffusers.specs import DIFFUSERS, DIFFUSERS_COMPONENTS
-from lifecycle.adapters.diffusers.wan.tiny import TINY_WAN, tiny_wan_spec
+from lifecycle.adapters.diffusers.wan.tinywan import TINY_WAN, tiny_wan_spec
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, Pipeline, register_pipeline
 
 __all__ = [

@@ -17,16 +17,16 @@ from typing import Any
 
 from lifecycle.adapters.diffusers.anypipeline import GenericAdapter
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
-from lifecycle.adapters.diffusers.qwen.adapter import QwenImageAdapter
-from lifecycle.adapters.diffusers.qwen.spec import read_qwen_image_spec
-from lifecycle.adapters.diffusers.qwen.tiny import (
+from lifecycle.adapters.diffusers.qwen.qwenadapter import QwenImageAdapter
+from lifecycle.adapters.diffusers.qwen.qwenspec import read_qwen_image_spec
+from lifecycle.adapters.diffusers.qwen.tinyqwen import (
     TINY_QWEN_IMAGE,
     build_tiny_qwen_image,
     tiny_qwen_image_spec,
 )
 from lifecycle.adapters.diffusers.specs import generic_spec, read_wan_spec
-from lifecycle.adapters.diffusers.wan.adapter import WanAdapter
-from lifecycle.adapters.diffusers.wan.tiny import TINY_WAN, build_tiny_wan, tiny_wan_spec
+from lifecycle.adapters.diffusers.wan.tinywan import TINY_WAN, build_tiny_wan, tiny_wan_spec
+from lifecycle.adapters.diffusers.wan.wanadapter import WanAdapter
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, Pipeline
 
 # (the directory, the pipeline class diffusers has under its name) -> its spec

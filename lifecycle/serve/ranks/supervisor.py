@@ -317,21 +317,28 @@ def supervise(
         margin = ABORT_GRACE_S
     else:
         margin = group.args.dist_timeout_s + SETTLE_MARGIN_S
-    while keep_going():
-        on_events(group.poll())
-        group.announce_ended()
-        settled = group.settled()
-        if all(settled):
-            break
-        now = time.monotonic()
-        if any(settled) and group.first_settled_at is None:
-            group.first_settled_at = now
-        if group.first_settled_at is not None:
-            waiting = [r for r, done in enumerate(settled) if not done]
-            stuck = all(now - group.last_progress.get(r, 0.0) > margin for r in waiting)
-            if now - group.first_settled_at > margin or stuck:
+    try:
+        while keep_going():
+            on_events(group.poll())
+            group.announce_ended()
+            settled = group.settled()
+            if all(settled):
                 break
-        time.sleep(POLL_S)
+            now = time.monotonic()
+            if any(settled) and group.first_settled_at is None:
+                group.first_settled_at = now
+            if group.first_settled_at is not None:
+                waiting = [r for r, done in enumerate(settled) if not done]
+                stuck = all(now - group.last_progress.get(r, 0.0) > margin for r in waiting)
+                if now - group.first_settled_at > margin or stuck:
+                    break
+            time.sleep(POLL_S)
+    except BaseException:
+        # The journal could not be read (its server gone), or the launcher was stopped: the
+        # ranks are ended before it leaves, so that none outlives it and none loses the
+        # rendezvous store it hosts while still reading from it.
+        group.end()
+        raise
     group.end()
     on_events(group.poll())
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from lifecycle.adapters.diffusers.library import diffusers_offline
-from lifecycle.adapters.diffusers.qwen.spec import qwen_image_spec
-from lifecycle.adapters.diffusers.wan.tiny import seeded_component
+from lifecycle.adapters.diffusers.qwen.qwenspec import qwen_image_spec
+from lifecycle.adapters.diffusers.wan.tinywan import seeded_component
 from lifecycle.pipelines import ModelSpec, component_load
 
 TINY_QWEN_IMAGE = "tiny-qwen-image"

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from lifecycle.adapters.diffusers.regions import repeated_blocks_of
-from lifecycle.adapters.diffusers.wan.placement import WanResidency, tile_size, wan_options
-from lifecycle.adapters.diffusers.wan.ulysses import ulysses_transformer
+from lifecycle.adapters.diffusers.wan.wanplacement import WanResidency, tile_size, wan_options
+from lifecycle.adapters.diffusers.wan.wanulysses import ulysses_transformer
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, ResidencyOption, Shape
 
 # What WanPipeline.__call__ encodes a prompt to, by default.

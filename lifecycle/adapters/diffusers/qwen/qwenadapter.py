@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lifecycle.adapters.diffusers.qwen.ulysses import ulysses_qwen_transformer
+from lifecycle.adapters.diffusers.qwen.qwenulysses import ulysses_qwen_transformer
 from lifecycle.adapters.diffusers.regions import repeated_blocks_of
-from lifecycle.adapters.diffusers.wan.adapter import COND, UNCOND, cfg_branches, to_uint8
-from lifecycle.adapters.diffusers.wan.placement import WanResidency, tile_size, wan_options
+from lifecycle.adapters.diffusers.wan.wanadapter import COND, UNCOND, cfg_branches, to_uint8
+from lifecycle.adapters.diffusers.wan.wanplacement import WanResidency, tile_size, wan_options
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, ResidencyOption, Shape
 
 # What QwenImagePipeline.__call__ encodes a prompt to, by default.

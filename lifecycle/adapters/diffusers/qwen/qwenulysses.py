@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from lifecycle.adapters.diffusers.wan.ulysses import gather_tokens, share_tokens
+from lifecycle.adapters.diffusers.wan.wanulysses import gather_tokens, share_tokens
 from lifecycle.pipelines import Comm, UlyssesAttention
 
 
