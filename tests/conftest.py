@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Three pytest-xdist workers share two cores, and most tests start rank processes of their own:
+# each process runs torch on one thread (a rank given OMP_NUM_THREADS keeps it), so that none
+# spins waiting for a core another holds. A test that needs another count sets it itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @dataclass(frozen=True)

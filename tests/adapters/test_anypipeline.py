@@ -16,6 +16,9 @@ QUICK = ("--warmup-mode", "none", "--smoke-request", "off", "--default-shape", "
 REQUEST = {"prompt": "a cat walks", "width": 32, "height": 32, "frames": 9, "steps": 2}
 
 
+# Slow tier: another class run through its own call boots, measured by its components, in
+# tests/adapters/test_diffusers_cli.py's default run.
+@pytest.mark.slow
 def test_an_ltx_reply_says_its_vae_ran(tmp_path: Path) -> None:
     """LTX-Video decodes through `vae.decode`, not the VAE module: the reply to /generate
     lists the VAE, text encoder and transformer, each as ran with a time above zero."""

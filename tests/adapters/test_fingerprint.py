@@ -135,6 +135,10 @@ def test_a_weight_file_with_a_header_that_cannot_be_is_one_error(
     assert says in message and "\n" not in message
 
 
+# Slow tier: the default run holds the settings agreement's refusal in-process
+# (tests/lifecycle/test_settings_agreement.py) and ranks stopping at the rendezvous on what they
+# disagree on (tests/lifecycle/test_store_trust.py, different store keys).
+@pytest.mark.slow
 @pytest.mark.ranks
 def test_nodes_holding_different_models_at_the_same_path_stop_at_the_rendezvous(
     wan_dir: Path, tmp_path: Path

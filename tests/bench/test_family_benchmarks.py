@@ -29,6 +29,9 @@ def number(cell: str) -> float:
     return float(found.group(1)) * scale
 
 
+# Slow tier: the swap's memory and the handover are held by tests/adapters/test_wan22_swap_memory.py
+# in the default run, and the rows' arithmetic by the tests above.
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_experts_rows_set_swapped_against_resident_and_the_declaration(tmp_path: Path) -> None:
     """A round of each residency's worker process (the smallest Wan 2.2 directory, one request

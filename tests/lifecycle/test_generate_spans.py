@@ -65,7 +65,7 @@ def one(spans: list[ReceivedSpan], name: str, request_id: str) -> list[ReceivedS
     ]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_generate_is_a_server_span_that_the_ranks_request_spans_join(
     tmp_path: Path, receiver: tuple[Receiver, dict[str, int]], ranks: int
 ) -> None:

@@ -54,6 +54,8 @@ def accounted(startup: dict[str, Any], *, components: set[str]) -> None:
         assert load["bytes"] > 0 or component in ("scheduler", "tokenizer"), load
 
 
+# Slow tier: a model directory, loaded component by component, is accounted in the default run.
+@pytest.mark.slow
 def test_a_tiny_wan_boot_is_accounted_with_each_component(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
