@@ -55,6 +55,17 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
     out.append(
         table(["rank", "state", "status", "pending collective", "heartbeat age", "error"], rows)
     )
+    out.extend(_collective_lines(d))
+    out.extend(_stall_lines(d))
+    if d.missing_ranks:
+        out.append("")
+        out.append("absent: no events from rank " + ", ".join(map(str, d.missing_ranks)))
+    return "\n".join(out)
+
+
+def _collective_lines(d: Diagnosis) -> list[str]:
+    """Each group's progress per member, then each mismatch with every rank's signature."""
+    out = []
     if d.groups:
         out.append("")
         out.append("collectives (highest sequence number started / finished per member):")
@@ -68,6 +79,12 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
     for m in d.mismatches:
         out.append(f"mismatch {clean(m.group)} #{m.group_seq}: {clean(mismatch_reason(m))}")
         out.extend(f"  rank {rank}: {clean(signature_text(sig))}" for rank, sig in m.by_rank)
+    return out
+
+
+def _stall_lines(d: Diagnosis) -> list[str]:
+    """Each stall a rank journaled, with the end of its main thread's stack."""
+    out = []
     for view in d.analysis.views.values():
         for at, state, stall in view.stalls:
             out.append("")
@@ -79,10 +96,7 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
             for thread in main:
                 tail = clean(thread.stack, keep_newlines=True).rstrip().splitlines()[-6:]
                 out.extend(f"    {line}" for line in tail)
-    if d.missing_ranks:
-        out.append("")
-        out.append("absent: no events from rank " + ", ".join(map(str, d.missing_ranks)))
-    return "\n".join(out)
+    return out
 
 
 def _pending_text(p: PendingInfo | None) -> str:

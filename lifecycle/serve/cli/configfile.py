@@ -157,15 +157,19 @@ def _bounded_loader() -> type:
             sizes = [self.expanded[id(child)] for child in children]
             return 1 + sum(n for n, _ in sizes), sum(t for _, t in sizes)
 
-    def _refuse_a_key_twice(node: Any) -> None:
-        seen: dict[tuple[str, str], int] = {}
-        for key, _ in node.value:
-            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-                continue
-            line = key.start_mark.line + 1
-            first = seen.get((key.tag, key.value))
-            if first is not None:
-                raise _Refused(f"key {shown(key.value)} given twice (line {first}, then {line})")
-            seen[key.tag, key.value] = line
-
     return BoundedLoader
+
+
+def _refuse_a_key_twice(node: Any) -> None:
+    """A YAML mapping node that gives a key twice is refused, naming both lines."""
+    import yaml
+
+    seen: dict[tuple[str, str], int] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key.start_mark.line + 1
+        first = seen.get((key.tag, key.value))
+        if first is not None:
+            raise _Refused(f"key {shown(key.value)} given twice (line {first}, then {line})")
+        seen[key.tag, key.value] = line

@@ -199,10 +199,7 @@ def _state_metrics(
         current = LOST if rank in lost else view.state
         for name in (*(s.value for s in State), LOST):
             state.add_metric([label, name], 1.0 if current == name else 0.0)
-        spent: dict[str, float] = {}
-        for span in view.spans:
-            spent[span.state] = spent.get(span.state, 0.0) + (span.duration_s(now=now) or 0.0)
-        for name, value in spent.items():
+        for name, value in _seconds_in_states(view, now=now).items():
             seconds.add_metric([label, name], value)
         launch = launch_phase(view)
         if launch is not None:
@@ -216,6 +213,14 @@ def _state_metrics(
             beat.add_metric([label], view.last_heartbeat_wall)
         healthy.add_metric([label], 1.0 if view.healthy and rank not in ended else 0.0)
     yield from (state, seconds, launched, ready, heartbeat, beat, healthy)
+
+
+def _seconds_in_states(view: RankView, *, now: float) -> dict[str, float]:
+    """Seconds the rank spent in each state it entered, the current one up to `now`."""
+    spent: dict[str, float] = {}
+    for span in view.spans:
+        spent[span.state] = spent.get(span.state, 0.0) + (span.duration_s(now=now) or 0.0)
+    return spent
 
 
 def _warmup_metrics(views: dict[int, RankView]) -> Iterator[Metric]:

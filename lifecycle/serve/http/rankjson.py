@@ -29,8 +29,6 @@ def rank_json(
     it is denoising has got (from `step`, the latest mark the rank wrote: none once its last
     step is made, or from a state it has left), and `eta_s` what history expects it to need
     still before ready."""
-    pending = view.pending
-    first_error = view.errors[0] if view.errors else None
     state = "exited" if ended_unjournaled(view, exit_code) else view.state
     launch = launch_phase(view)
     ready_at = view.entered_at(State.READY.value)
@@ -58,27 +56,34 @@ def rank_json(
         "path": list(view.path),
         "skip_reason": view.skip_reason,
         "calibrated": view.calibrated,
-        "pending_collective": None
-        if pending is None
-        else {
-            "group": pending.started.group,
-            "group_seq": pending.started.group_seq,
-            "op": pending.started.op,
-            "purpose": pending.started.purpose,
-            "waiting_s": now - pending.at,
-        },
+        "pending_collective": _pending_json(view, now=now),
         "last_heartbeat_age_s": None
         if view.last_heartbeat_wall is None
         else now - view.last_heartbeat_wall,
-        "first_error": None
-        if first_error is None
-        else {
-            "state": first_error[1],
-            "type": first_error[2].error_type,
-            "message": first_error[2].message,
-        },
+        "first_error": _first_error_json(view),
         "live_buffer_bytes": view.live_buffer_bytes,
         "requests": view.requests_finished,
         "exit_code": exit_code,
         "exit": None if exit_code is None else exit_text(exit_code),
     }
+
+
+def _pending_json(view: RankView, *, now: float) -> dict[str, Any] | None:
+    """The collective the rank waits in, and for how long by `now`."""
+    pending = view.pending
+    if pending is None:
+        return None
+    return {
+        "group": pending.started.group,
+        "group_seq": pending.started.group_seq,
+        "op": pending.started.op,
+        "purpose": pending.started.purpose,
+        "waiting_s": now - pending.at,
+    }
+
+
+def _first_error_json(view: RankView) -> dict[str, Any] | None:
+    if not view.errors:
+        return None
+    _, state, error = view.errors[0]
+    return {"state": state, "type": error.error_type, "message": error.message}

@@ -343,6 +343,26 @@ def supervise(
     on_events(group.poll())
 
 
+def _boot_result(
+    reason: str | None,
+    codes: list[int | None],
+    *,
+    unjournaled: list[int],
+    interrupted: list[signal.Signals],
+) -> tuple[int, str]:
+    """The boot's exit status, and why in words."""
+    if unjournaled:
+        # Above a failure or a signal: what the journal holds of this startup is incomplete.
+        return Exit.UNJOURNALED, f"journal not written by rank {', '.join(map(str, unjournaled))}"
+    if interrupted:
+        return SIGNAL_EXIT_BASE + int(interrupted[0]), f"interrupted by {interrupted[0].name}"
+    if Exit.USAGE in codes:
+        # A rank refused what it was given (a plug-in's pipeline it built): bad input, as the
+        # launcher's own refusals are.
+        return Exit.USAGE, f"bad input: {reason}"
+    return (Exit.OK if reason is None else Exit.FAILED), reason or "every rank got to ready"
+
+
 def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     """`lifecycle boot --num-ranks N`: 0 when every rank got to ready, else 1."""
     spec = options.worker_spec(args, mode="boot")
@@ -388,21 +408,7 @@ def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -
     run = LaunchedRun.of(args, run_id=group.run_id, created_at=created_at)
     verdict = launched_verdict(run, views, codes, now=time.time())
     reason = failure_reason(verdict, views, codes)
-    if unjournaled:
-        # Above a failure or a signal: what the journal holds of this startup is incomplete.
-        status: int = Exit.UNJOURNALED
-        why = f"journal not written by rank {', '.join(map(str, unjournaled))}"
-    elif interrupted:
-        status = SIGNAL_EXIT_BASE + int(interrupted[0])
-        why = f"interrupted by {interrupted[0].name}"
-    elif Exit.USAGE in codes:
-        # A rank refused what it was given (a plug-in's pipeline it built): bad input, as the
-        # launcher's own refusals are.
-        status = Exit.USAGE
-        why = f"bad input: {reason}"
-    else:
-        status = Exit.OK if reason is None else Exit.FAILED
-        why = reason or "every rank got to ready"
+    status, why = _boot_result(reason, codes, unjournaled=unjournaled, interrupted=interrupted)
     for line in summary_lines(views, codes, created_at=created_at):
         say(line, event="rank-summary")
     say(f"boot: {exit_text(status)}: {why}", event="boot-result", exit_status=status, why=why)
