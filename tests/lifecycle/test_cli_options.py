@@ -27,6 +27,7 @@ from tests.conftest import (
     one_clear_line,
     run_cli,
 )
+from tests.support.inprocess import run_in_process
 
 QUICK = {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1", "OMP_NUM_THREADS": "1"}
 MICRO = ["--model", "micro-video", "--log-level", "warning"]
@@ -220,14 +221,18 @@ BAD_CONFIGS = {
 
 @pytest.mark.parametrize("kind", list(BAD_CONFIGS))
 def test_a_bad_config_file_is_one_line_and_exit_2(
-    lifecycle_cli: Callable[..., Completed], tmp_path: Path, kind: str
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A config file that cannot be used is refused in one line naming the file and the key,
-    before anything starts."""
+    before anything starts (in this process; refused config files from a real process are
+    tests/reliability/test_bad_input.py's, with --json-logs)."""
+    from lifecycle.serve.cli.main import main
+
     name, text, message = BAD_CONFIGS[kind]
     if name:
         (tmp_path / name).write_text(text)
-    result = lifecycle_cli("boot", "--db", "j.db", "--config", name or "absent.toml", timeout=60)
+    argv = ["boot", "--db", "j.db", "--config", name or "absent.toml"]
+    result = run_in_process(main, argv, cwd=tmp_path, capsys=capsys)
     assert result.returncode == 2
     assert message in one_clear_line(result)
     assert not (tmp_path / "j.db").exists()

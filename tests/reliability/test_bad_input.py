@@ -20,6 +20,7 @@ from lifecycle.core.settings.faults import FaultKind, FaultSpec, parse_fault
 from lifecycle.testing.journals import JournalBuilder, a2a, beat
 from tests.conftest import REPO, Completed, file_digest, make_newer_journal, one_clear_line, run_cli
 from tests.replay_argv import REPLAY_COMMANDS, replay_argv
+from tests.support.inprocess import run_in_process
 
 
 def make_truncated(path: Path) -> None:
@@ -49,14 +50,21 @@ def replay_cli(tmp_path: Path, *args: str) -> Completed:
 
 @pytest.mark.parametrize("kind", list(BAD_FILES))
 @pytest.mark.parametrize("command", REPLAY_COMMANDS)
-def test_replay_refuses_a_bad_file_in_one_line(tmp_path: Path, kind: str, command: str) -> None:
+def test_replay_refuses_a_bad_file_in_one_line(
+    tmp_path: Path, kind: str, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Every replay command given a file that is not a journal it can read: exit 2, one line
-    naming the file and the reason, the file's bytes unchanged."""
+    naming the file and the reason, the file's bytes unchanged (in this process: the
+    refusals as real processes are test_lifecycle_refuses_a_bad_journal_in_one_line's and
+    tests/replay/test_reliability_bad_input.py's)."""
+    from replay.cli import main
+
     path = tmp_path / f"{kind}.db"
     make, reason = BAD_FILES[kind]
     make(path)
     before = file_digest(path)
-    result = replay_cli(tmp_path, *replay_argv(command, path, trace=tmp_path / "t.json"))
+    argv = replay_argv(command, path, trace=tmp_path / "t.json")
+    result = run_in_process(main, argv, cwd=tmp_path, capsys=capsys)
     assert result.returncode == 2
     line = one_clear_line(result)
     assert reason in line and str(path) in line
@@ -165,9 +173,15 @@ def test_undecodable_rows_and_gaps_are_shown_not_fatal(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
-    """A bad flag value is one clear line on stderr, exit 2, before anything starts: no journal."""
-    result = run_cli("lifecycle", ["boot", "--db", "j.db", *flags], cwd=tmp_path, timeout=60)
+def test_bad_flags_are_one_line_and_exit_2(
+    tmp_path: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad flag value is one clear line on stderr, exit 2, before anything starts: no journal
+    (in this process; the same refusal from a real process is
+    test_a_refused_setting_is_one_json_line_with_json_logs's)."""
+    from lifecycle.serve.cli.main import main
+
+    result = run_in_process(main, ["boot", "--db", "j.db", *flags], cwd=tmp_path, capsys=capsys)
     assert result.returncode == 2
     assert message in one_clear_line(result)
     assert not (tmp_path / "j.db").exists()
