@@ -119,6 +119,9 @@ def test_a_terminal_shows_a_live_bar_with_each_requests_steps(tmp_path: Path) ->
     assert not any("[info" in line for line in shown), shown
 
 
+# Slow tier: the terminal's live bars with several ranks are the default run's
+# (test_a_terminal_shows_a_live_bar_with_each_requests_steps).
+@pytest.mark.slow
 def test_a_terminal_keeps_the_ranks_logs_above_the_bars(tmp_path: Path) -> None:
     """Two ranks on a terminal: a bar per rank, and each rank's log lines, in their console
     format, printed above the bars with the table rather than through them."""

@@ -200,6 +200,9 @@ def test_an_exiting_rank_leaves_its_state_behind(
     assert "rank 1: bounded-warm" in result.stdout
 
 
+# Slow tier: a silent hang stalled at its deadline, with heartbeats, is the default run's
+# (tests/lifecycle/test_history.py).
+@pytest.mark.slow
 def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:

@@ -197,6 +197,9 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
     assert "different config" not in diagnosed.stderr, diagnosed.stderr
 
 
+# Slow tier: two nodes serving as one, and a lost node failing the group, are the default run's;
+# a rank stopped by a signal under torchrun is tests/lifecycle/test_torchrun_env.py's.
+@pytest.mark.slow
 def test_a_signal_to_the_leader_stops_every_node(tmp_path: Path) -> None:
     """SIGTERM to node 0's agent (as when its pod is deleted): rank 0 tells every other rank
     to stop before it journals its own stop, so that each journals a stop, not rank 0's loss,

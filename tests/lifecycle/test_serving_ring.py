@@ -209,6 +209,9 @@ def test_dumps_on_request_write_every_rank_ring(tmp_path: Path) -> None:
             assert following == records
 
 
+# Slow tier: a hang after ready diagnosed from the dumped ring is the default run's, and a
+# stuck rank failing its request is tests/lifecycle/test_server_reliability.py's.
+@pytest.mark.slow
 def test_a_request_given_up_for_silence_fails_the_server_and_the_verdict(tmp_path: Path) -> None:
     """One rank hangs in a request outside any collective: the server gives the request up
     once the rank has made no step for --request-silence, the rank journals why (its reader

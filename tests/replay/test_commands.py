@@ -195,6 +195,8 @@ def test_diff_of_bounded_and_calibrated_runs(
         assert all(w["total_s"] > 0 for w in lines)
 
 
+# Slow tier: `replay diff` of two runs is the default run's (the tests above).
+@pytest.mark.slow
 def test_diff_of_runs_of_different_models_or_layouts_says_so_first(
     bounded_and_calibrated: Journaled,
     two_ranks: Journaled,
