@@ -42,6 +42,10 @@ def boot(lifecycle_cli: Callable[..., Completed], *args: str) -> Completed:
     return result
 
 
+# Slow tier (two --compile boots, the suite's longest test): the default run keeps the
+# artifact store's rules (tests/lifecycle/test_compile_artifacts.py), a plug-in without blocks
+# under --compile, and the shapes a served run warms for the next boot.
+@pytest.mark.slow
 @pytest.mark.timeout(2 * COMPILE_S)
 def test_a_second_boot_compiles_from_the_artifact_the_first_kept(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
