@@ -6,18 +6,15 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lifecycle.core.errors import classify
+from lifecycle.core.format.eventkind import Event
 from lifecycle.core.format.records import (
-    Fingerprint,
     GateOutcome,
     GroupMark,
     PendingCollective,
     PhaseTime,
-    PlannerInput,
     Platform,
     ProbeFit,
     RequestResult,
-    ResidencyPlan,
-    ReuseDecision,
     Role,
     Shape,
     Signature,
@@ -27,6 +24,57 @@ from lifecycle.core.format.records import (
     WarmupRequest,
 )
 
+# The residency planner's kinds live in their own module and are listed here with the rest.
+from lifecycle.core.format.residencyevents import (
+    ResidencyApplied,
+    ResidencyEvent,
+    ResidencyPlanned,
+    ResidencyRolledBack,
+    ResidencyVerified,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "Aborted",
+    "ActionFinished",
+    "ActionStarted",
+    "BuffersAllocated",
+    "BuffersDropped",
+    "ClockAligned",
+    "CollectiveFinished",
+    "CollectiveStarted",
+    "CollectivesDumped",
+    "CompileEvent",
+    "CompileKept",
+    "Compiled",
+    "Error",
+    "Event",
+    "Expectations",
+    "FaultInjected",
+    "FlightRecorderDumped",
+    "GateDecided",
+    "Heartbeat",
+    "LoadEvent",
+    "LoadFinished",
+    "LoadStarted",
+    "PlanBuilt",
+    "RequestFinished",
+    "RequestStarted",
+    "ResidencyApplied",
+    "ResidencyEvent",
+    "ResidencyPlanned",
+    "ResidencyRolledBack",
+    "ResidencyVerified",
+    "RunStarted",
+    "Shutdown",
+    "Stalled",
+    "StoredEvent",
+    "Transition",
+    "UnknownEvent",
+    "WarmupRecord",
+    "error_event",
+]
+
 # Nested records (lifecycle.core.format.records), and the domain values the events below hold
 # (Shape, Platform, GateOutcome, WarmupRequest, ProbeFit, Role, and the residency planner's
 # values), are part of the journal format: change any of them only with a version bump of every
@@ -34,14 +82,6 @@ from lifecycle.core.format.records import (
 
 # ---------------------------------------------------------------------------------------------
 # Event kinds
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Event:
-    """Base of the event kinds; `kind` names it in the journal, `version` is its payload schema."""
-
-    kind: ClassVar[str] = ""
-    version: ClassVar[int] = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -370,59 +410,6 @@ class ClockAligned(Event):
     offset_s: float  # this rank's clock minus rank 0's
     round_trip_s: float  # of the exchange the offset was taken from: its uncertainty
     host: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResidencyEvent(Event):
-    """A step of the residency planner: every one carries the plan and its fingerprint, so the
-    newest of a run says how its plan ended (what a later startup decides reuse from)."""
-
-    fingerprint: Fingerprint
-    plan: ResidencyPlan
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResidencyPlanned(ResidencyEvent):
-    """The planner's decision after the probe, with the inputs it decided from; `reuse` says
-    why no earlier plan was reused (a code and its facts; version 1 held a sentence)."""
-
-    kind: ClassVar[str] = "residency_planned"
-    version: ClassVar[int] = 2
-    given: PlannerInput
-    reuse: ReuseDecision
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResidencyApplied(ResidencyEvent):
-    """A plan applied: before re-warm after calibration, or before bounded-warm when reused
-    (`reused_from` names the run that verified it)."""
-
-    kind: ClassVar[str] = "residency_applied"
-    reused_from: str | None
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResidencyVerified(ResidencyEvent):
-    """Every rank's re-warm measured within the budget and near its prediction, in memory and
-    (version 2) in time; a version 1 event has no times (None)."""
-
-    kind: ClassVar[str] = "residency_verified"
-    version: ClassVar[int] = 2
-    measured_bytes: int
-    predicted_bytes: int  # at the re-warm's shape
-    measured_s: float | None = None  # the re-warm request's time
-    predicted_s: float | None = None  # the planner's for it
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResidencyRolledBack(ResidencyEvent):
-    """A rank could not apply or verify the plan: every rank went back to its reference
-    residency; `ranks` are the ranks that failed, `reason` this rank's own or theirs."""
-
-    kind: ClassVar[str] = "residency_rolled_back"
-    reason: str
-    ranks: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
