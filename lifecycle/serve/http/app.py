@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from types import FrameType
 from typing import Annotated, Any
@@ -45,7 +45,7 @@ from lifecycle.serve.http.httpspans import (
 )
 from lifecycle.serve.http.media import ENCODERS, MEDIA_TYPES
 from lifecycle.serve.http.metrics import Metrics
-from lifecycle.serve.http.service import Service
+from lifecycle.serve.http.service import Reply, Service
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.cancel import RequestPastDeadline
 from lifecycle.serve.ranks.control import (
@@ -65,6 +65,16 @@ def _unavailable(exc: ServiceUnavailable) -> HTTPException:
     return HTTPException(status_code=503, detail=exc.detail, headers=headers)
 
 
+@contextlib.asynccontextmanager
+async def _front_warmed(app: FastAPI) -> AsyncIterator[None]:
+    """Before the first request: anyio loads its event-loop backend and starts a worker thread
+    the first time a handler waits off the loop, some 20-30 ms that the first POST /generate
+    after ready paid on its own (CPU, micro-video). Paid here instead, while the ranks boot,
+    so that the first request at a warmed shape is answered at steady state."""
+    await anyio.to_thread.run_sync(time.monotonic)
+    yield
+
+
 def create_app(
     service: Service,
     metrics: Metrics,
@@ -79,8 +89,7 @@ def create_app(
     thread, and only so many requests may wait at once. With `tracing` (else this process's
     own, when it is rank 0's under torchrun) each /generate is a span of the run's trace.
     """
-    app = FastAPI(title="lifecycle", version="0.1.0")
-    bounds = BoundsMetrics(metrics.registry)
+    app = FastAPI(title="lifecycle", version="0.1.0", lifespan=_front_warmed)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(
         GenerateSpans,
@@ -90,7 +99,12 @@ def create_app(
     if access_log:
         app.add_middleware(AccessLog)  # outermost: it sees refusals by the body limit too
     app.add_exception_handler(RequestValidationError, refuse_body)
+    _add_probes(app, service, metrics)
+    _add_generate(app, service, metrics)
+    return app
 
+
+def _add_probes(app: FastAPI, service: Service, metrics: Metrics) -> None:
     @app.get("/liveness")
     async def liveness() -> JSONResponse:
         """503 once the startup (or a rank while serving) failed for good: a pod restarts."""
@@ -120,6 +134,10 @@ def create_app(
             raise HTTPException(status_code=403, detail="/debug/dump answers loopback only")
         return {"ranks": service.dump()}
 
+
+def _add_generate(app: FastAPI, service: Service, metrics: Metrics) -> None:
+    bounds = BoundsMetrics(metrics.registry)
+
     @app.post("/generate", response_model=None)
     async def generate(
         body: GenerateBody,
@@ -132,50 +150,17 @@ def create_app(
         peak memory exceeds a rank's budget; cut short between denoising steps on every rank
         (504) past its deadline."""
         span = span_of(http.state)
-        try:
-            request_id = request_id_of(x_request_id)
-        except ConfigError:
-            raise HTTPException(
-                status_code=422,
-                detail=[{"loc": ["header", "x-request-id"], "msg": REQUEST_ID_RULE,
-                         "type": "value_error"}],
-            ) from None  # fmt: skip
-        model = service.args.model
-        refused = model_refusal(body, model)
-        if refused is not None:
-            raise HTTPException(status_code=422, detail=refused)
-        ok, status = service.health()
-        if not ok:
-            raise HTTPException(status_code=503, detail=f"not ready: {status}")
-        shape = Shape(
-            width=body.width or model.default_width,
-            height=body.height or model.default_height,
-            frames=body.frames or model.default_frames,
-        )
-        steps = body.steps or model.default_steps
-        try:
-            check_shape(model, shape, steps)
-        except ConfigError as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from None
+        request_id = _named(x_request_id)
+        request = _generation(body, service)
         span.name_request(request_id)
         named = {"X-Request-ID": request_id}
-        refusal = service.bounds.refusal(service.views_now(), shape)
+        refusal = service.bounds.refusal(service.views_now(), request.shape)
         if refusal is not None:
             bounds.refuse(refusal, request_id=request_id)
             span.fail(refusal.text())
             return JSONResponse(
                 status_code=422, content=refusal_answer(refusal, request_id), headers=named
             )
-        request = Generation(
-            prompt=body.prompt,
-            negative_prompt=body.negative_prompt,
-            shape=shape,
-            steps=steps,
-            guidance_scale=(
-                model.default_guidance_scale if body.guidance_scale is None else body.guidance_scale
-            ),
-            seed=service.args.seed if body.seed is None else body.seed,
-        )
         media = body.response_format != "json"
         run = partial(
             service.generate,
@@ -185,15 +170,7 @@ def create_app(
             traceparent=span.traceparent,
         )
         try:
-            with service.place_in_line():
-                began = time.monotonic()
-                try:
-                    reply = await anyio.to_thread.run_sync(run)
-                except (RequestFailed, RequestPastDeadline) as exc:
-                    outcome = "failed" if isinstance(exc, RequestFailed) else "cancelled"
-                    metrics.request_seconds.labels(outcome).observe(time.monotonic() - began)
-                    raise
-                metrics.request_seconds.labels("ok").observe(time.monotonic() - began)
+            reply = await _in_line(service, metrics, run)
         except ServiceUnavailable as exc:
             raise _unavailable(exc) from None
         except RequestFailed as exc:
@@ -214,7 +191,64 @@ def create_app(
             content=content, media_type=MEDIA_TYPES[body.response_format], headers=headers
         )
 
-    return app
+
+def _named(x_request_id: str | None) -> str:
+    """The request's id: the client's `X-Request-ID`, or a new one (422 for a bad one)."""
+    try:
+        return request_id_of(x_request_id)
+    except ConfigError:
+        raise HTTPException(
+            status_code=422,
+            detail=[{"loc": ["header", "x-request-id"], "msg": REQUEST_ID_RULE,
+                     "type": "value_error"}],
+        ) from None  # fmt: skip
+
+
+def _generation(body: GenerateBody, service: Service) -> Generation:
+    """The request the ranks run, the model's defaults filled in; 422 for one the model cannot
+    make, 503 before ready."""
+    model = service.args.model
+    refused = model_refusal(body, model)
+    if refused is not None:
+        raise HTTPException(status_code=422, detail=refused)
+    ok, status = service.health()
+    if not ok:
+        raise HTTPException(status_code=503, detail=f"not ready: {status}")
+    shape = Shape(
+        width=body.width or model.default_width,
+        height=body.height or model.default_height,
+        frames=body.frames or model.default_frames,
+    )
+    steps = body.steps or model.default_steps
+    try:
+        check_shape(model, shape, steps)
+    except ConfigError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    return Generation(
+        prompt=body.prompt,
+        negative_prompt=body.negative_prompt,
+        shape=shape,
+        steps=steps,
+        guidance_scale=(
+            model.default_guidance_scale if body.guidance_scale is None else body.guidance_scale
+        ),
+        seed=service.args.seed if body.seed is None else body.seed,
+    )
+
+
+async def _in_line(service: Service, metrics: Metrics, run: Callable[[], Reply]) -> Reply:
+    """`run` in a worker thread once the request's place in line comes, its seconds observed
+    by outcome."""
+    with service.place_in_line():
+        began = time.monotonic()
+        try:
+            reply = await anyio.to_thread.run_sync(run)
+        except (RequestFailed, RequestPastDeadline) as exc:
+            outcome = "failed" if isinstance(exc, RequestFailed) else "cancelled"
+            metrics.request_seconds.labels(outcome).observe(time.monotonic() - began)
+            raise
+        metrics.request_seconds.labels("ok").observe(time.monotonic() - began)
+    return reply
 
 
 class HttpServer(uvicorn.Server):
