@@ -54,6 +54,7 @@ MODULES = (
     "bench.accounted",
     "bench.otelexport",
     "bench.compilecache",
+    "bench.compilecache:LEARNED_SHAPES",
     "bench.families",
 )
 
