@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lifecycle.core.format.eventkind import Event
+from lifecycle.core.format.kinds.eventkind import Event
 from lifecycle.core.format.records import Fingerprint, PlannerInput, ResidencyPlan, ReuseDecision
 
 
