@@ -21,9 +21,15 @@ import torch
 
 from lifecycle.adapters.diffusers.qwen.qwenulysses import ulysses_qwen_transformer
 from lifecycle.adapters.diffusers.regions import repeated_blocks_of
-from lifecycle.adapters.diffusers.wan.wanadapter import COND, UNCOND, cfg_branches, to_uint8
+from lifecycle.adapters.diffusers.wan.wanadapter import (
+    COND,
+    UNCOND,
+    cfg_branches,
+    require_heads_split,
+    to_uint8,
+)
 from lifecycle.adapters.diffusers.wan.wanplacement import WanResidency, tile_size, wan_options
-from lifecycle.pipelines import Comm, ConfigError, ModelSpec, ResidencyOption, Shape
+from lifecycle.pipelines import Comm, ModelSpec, ResidencyOption, Shape
 
 # What QwenImagePipeline.__call__ encodes a prompt to, by default.
 MAX_SEQUENCE_LENGTH = 512
@@ -49,13 +55,7 @@ class QwenImageAdapter:
         pipe.set_progress_bar_config(disable=True)
         # Qwen-Image's VAE is Wan's, one frame at a time: the same tiling and offload knobs.
         self.residency = WanResidency(pipe, comm.device, tile_size(spec.default_shape))
-        heads = pipe.transformer.config.num_attention_heads
-        if heads % comm.ulysses.size:
-            raise ConfigError(
-                f"--ulysses {comm.ulysses.size} does not divide {spec.name}'s {heads} attention"
-                " heads",
-                field="ulysses",
-            )
+        require_heads_split(spec, comm, pipe.transformer)
 
     @property
     def parameter_bytes(self) -> int:

@@ -54,6 +54,16 @@ def cfg_branches(
     return both[0], both[1]
 
 
+def require_heads_split(spec: ModelSpec, comm: Comm, transformer: Any) -> None:
+    """Refuse a Ulysses degree that does not divide the transformer's attention heads."""
+    heads = transformer.config.num_attention_heads
+    if heads % comm.ulysses.size:
+        raise ConfigError(
+            f"--ulysses {comm.ulysses.size} does not divide {spec.name}'s {heads} attention heads",
+            field="ulysses",
+        )
+
+
 class WanAdapter:
     """A `WanPipeline` (its components, loaded by diffusers) as a lifecycle pipeline."""
 
@@ -75,13 +85,7 @@ class WanAdapter:
             self._experts if len(self._experts) == 2 else (),
         )
         for transformer in self._experts:
-            heads = transformer.config.num_attention_heads
-            if heads % comm.ulysses.size:
-                raise ConfigError(
-                    f"--ulysses {comm.ulysses.size} does not divide {spec.name}'s {heads}"
-                    " attention heads",
-                    field="ulysses",
-                )
+            require_heads_split(spec, comm, transformer)
         if comm.ulysses.size > 1 and pipe.config.expand_timesteps:
             raise ConfigError(
                 f"{spec.name} embeds a timestep per token (expand_timesteps): Ulysses is not"
