@@ -38,6 +38,7 @@ from lifecycle.core.format.events import (
 from lifecycle.core.format.records import (
     Generation,
     GroupMark,
+    RequestResult,
     ReuseCode,
     Role,
     Shape,
@@ -274,18 +275,7 @@ def generate(
     if spans is not None:
         spans.join_request(request_id, traceparent)
     before = sum(m.count for m in rt.comm.marks())
-    rt.recorder.record(
-        RequestStarted(
-            request_id=request_id,
-            source=source,
-            shape=request.shape,
-            steps=request.steps,
-            prompt_chars=len(request.prompt),
-            negative_prompt_chars=len(request.negative_prompt),
-            guidance_scale=request.guidance_scale,
-            seed=request.seed,
-        )
-    )
+    rt.recorder.record(_started(request, request_id=request_id, source=source))
     try:
         generated = run_request(
             rt.pipeline,
@@ -299,29 +289,39 @@ def generate(
     except Exception as exc:
         if isinstance(exc, RequestCancelled):
             rt.recorder.record(error_event(exc, fatal=False, trigger=None, traceback=""))
-        rt.recorder.record(
-            RequestFinished(
-                request_id=request_id,
-                ok=False,
-                total_s=0.0,
-                checksum=None,
-                peak_bytes=None,
-                **_collectives_since(rt, before),
-            )
-        )
+        rt.recorder.record(_finished(rt, request_id, None, before=before))
         raise
-    result = generated.result
-    rt.recorder.record(
-        RequestFinished(
-            request_id=request_id,
-            ok=True,
-            total_s=result.total_s,
-            checksum=result.checksum,
-            peak_bytes=result.peak_bytes,
-            **_collectives_since(rt, before),
-        )
-    )
+    rt.recorder.record(_finished(rt, request_id, generated.result, before=before))
     return generated
+
+
+def _started(request: Generation, *, request_id: str, source: str) -> RequestStarted:
+    """What a rank journals of a request as it starts: its shape and settings, not its text."""
+    return RequestStarted(
+        request_id=request_id,
+        source=source,
+        shape=request.shape,
+        steps=request.steps,
+        prompt_chars=len(request.prompt),
+        negative_prompt_chars=len(request.negative_prompt),
+        guidance_scale=request.guidance_scale,
+        seed=request.seed,
+    )
+
+
+def _finished(
+    rt: RankRuntime, request_id: str, result: RequestResult | None, *, before: int
+) -> RequestFinished:
+    """A request's end as journaled: its result, or none when it failed; the collectives it
+    ran since `before` (the groups' count when it started)."""
+    return RequestFinished(
+        request_id=request_id,
+        ok=result is not None,
+        total_s=0.0 if result is None else result.total_s,
+        checksum=None if result is None else result.checksum,
+        peak_bytes=None if result is None else result.peak_bytes,
+        **_collectives_since(rt, before),
+    )
 
 
 class _CollectivesSummary(TypedDict):

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from lifecycle.core.command import Exit
 from lifecycle.core.errors import ConfigError
@@ -21,6 +22,9 @@ from lifecycle.serve.ranks.supervisor import LaunchOptions
 from lifecycle.serve.ranks.worker import trace_startup, under_torchrun
 from lifecycle.store import shown_location
 from lifecycle.store.runs import new_run_id, open_run
+
+if TYPE_CHECKING:  # torch: imported once the journal is open, as a phase of its own
+    from lifecycle.runtime.rankstart import RankLaunch
 
 
 def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
@@ -95,6 +99,21 @@ def _torchrun_env(env: Mapping[str, str]) -> str:
     return " ".join(f"{name}={env[name]!r}" for name in names if name in env)
 
 
+def _alone(run_id: str, *, created_at: float) -> RankLaunch:
+    """The launch of a boot that is its own single rank, in this process (torch imported)."""
+    from lifecycle.runtime.rankstart import RankLaunch
+
+    launched_at, process_started_at = launch_walls(os.environ, entered_at=created_at)
+    return RankLaunch(
+        run_id=run_id,
+        rank=0,
+        local_ranks=1,
+        distributed=False,
+        launcher_started_wall=launched_at,
+        process_started_wall=process_started_at,
+    )
+
+
 def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     run_id = new_run_id(created_at)
     journal = open_run(args, run_id=run_id, created_at=created_at, command=options.command)
@@ -104,7 +123,7 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
     import torch  # noqa: F401  (its import is a phase of its own)
 
     mark(IMPORT_TORCH)
-    from lifecycle.runtime.session import RankLaunch, RankSession
+    from lifecycle.runtime.session import RankSession
     from lifecycle.serve.console.steps import StepMark, counting_actions
     from lifecycle.serve.console.terminal import boot_console
 
@@ -120,15 +139,7 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
         [f"run {run_id}  model {args.model.name}  ranks 1  journal {shown_location(args.db)}"]
     )
     recorder.subscribe(console.feed)
-    launched_at, process_started_at = launch_walls(os.environ, entered_at=created_at)
-    launch = RankLaunch(
-        run_id=run_id,
-        rank=0,
-        local_ranks=1,
-        distributed=False,
-        launcher_started_wall=launched_at,
-        process_started_wall=process_started_at,
-    )
+    launch = _alone(run_id, created_at=created_at)
 
     def on_step(done: int, steps: int) -> None:
         console.steps({0: StepMark(state=session.machine.state, done=done, steps=steps)})

@@ -195,17 +195,7 @@ class Front:
         for rank in range(world):
             line = self.lines[rank] = RankLine(rank, self._sender(rank))
             control.attach(rank, line)
-        for rank in range(1, world):
-            reader = StoreReader(
-                store_client(self.env, world_size=world),
-                trust=trust,
-                rank=rank,
-                on_message=self._arrival(rank),
-                on_beat=ranks.beat,
-                on_lost=self._lose,
-            )
-            self.readers.append(reader)
-            reader.start()
+        self._read_ranks(world, ranks, trust)
         recorder.subscribe(self.bridge.record)
         self.bridge.hello()
         service = self.service = Service(self.args, ranks, control)
@@ -235,6 +225,22 @@ class Front:
             url=self.url,
             loopback_only=self.loopback,
         )
+
+    def _read_ranks(self, world: int, ranks: NodeRanks, trust: StoreTrust) -> None:
+        """A reader of the store for each rank but rank 0: its messages, beats and loss."""
+        from lifecycle.runtime.group.abort import store_client
+
+        for rank in range(1, world):
+            reader = StoreReader(
+                store_client(self.env, world_size=world),
+                trust=trust,
+                rank=rank,
+                on_message=self._arrival(rank),
+                on_beat=ranks.beat,
+                on_lost=self._lose,
+            )
+            self.readers.append(reader)
+            reader.start()
 
     # -- the lines -----------------------------------------------------------------------------
 
