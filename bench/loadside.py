@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.loadsteps import disk_bytes, steps
+
 LIFECYCLE = "lifecycle"
 DIFFUSERS = "diffusers"
 COMPONENTS = ("transformer", "text_encoder", "vae")
@@ -190,14 +192,6 @@ def digests(pipe: Any) -> dict[str, str]:
     return found
 
 
-def disk_bytes() -> int:
-    """Bytes this process has had fetched from storage (not served by the page cache)."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return 0
-
-
 def _anon_bytes() -> int:
     """This process's resident memory of its own (not pages of mapped files)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -267,8 +261,6 @@ def task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     if payload["task"] == "build":
         return lambda: build(payload)
     if payload["task"] == "steps":
-        from bench.loadsteps import steps
-
         prepare()
         return lambda: steps(payload["directory"], payload["component"], payload["dtype"])
     return load(payload)

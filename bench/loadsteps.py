@@ -35,6 +35,14 @@ class StepTimes:
     tensors: list[str] = field(default_factory=list)
 
 
+def disk_bytes() -> int:
+    """Bytes this process has had fetched from storage (not served by the page cache)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _mapped(folder: Path) -> dict[str, Any]:
     """Every tensor of the folder's safetensors files, as views of a fresh mapping."""
     from safetensors import safe_open
@@ -138,8 +146,6 @@ def steps(directory: str, component: str, dtype: str) -> dict[str, Any]:
     """Seconds of each step of `component`'s load into `dtype` (the dtype the loaders gave it),
     with torch on every core, and the bytes its files hold."""
     import torch
-
-    from bench.loadside import disk_bytes
 
     folder = Path(directory) / component
     target = getattr(torch, dtype.removeprefix("torch."))
