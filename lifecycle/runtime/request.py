@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,60 +42,31 @@ def run_request(
     request short by raising). `keep_video` keeps the decoded uint8 video with the result.
     """
     encoder, denoiser, decoder = _stage_names(pipeline)
-    stages: list[StageRecord] = []
+    phases = _Phases(meter=meter, device=device)
     step_s: list[float] = []
     baseline = meter.current_bytes()
     started = time.perf_counter()
 
-    def begin() -> float:
-        meter.reset_peak()
-        return time.perf_counter()
-
-    def end(name: str, since: float) -> None:
-        synchronize(device)
-        stages.append(
-            StageRecord(
-                name=name,
-                ran=True,
-                seconds=time.perf_counter() - since,
-                peak_bytes=meter.peak_bytes(),
-            )
-        )
-
-    since = begin()
+    since = phases.begin()
     embeds = pipeline.encode_prompt(request.prompt, request.negative_prompt)
-    end(encoder, since)
+    phases.end(encoder, since)
 
-    since = begin()
-    last_step = [time.perf_counter()]
-
-    def on_step(_step: int) -> None:
-        synchronize(device)
-        now = time.perf_counter()
-        step_s.append(now - last_step[0])
-        last_step[0] = now
-        if after_step is not None:
-            after_step(_step)
-
-    latents = pipeline.denoise(
-        embeds,
-        request.shape,
-        request.steps,
-        seed=request.seed,
-        guidance_scale=request.guidance_scale,
-        on_step=on_step,
+    since = phases.begin()
+    latents = _denoise(
+        pipeline, request, embeds, device=device, step_s=step_s, after_step=after_step
     )
-    end(denoiser, since)
+    phases.end(denoiser, since)
 
     video = None
     if decode:
-        since = begin()
+        since = phases.begin()
         video = pipeline.decode(latents, request.shape)
-        end(decoder, since)
+        phases.end(decoder, since)
         checksum = video_checksum(video)
     else:
-        stages.append(StageRecord(name=decoder, ran=False, seconds=0.0, peak_bytes=None))
+        phases.stages.append(StageRecord(name=decoder, ran=False, seconds=0.0, peak_bytes=None))
         checksum = video_checksum(latents.contiguous().view(torch.uint8))
+    stages = phases.stages
     measured = getattr(pipeline, "measured_stages", None)
     if measured is not None:
         stages = list(measured())
@@ -111,6 +83,62 @@ def run_request(
         checksum=checksum,
     )
     return Generated(result=result, video=video if keep_video else None)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Phases:
+    """A request's phases as they are measured: each from its start until the device is done
+    with it, with the peak memory it reached."""
+
+    meter: MemoryMeter
+    device: torch.device
+    stages: list[StageRecord] = field(default_factory=list)
+
+    def begin(self) -> float:
+        self.meter.reset_peak()
+        return time.perf_counter()
+
+    def end(self, name: str, since: float) -> None:
+        synchronize(self.device)
+        self.stages.append(
+            StageRecord(
+                name=name,
+                ran=True,
+                seconds=time.perf_counter() - since,
+                peak_bytes=self.meter.peak_bytes(),
+            )
+        )
+
+
+def _denoise(
+    pipeline: Pipeline,
+    request: Generation,
+    embeds: Any,
+    *,
+    device: torch.device,
+    step_s: list[float],
+    after_step: Callable[[int], None] | None,
+) -> torch.Tensor:
+    """The denoiser's latents, each step's seconds (until the device is done with it) appended
+    to `step_s` before `after_step` sees it."""
+    last_step = [time.perf_counter()]
+
+    def on_step(_step: int) -> None:
+        synchronize(device)
+        now = time.perf_counter()
+        step_s.append(now - last_step[0])
+        last_step[0] = now
+        if after_step is not None:
+            after_step(_step)
+
+    return pipeline.denoise(
+        embeds,
+        request.shape,
+        request.steps,
+        seed=request.seed,
+        guidance_scale=request.guidance_scale,
+        on_step=on_step,
+    )
 
 
 def _stage_names(pipeline: Pipeline) -> tuple[str, str, str]:

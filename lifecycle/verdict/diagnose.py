@@ -290,8 +290,42 @@ def diagnose(
     collectives only PyTorch's Flight Recorder saw.
     """
     findings: Findings = {}
+    verdicts, killed = _rank_verdicts(
+        analysis, findings, now=now, dead=dead_ranks, live=live_ranks, in_flight=in_flight
+    )
+    errors = _run_errors(verdicts)
+    outcome, culprits = _outcome(verdicts, analysis, errors, killed=killed)
+    culprit_state = _culprit_state(verdicts, culprits)
+    startup = _startup_to_ready(analysis)
+    return Diagnosis(
+        run_id=analysis.run.run_id,
+        outcome=outcome,
+        culprit_ranks=tuple(culprits),
+        culprit_state=culprit_state,
+        first_error=errors[0] if errors else None,
+        ranks=tuple(verdicts[r] for r in sorted(verdicts)),
+        evidence=_evidence(verdicts, analysis, findings),
+        groups=tuple(analysis.groups.values()),
+        mismatches=analysis.mismatches,
+        missing_ranks=analysis.missing_ranks,
+        startup_to_ready_s=startup,
+        analysis=analysis,
+    )
+
+
+def _rank_verdicts(
+    analysis: RunAnalysis[Run],
+    findings: Findings,
+    *,
+    now: float | None,
+    dead: frozenset[int],
+    live: frozenset[int],
+    in_flight: Placement | None,
+) -> tuple[dict[int, RankVerdict], bool]:
+    """Each rank's verdict, from its own journal and then from what the others say of it, and
+    whether the ranks were killed together."""
     verdicts = {
-        r: _verdict(v, analysis, findings, now=now, dead=dead_ranks, live=live_ranks)
+        r: _verdict(v, analysis, findings, now=now, dead=dead, live=live)
         for r, v in analysis.views.items()
     }
     verdicts = ended_at_timeout(verdicts, analysis, findings)
@@ -303,7 +337,12 @@ def diagnose(
         verdicts = in_flight(verdicts)
     verdicts = _peer_evidence(verdicts, findings)
     verdicts = broken_by_stop(verdicts, analysis, findings)
-    errors = sorted(
+    return verdicts, killed
+
+
+def _run_errors(verdicts: dict[int, RankVerdict]) -> list[FirstError]:
+    """Each rank's first error, earliest first, but for ranks stopped from outside."""
+    return sorted(
         (
             v.first_error
             for v in verdicts.values()
@@ -311,22 +350,36 @@ def diagnose(
         ),
         key=lambda e: (e.at_s, e.rank),
     )
-    outcome, culprits = _outcome(verdicts, analysis, errors, killed=killed)
-    culprit_state = None
+
+
+def _culprit_state(verdicts: dict[int, RankVerdict], culprits: list[int]) -> str | None:
+    """Where the lead culprit went wrong: the state of its first error, else its last state."""
     if culprits:
         lead = verdicts.get(culprits[0])
         if lead is not None:
-            culprit_state = lead.first_error.state if lead.first_error else lead.last_state
+            return lead.first_error.state if lead.first_error else lead.last_state
+    return None
+
+
+def _startup_to_ready(analysis: RunAnalysis[Run]) -> float | None:
+    """From the run's creation to its last rank ready, when every rank got there."""
     ready_times = [
         v.entered_at(State.READY.value)
         for v in analysis.views.values()
         if State.READY.value in v.path
     ]
-    startup = (
+    return (
         max(t for t in ready_times if t is not None) - analysis.run.created_at
         if ready_times and len(ready_times) == analysis.run.world_size
         else None
     )
+
+
+def _evidence(
+    verdicts: dict[int, RankVerdict], analysis: RunAnalysis[Run], findings: Findings
+) -> tuple[Evidence, ...]:
+    """Each rank's items in rank order (what it was found with, then its wait), then the
+    run's own: who came late, mismatched collectives, missing ranks."""
     evidence: list[Evidence] = []
     for rank in sorted(verdicts):
         evidence.extend(findings.get(rank, ()))
@@ -345,17 +398,4 @@ def diagnose(
         for m in analysis.mismatches
     )
     evidence.extend(MissingRank(rank=rank) for rank in analysis.missing_ranks)
-    return Diagnosis(
-        run_id=analysis.run.run_id,
-        outcome=outcome,
-        culprit_ranks=tuple(culprits),
-        culprit_state=culprit_state,
-        first_error=errors[0] if errors else None,
-        ranks=tuple(verdicts[r] for r in sorted(verdicts)),
-        evidence=tuple(evidence),
-        groups=tuple(analysis.groups.values()),
-        mismatches=analysis.mismatches,
-        missing_ranks=analysis.missing_ranks,
-        startup_to_ready_s=startup,
-        analysis=analysis,
-    )
+    return tuple(evidence)

@@ -22,11 +22,11 @@ from lifecycle.core.format.events import (
     Error,
     Event,
     Heartbeat,
-    PendingCollective,
     Transition,
     UnknownEvent,
     error_event,
 )
+from lifecycle.core.format.records import PendingCollective
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from tests.strategies import events

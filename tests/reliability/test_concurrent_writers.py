@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.format.events import Heartbeat, PendingCollective
+from lifecycle.core.format.events import Heartbeat
+from lifecycle.core.format.records import PendingCollective
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 

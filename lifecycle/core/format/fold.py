@@ -166,49 +166,18 @@ class RankFold:
     clock: ClockAligned | None = None
 
     def apply(self, stored: StoredEvent) -> None:
+        """Fold one event: its envelope, what its kind changes, then the state it was written in."""
         at = stored.wall_time
-        if stored.seq != self.last_seq + 1:
-            self.seq_gaps.append(SeqGap(expected=self.last_seq + 1, found=stored.seq))
-        self.last_seq = stored.seq
-        self.events += 1
-        if self.first_wall is None:
-            self.first_wall = at
-            self.spans.append(Span(state=State.CREATED.value, entered_at=at, left_at=None))
-        # Collective records dumped from the ring after ready come after later events.
-        self.last_wall = at if self.last_wall is None else max(self.last_wall, at)
-        self.last_kind = stored.kind
+        self._envelope(stored)
         event = stored.event
-        if isinstance(event, Shutdown):
-            # Being told to stop is not progress: a rank stopped while stuck stays stuck.
-            if self.shutdown_wall is None:
-                self.shutdown_wall = at
-        elif not isinstance(event, Heartbeat):
-            self.last_progress = at if self.last_progress is None else max(self.last_progress, at)
         # The kinds a journal holds most of first: each case is an isinstance test.
         match event:
             case CollectiveStarted():
-                group = self.groups.setdefault(event.group, GroupTally(ranks=event.group_ranks))
-                group.started = max(group.started, event.group_seq)
-                group.count += 1
-                self.open_collectives[event.group] = OpenCollective(started=event, at=at)
-                recent = self.recent_starts.get(event.group)
-                if recent is None:
-                    recent = self.recent_starts[event.group] = deque(maxlen=RECENT_STARTS)
-                recent.append(
-                    RecentStart(seq=event.group_seq, at=at, signature=Signature.of(event))
-                )
+                self._start_collective(event, at)
             case CollectiveFinished():
-                group = self.groups.setdefault(event.group, GroupTally(ranks=()))
-                group.finished = max(group.finished, event.group_seq)
-                opened = self.open_collectives.get(event.group)
-                if opened is not None and opened.started.group_seq == event.group_seq:
-                    del self.open_collectives[event.group]
+                self._finish_collective(event)
             case Heartbeat():
-                self.heartbeats += 1
-                self.last_heartbeat_wall = at
-                self.last_heartbeat_pending = event.pending
-                self.recent_heartbeats.append(at)
-                self._mark(event.groups)
+                self._beat(event, at)
             case Transition():
                 self._enter(event.dest, at)
             case RunStarted():
@@ -222,19 +191,7 @@ class RankFold:
             case ActionStarted():
                 self.action, self.action_at = event, at
             case ActionFinished():
-                if not self.ready_action_done and len(self.actions_done) < MAX_ACTIONS:
-                    self.actions_done.append(
-                        ActionTime(
-                            state=stored.state,
-                            action=event.action,
-                            started_at=at - event.duration_s,
-                            seconds=event.duration_s,
-                            ok=event.ok,
-                        )
-                    )
-                self.action = self.action_at = None
-                if stored.state == State.READY and event.ok:
-                    self.ready_action_done = True
+                self._finish_action(event, stored.state, at)
             case WarmupRecord():
                 self.warmup_records.append(event)
             case BuffersAllocated():
@@ -266,6 +223,71 @@ class RankFold:
             and not isinstance(event, CollectiveStarted | CollectiveFinished)
         ):
             self._enter(stored.state, at)
+
+    def _envelope(self, stored: StoredEvent) -> None:
+        """What every event says, whatever its kind: its seq, its time, and whether it is
+        progress."""
+        at = stored.wall_time
+        if stored.seq != self.last_seq + 1:
+            self.seq_gaps.append(SeqGap(expected=self.last_seq + 1, found=stored.seq))
+        self.last_seq = stored.seq
+        self.events += 1
+        if self.first_wall is None:
+            self.first_wall = at
+            self.spans.append(Span(state=State.CREATED.value, entered_at=at, left_at=None))
+        # Collective records dumped from the ring after ready come after later events.
+        self.last_wall = at if self.last_wall is None else max(self.last_wall, at)
+        self.last_kind = stored.kind
+        event = stored.event
+        if isinstance(event, Shutdown):
+            # Being told to stop is not progress: a rank stopped while stuck stays stuck.
+            if self.shutdown_wall is None:
+                self.shutdown_wall = at
+        elif not isinstance(event, Heartbeat):
+            self.last_progress = at if self.last_progress is None else max(self.last_progress, at)
+
+    def _start_collective(self, event: CollectiveStarted, at: float) -> None:
+        """A collective entered: its group's count, its open record, its recent starts."""
+        group = self.groups.setdefault(event.group, GroupTally(ranks=event.group_ranks))
+        group.started = max(group.started, event.group_seq)
+        group.count += 1
+        self.open_collectives[event.group] = OpenCollective(started=event, at=at)
+        recent = self.recent_starts.get(event.group)
+        if recent is None:
+            recent = self.recent_starts[event.group] = deque(maxlen=RECENT_STARTS)
+        recent.append(RecentStart(seq=event.group_seq, at=at, signature=Signature.of(event)))
+
+    def _finish_collective(self, event: CollectiveFinished) -> None:
+        """A collective left: its group's progress, and its record closed if still open."""
+        group = self.groups.setdefault(event.group, GroupTally(ranks=()))
+        group.finished = max(group.finished, event.group_seq)
+        opened = self.open_collectives.get(event.group)
+        if opened is not None and opened.started.group_seq == event.group_seq:
+            del self.open_collectives[event.group]
+
+    def _beat(self, event: Heartbeat, at: float) -> None:
+        """A heartbeat: when it came, what it waited in, and its groups' progress."""
+        self.heartbeats += 1
+        self.last_heartbeat_wall = at
+        self.last_heartbeat_pending = event.pending
+        self.recent_heartbeats.append(at)
+        self._mark(event.groups)
+
+    def _finish_action(self, event: ActionFinished, state: str, at: float) -> None:
+        """An action done: timed while the startup lasts, and the rank idle again."""
+        if not self.ready_action_done and len(self.actions_done) < MAX_ACTIONS:
+            self.actions_done.append(
+                ActionTime(
+                    state=state,
+                    action=event.action,
+                    started_at=at - event.duration_s,
+                    seconds=event.duration_s,
+                    ok=event.ok,
+                )
+            )
+        self.action = self.action_at = None
+        if state == State.READY and event.ok:
+            self.ready_action_done = True
 
     def _onto_rank0_clock(self, offset_s: float, *, before: float) -> None:
         """The few events before the rank's clock was aligned (its start, the rendezvous, the

@@ -134,6 +134,16 @@ class ServerArgs:
 
 def validate(args: ServerArgs) -> None:
     """Raise ConfigError naming the first setting that is out of range or inconsistent."""
+    _check_layout(args)
+    _check_timeouts(args)
+    _check_limits(args)
+    _check_faults(args)
+    validate_shape(args.model, args.model.default_shape, args.model.default_steps)
+    _check_warmup(args)
+
+
+def _check_layout(args: ServerArgs) -> None:
+    """The rank grid, the rings each rank keeps, and the device they run on."""
     if args.cfg_parallel not in (1, 2):
         raise ConfigError(CFG, f" must be 1 or 2, not {args.cfg_parallel}")
     if not 1 <= args.ulysses <= MAX_RANKS:
@@ -162,6 +172,10 @@ def validate(args: ServerArgs) -> None:
         )  # fmt: skip
     if args.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(Setting("device"), f" must be auto, cpu or cuda, not {args.device!r}")
+
+
+def _check_timeouts(args: ServerArgs) -> None:
+    """How long a request, a collective, a heartbeat, a state and the startup may take."""
     if args.request_silence_s is not None and not 0 < args.request_silence_s <= 86400:
         raise ConfigError(
             Setting("request_silence_s"),
@@ -186,6 +200,10 @@ def validate(args: ServerArgs) -> None:
             Setting("startup_timeout_s"),
             f" must be in (0, 604800] seconds, not {args.startup_timeout_s}",
         )
+
+
+def _check_limits(args: ServerArgs) -> None:
+    """The batch size, the memory budget and the seed."""
     if args.max_batch_size < 1:
         raise ConfigError(
             Setting("max_batch_size"), f" must be at least 1, not {args.max_batch_size}"
@@ -198,6 +216,10 @@ def validate(args: ServerArgs) -> None:
     if not 0 <= args.seed <= MAX_SEED:
         shown = str(args.seed) if args.seed.bit_length() <= 128 else "a larger number"
         raise ConfigError(Setting("seed"), f" must be an integer in 0..{MAX_SEED}, not {shown}")
+
+
+def _check_faults(args: ServerArgs) -> None:
+    """Each injected fault on a rank that exists, able to fire, and alone where it fires."""
     placed: dict[tuple[int, str], FaultSpec] = {}
     for fault in args.faults:
         if fault.rank >= args.num_ranks:
@@ -220,7 +242,10 @@ def validate(args: ServerArgs) -> None:
                 f" {where} (one fault per rank and state, or request)",
                 field="faults",
             )
-    validate_shape(args.model, args.model.default_shape, args.model.default_steps)
+
+
+def _check_warmup(args: ServerArgs) -> None:
+    """The compile mode, the warmup budget and the shapes warmed at startup."""
     if args.compile_mode not in COMPILE_MODES:
         raise ConfigError(
             Setting("compile_mode"),

@@ -158,79 +158,103 @@ class RankSpans:
                 f"lifecycle.action {event.action}", wall, parent=self._state_span
             )
         elif isinstance(event, ev.ActionFinished):
-            span = self._actions.pop(event.action, None)
-            if span is not None:
-                if not event.ok:
-                    self._failed(span, f"{event.action} failed")
-                span.end(end_time=nanos(wall))
-            if event.action == "mark-ready":
-                self._end_startup(wall, outcome="ready")
+            self._finish_action(event, wall)
         elif isinstance(event, ev.LoadStarted):
-            self._loads[event.component] = self._child(
-                f"lifecycle.load {event.component}",
-                wall,
-                parent=self._innermost(),
-                component=event.component,
-                files=len(event.files),
-                bytes=event.bytes,
-            )
+            self._start_load(event, wall)
         elif isinstance(event, ev.LoadFinished):
-            span = self._loads.pop(event.component, None)
-            if span is not None:
-                span.set_attributes(
-                    {
-                        f"{ATTRIBUTE_PREFIX}bytes": event.bytes,
-                        f"{ATTRIBUTE_PREFIX}read_s": event.read_s,
-                        f"{ATTRIBUTE_PREFIX}device_s": event.device_s,
-                        f"{ATTRIBUTE_PREFIX}dtype": event.dtype or "",
-                    }
-                )
-                if not event.ok:
-                    self._failed(span, f"loading {event.component} failed")
-                span.end(end_time=nanos(wall))
+            self._finish_load(event, wall)
         elif isinstance(event, ev.Expectations):
             fingerprint, _, path = event.key.partition("/")
             self._rank_span.set_attributes(
                 {f"{ATTRIBUTE_PREFIX}fingerprint": fingerprint, f"{ATTRIBUTE_PREFIX}path": path}
             )
         elif isinstance(event, ev.WarmupRecord):
-            span = self._child(
-                f"lifecycle.warmup {event.role}",
-                wall - event.total_s,
-                parent=self._innermost(),
-                shape=str(event.shape),
-                steps=event.steps,
-                peak_bytes=event.peak_bytes if event.peak_bytes is not None else -1,
-            )
-            span.end(end_time=nanos(wall))
+            self._warmup(event, wall)
         elif isinstance(event, ev.Error):
-            self._event(
-                "exception",
-                wall,
-                {
-                    "exception.type": event.error_type,
-                    "exception.message": event.message[:1000],
-                    f"{ATTRIBUTE_PREFIX}error_kind": event.error_kind,
-                },
-                error=event.fatal,
-            )
+            self._error(event, wall)
         elif isinstance(event, ev.Aborted):
-            self._event(
-                "lifecycle.aborted",
-                wall,
-                {
-                    f"{ATTRIBUTE_PREFIX}failed_rank": -1
-                    if event.failed_rank is None
-                    else event.failed_rank,
-                    f"{ATTRIBUTE_PREFIX}failed_state": event.failed_state or "",
-                    "exception.message": event.message[:1000],
-                },
-                error=True,
-            )
+            self._aborted(event, wall)
         elif isinstance(event, ev.Stalled):
             self._event(
                 "lifecycle.stalled", wall, {f"{ATTRIBUTE_PREFIX}state": stored.state}, error=False
             )
+
+    def _finish_action(self, event: ev.ActionFinished, wall: float) -> None:
+        """An action's span ends (failed when the action did); the ready action ends the
+        startup."""
+        span = self._actions.pop(event.action, None)
+        if span is not None:
+            if not event.ok:
+                self._failed(span, f"{event.action} failed")
+            span.end(end_time=nanos(wall))
+        if event.action == "mark-ready":
+            self._end_startup(wall, outcome="ready")
+
+    def _start_load(self, event: ev.LoadStarted, wall: float) -> None:
+        self._loads[event.component] = self._child(
+            f"lifecycle.load {event.component}",
+            wall,
+            parent=self._innermost(),
+            component=event.component,
+            files=len(event.files),
+            bytes=event.bytes,
+        )
+
+    def _finish_load(self, event: ev.LoadFinished, wall: float) -> None:
+        """A component's load span ends with what the load measured."""
+        span = self._loads.pop(event.component, None)
+        if span is not None:
+            span.set_attributes(
+                {
+                    f"{ATTRIBUTE_PREFIX}bytes": event.bytes,
+                    f"{ATTRIBUTE_PREFIX}read_s": event.read_s,
+                    f"{ATTRIBUTE_PREFIX}device_s": event.device_s,
+                    f"{ATTRIBUTE_PREFIX}dtype": event.dtype or "",
+                }
+            )
+            if not event.ok:
+                self._failed(span, f"loading {event.component} failed")
+            span.end(end_time=nanos(wall))
+
+    def _warmup(self, event: ev.WarmupRecord, wall: float) -> None:
+        """A warmup request's span, made whole when its record is written at its end."""
+        span = self._child(
+            f"lifecycle.warmup {event.role}",
+            wall - event.total_s,
+            parent=self._innermost(),
+            shape=str(event.shape),
+            steps=event.steps,
+            peak_bytes=event.peak_bytes if event.peak_bytes is not None else -1,
+        )
+        span.end(end_time=nanos(wall))
+
+    def _error(self, event: ev.Error, wall: float) -> None:
+        """An error as an `exception` span event; a fatal one fails its span."""
+        self._event(
+            "exception",
+            wall,
+            {
+                "exception.type": event.error_type,
+                "exception.message": event.message[:1000],
+                f"{ATTRIBUTE_PREFIX}error_kind": event.error_kind,
+            },
+            error=event.fatal,
+        )
+
+    def _aborted(self, event: ev.Aborted, wall: float) -> None:
+        """The agreed abort as a span event that fails its span, naming the rank that failed."""
+        self._event(
+            "lifecycle.aborted",
+            wall,
+            {
+                f"{ATTRIBUTE_PREFIX}failed_rank": -1
+                if event.failed_rank is None
+                else event.failed_rank,
+                f"{ATTRIBUTE_PREFIX}failed_state": event.failed_state or "",
+                "exception.message": event.message[:1000],
+            },
+            error=True,
+        )
 
     def _serving(self, event: ev.Event, wall: float) -> None:
         """After ready: a span per request served, under the trace its server span names (see
