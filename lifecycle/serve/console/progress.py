@@ -14,6 +14,7 @@ from lifecycle.core.format.events import (
     Compiled,
     CompileKept,
     Error,
+    Event,
     Expectations,
     FaultInjected,
     LoadFinished,
@@ -120,6 +121,74 @@ def step_line(status: RankStatus, *, now: float) -> str:
     return line
 
 
+def calibration_text(event: PlanBuilt) -> str | None:
+    """Whether the startup calibrates, and on which probe; None where it names no probe."""
+    if event.skip_reason is not None:
+        hint = skip_hint(event.skip_reason)
+        return f"calibration skipped: {event.skip_reason}" + (f" ({hint})" if hint else "")
+    probe = next((r for r in event.requests if r.role is Role.PROBE), None)
+    return None if probe is None else f"calibration on: probe {probe.shape}"
+
+
+def warmup_text(event: WarmupRecord) -> str:
+    return (
+        f"{event.role} {event.shape} at {event.steps}"
+        f" steps {event.total_s:.2f} s, peak {format_bytes(event.peak_bytes)}"
+        f" ({event.memory_source or 'unmeasured'})"
+    )
+
+
+def loaded_text(event: LoadFinished, fold: RankFold) -> str:
+    """A component's load, as its state's row says it (`fold`: the rank's, for its loads)."""
+    # A rate only for what was read from files (a built module's is no read).
+    read = any(
+        isinstance(e, LoadStarted) and e.component == event.component and e.files
+        for _, _, e in fold.loads
+    )
+    rate = f" ({event.bytes / event.read_s / 1e9:.2f} GB/s)" if read and event.read_s else ""
+    failed = "" if event.ok else ", failed"
+    return (
+        f"loaded {event.component} {format_bytes(event.bytes)} in"
+        f" {event.seconds:.2f} s{rate}{failed}"
+    )
+
+
+def detail_text(event: Event, fold: RankFold) -> str | None:
+    """What a state did, as its row says after its duration; None for an event no row
+    mentions."""
+    match event:
+        case PlanBuilt():
+            return calibration_text(event)
+        case Compiled():
+            return compiled_text(event)
+        case CompileKept():
+            return kept_text(event)
+        case ResidencyPlanned():
+            plan = event.plan
+            verdict = "plan" if plan.fits else "no plan applied"
+            return (
+                f"{verdict} {plan.plan_id}: peak {format_bytes(plan.predicted_peak_bytes)}"
+                f" predicted, budget {format_bytes(plan.budget_bytes)} (not reused:"
+                f" {reuse_text(event.reuse)})"
+            )
+        case ResidencyApplied() if event.reused_from is not None:
+            return f"applied {event.plan.plan_id}"
+        case ResidencyVerified():
+            return (
+                f"verified {event.plan.plan_id}: peak {format_bytes(event.measured_bytes)}"
+                f" (predicted {format_bytes(event.predicted_bytes)})"
+            )
+        case ResidencyRolledBack():
+            return f"rolled back {event.plan.plan_id}: {event.reason}"
+        case LoadFinished():
+            return loaded_text(event, fold)
+        case BuffersDropped():
+            freed = format_bytes(event.bytes_freed)
+            return f"dropped {event.buffers} staging buffers, freed {freed}"
+        case _:
+            return None
+
+
 @dataclass
 class ProgressPrinter:
     """Turns the ranks' events into the lines to show: the launch (rank 0's, once every rank
@@ -168,20 +237,10 @@ class ProgressPrinter:
             case Expectations():
                 self._expected[rank] = {s.state: s for s in event.states}
             case Transition():
-                state, since = self._entered[rank]
-                if rank == 0 and state == State.CREATED:
+                if rank == 0 and self._entered[rank][0] == State.CREATED:
                     progress.extend(self._launch_line())  # before created, if not yet shown
-                # Ready is announced once for the startup; a rank that fails there says so.
-                if state != State.READY or event.dest == State.FAILED:
-                    line = f"  {state:<13} {stored.wall_time - since:8.3f} s"
-                    if details:
-                        line += "   " + "; ".join(details)
-                    progress.append(line)
-                details.clear()
-                self._entered[rank] = (event.dest, stored.wall_time)
-                if event.dest == State.READY:
-                    self._ready_at[rank] = stored.wall_time
-                elif event.dest == State.FAILED:
+                progress.extend(self._leave_state(stored, event))
+                if event.dest == State.FAILED:
                     out.append(f"{prefix}  failed")
             case ActionFinished() if stored.state == State.READY and event.ok:
                 self._ready_done.add(rank)
@@ -189,63 +248,9 @@ class ProgressPrinter:
                     self._announced = True
                     out.append(self._ready_line())
                     out.extend(self._accounted_lines())
-            case PlanBuilt():
-                if event.skip_reason is not None:
-                    hint = skip_hint(event.skip_reason)
-                    details.append(
-                        f"calibration skipped: {event.skip_reason}" + (f" ({hint})" if hint else "")
-                    )
-                else:
-                    probe = next((r for r in event.requests if r.role is Role.PROBE), None)
-                    if probe is not None:
-                        details.append(f"calibration on: probe {probe.shape}")
-            case Compiled():
-                details.append(compiled_text(event))
-            case CompileKept():
-                details.append(kept_text(event))
             case WarmupRecord():
                 self._warmup_s[rank] = self._warmup_s.get(rank, 0.0) + event.total_s
-                details.append(
-                    f"{event.role} {event.shape} at {event.steps}"
-                    f" steps {event.total_s:.2f} s, peak {format_bytes(event.peak_bytes)}"
-                    f" ({event.memory_source or 'unmeasured'})"
-                )
-            case ResidencyPlanned():
-                plan = event.plan
-                verdict = "plan" if plan.fits else "no plan applied"
-                details.append(
-                    f"{verdict} {plan.plan_id}: peak {format_bytes(plan.predicted_peak_bytes)}"
-                    f" predicted, budget {format_bytes(plan.budget_bytes)} (not reused:"
-                    f" {reuse_text(event.reuse)})"
-                )
-            case ResidencyApplied() if event.reused_from is not None:
-                details.append(f"applied {event.plan.plan_id}")
-            case ResidencyVerified():
-                details.append(
-                    f"verified {event.plan.plan_id}: peak {format_bytes(event.measured_bytes)}"
-                    f" (predicted {format_bytes(event.predicted_bytes)})"
-                )
-            case ResidencyRolledBack():
-                details.append(f"rolled back {event.plan.plan_id}: {event.reason}")
-            case LoadFinished():
-                # A rate only for what was read from files (a built module's is no read).
-                read = any(
-                    isinstance(e, LoadStarted) and e.component == event.component and e.files
-                    for _, _, e in fold.loads
-                )
-                rate = (
-                    f" ({event.bytes / event.read_s / 1e9:.2f} GB/s)"
-                    if read and event.read_s
-                    else ""
-                )
-                failed = "" if event.ok else ", failed"
-                details.append(
-                    f"loaded {event.component} {format_bytes(event.bytes)} in"
-                    f" {event.seconds:.2f} s{rate}{failed}"
-                )
-            case BuffersDropped():
-                freed = format_bytes(event.bytes_freed)
-                details.append(f"dropped {event.buffers} staging buffers, freed {freed}")
+                details.append(warmup_text(event))
             case FaultInjected():
                 out.append(f"{prefix}  fault injected: {event.fault}")
             case Error() if event.fatal:
@@ -253,8 +258,29 @@ class ProgressPrinter:
                     f"{prefix}  error in {stored.state}: {event.error_type}: {event.message}"
                 )
             case _:
-                pass
+                detail = detail_text(event, fold)
+                if detail is not None:
+                    details.append(detail)
         return [*progress, *out] if rank == 0 else out
+
+    def _leave_state(self, stored: StoredEvent, event: Transition) -> list[str]:
+        """The row of the state `stored`'s rank leaves, with what it did, as it enters the
+        next."""
+        rank = stored.rank
+        state, since = self._entered[rank]
+        details = self._details[rank]
+        rows: list[str] = []
+        # Ready is announced once for the startup; a rank that fails there says so.
+        if state != State.READY or event.dest == State.FAILED:
+            line = f"  {state:<13} {stored.wall_time - since:8.3f} s"
+            if details:
+                line += "   " + "; ".join(details)
+            rows.append(line)
+        details.clear()
+        self._entered[rank] = (event.dest, stored.wall_time)
+        if event.dest == State.READY:
+            self._ready_at[rank] = stored.wall_time
+        return rows
 
     def _launch_line(self) -> list[str]:
         """Rank 0's launch: from its launcher's start to its first event (the table's rows

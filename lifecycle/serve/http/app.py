@@ -355,29 +355,13 @@ def serve_http(
     )
     metrics = Metrics()
     group = RankGroup(args, created_at=created_at, spec=spec, env=metrics.rank_env())
-    scope = "loopback only" if is_loopback(host) else "REACHABLE FROM OTHER HOSTS"
-    journal = shown_location(args.db)
-    say(
-        f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}  journal {journal}",
-        event="run",
-        run_id=group.run_id,
-        model=args.model.name,
-        ranks=args.num_ranks,
-        journal=journal,
-    )
-    url = f"http://{host}:{bound_port}"
-    say(f"serving on {url} ({scope})", event="serving", url=url, loopback_only=is_loopback(host))
+    announce_run(args, group.run_id, host=host, port=bound_port)
     # The ranks warn of a collector in trouble (rank 0 once for the run); the front's spans go
     # to the same collector and say nothing more.
     tracing = Tracing.deferred(os.environ, warn=lambda _text: None)
     service = Service(args, group, control)
     if tracing is not None:
-        configure_once_ready(
-            tracing,
-            ready=lambda: service.health()[0],
-            over=lambda: service.failed or service.stopping is not None,
-            poll_s=POLL_S,
-        )
+        trace_once_ready(tracing, service)
     metrics.add(service.metrics, queue_depth=service.queue_depth)
     threading.Thread(
         target=control.accept, args=(args.num_ranks,), name="control-accept", daemon=True
@@ -385,33 +369,15 @@ def serve_http(
     group.start()
     follower = threading.Thread(target=service.follow, name="journal-follower", daemon=True)
     follower.start()
-    config = uvicorn.Config(
-        create_app(service, metrics, access_log=access_log, tracing=tracing),
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=int(STOP_GRACE_S),
+    server = http_server(
+        service, metrics, tracing=tracing, access_log=access_log, linger_s=linger_s
     )
-    server = HttpServer(config, service=service)
-    threading.Thread(
-        target=exit_after_failure, args=(server, service, linger_s), name="linger", daemon=True
-    ).start()
     try:
         server.run(sockets=[sock])
     finally:
         reason, signal_name = server.stop_reason()
         service.begin_stop(reason)
-        stop = Stop(reason=reason, signal=signal_name)
-        # Ranks in their serve loop stop on the message and journal why (one busy in a request
-        # gives it up at its next denoising step); the others (still booting, or failed and
-        # lingering) never read it and get SIGTERM from group.end().
-        serving = {r for r, link in control.snapshot().items() if link.ready.is_set()}
-        for rank in serving:
-            control.links[rank].send(stop)
-        deadline = time.monotonic() + STOP_GRACE_S
-        codes = group.exit_codes
-        while time.monotonic() < deadline and any(codes()[r] is None for r in serving):
-            time.sleep(POLL_S)
-        group.end()
+        stop_ranks(control, group, Stop(reason=reason, signal=signal_name))
         service.stop_following()
         follower.join(timeout=5.0)
         group.poll()
@@ -425,3 +391,69 @@ def serve_http(
     # A rank that died or failed while serving (not because the server stopped) fails the run.
     failed = service.failed or any(v.state == "failed" for v in group.views().values())
     return 1 if failed else 0
+
+
+def announce_run(args: ServerArgs, run_id: str, *, host: str, port: int) -> None:
+    """Say which run this is and where it is served."""
+    scope = "loopback only" if is_loopback(host) else "REACHABLE FROM OTHER HOSTS"
+    journal = shown_location(args.db)
+    say(
+        f"run {run_id}  model {args.model.name}  ranks {args.num_ranks}  journal {journal}",
+        event="run",
+        run_id=run_id,
+        model=args.model.name,
+        ranks=args.num_ranks,
+        journal=journal,
+    )
+    url = f"http://{host}:{port}"
+    say(f"serving on {url} ({scope})", event="serving", url=url, loopback_only=is_loopback(host))
+
+
+def trace_once_ready(tracing: Tracing, service: Service) -> None:
+    """Configure the front's tracing once every rank serves, or never if the service is over
+    first."""
+    configure_once_ready(
+        tracing,
+        ready=lambda: service.health()[0],
+        over=lambda: service.failed or service.stopping is not None,
+        poll_s=POLL_S,
+    )
+
+
+def http_server(
+    service: Service,
+    metrics: Metrics,
+    *,
+    tracing: Tracing | None,
+    access_log: bool,
+    linger_s: float,
+) -> HttpServer:
+    """The app's server, told to exit once the ranks have failed for good and `linger_s` has
+    passed."""
+    config = uvicorn.Config(
+        create_app(service, metrics, access_log=access_log, tracing=tracing),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=int(STOP_GRACE_S),
+    )
+    server = HttpServer(config, service=service)
+    threading.Thread(
+        target=exit_after_failure, args=(server, service, linger_s), name="linger", daemon=True
+    ).start()
+    return server
+
+
+def stop_ranks(control: ControlChannel, group: RankGroup, stop: Stop) -> None:
+    """Stop the ranks: those in their serve loop on `stop`, given `STOP_GRACE_S` to exit, the
+    others by SIGTERM."""
+    # Ranks in their serve loop stop on the message and journal why (one busy in a request
+    # gives it up at its next denoising step); the others (still booting, or failed and
+    # lingering) never read it and get SIGTERM from group.end().
+    serving = {r for r, link in control.snapshot().items() if link.ready.is_set()}
+    for rank in serving:
+        control.links[rank].send(stop)
+    deadline = time.monotonic() + STOP_GRACE_S
+    codes = group.exit_codes
+    while time.monotonic() < deadline and any(codes()[r] is None for r in serving):
+        time.sleep(POLL_S)
+    group.end()

@@ -4,6 +4,7 @@ a stop or the rank's failure."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from lifecycle.serve.ranks.cancel import StepCancels
 from lifecycle.serve.ranks.control import (
     CancelPoint,
     ControlInbox,
+    Generate,
     Line,
     Lost,
     Progress,
@@ -25,6 +27,7 @@ from lifecycle.serve.ranks.control import (
 from lifecycle.serve.ranks.crossnode import RankBridge
 
 if TYPE_CHECKING:
+    from lifecycle.runtime.rankruntime import RankRuntime
     from lifecycle.runtime.session import RankSession
 
 
@@ -51,9 +54,6 @@ PEER_STOP_GRACE_S = 2.0
 
 def serve_requests(session: RankSession, control: Connection | Line) -> None:
     """Answer the launcher's requests until it says stop or the rank fails."""
-    from lifecycle.core.errors import CollectiveError, CollectiveTimeout
-    from lifecycle.runtime.actions import generate
-
     runtime = session.runtime
     assert runtime is not None
     rank = session.launch.rank
@@ -72,10 +72,6 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
         on_lost=lambda lost: _lost(session, lost),
         on_cancel=cancels.on_message,
     )
-
-    def stopping() -> str | None:
-        return inbox.stop_message.reason if inbox.stopping else None
-
     session.serve_collectives_from_ring()
     if isinstance(control, RankBridge):
         control.join_control_group()  # every rank at once, as it enters its serve loop
@@ -90,82 +86,125 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
             return  # failed (or aborted) by the reader thread
         if inbox.stopping:
             continue
-        request_id = message.request_id
         served += 1
-        cancels.begin(request_id)
-
-        def after_step(
-            step: int,
-            request_id: str = request_id,
-            nth: int = served,
-            steps: int = message.request.steps,
-        ) -> None:
-            if inbox.stopping:
-                raise RequestAborted(
-                    request_id=request_id, step=step, reason=inbox.stop_message.reason
-                )
-            if step + 1 == max(1, steps // 2):
-                session.faults.inject_in_request(nth)
-            inbox.send(Progress(request_id=request_id, rank=rank, step=step))
-            cancels.after_step(request_id, step, steps=steps, stopping=stopping)
-
-        try:
-            request = message.request
-            validate_shape(session.args.model, request.shape, request.steps)
-            generated = generate(
-                runtime,
-                request,
-                source="http",
-                request_id=request_id,
-                keep_video=message.return_video,
-                after_step=after_step,
-                traceparent=message.traceparent,
-            )
-            video = None if generated.video is None else generated.video.numpy()
-            cancels.end(request_id)
-            inbox.send(
-                Result(
-                    request_id=request_id,
-                    rank=rank,
-                    ok=True,
-                    video=video,
-                    **shared_fields(generated.result, Result),
-                )
-            )
-        except RequestCancelled as exc:  # journaled by generate; the rank serves on
-            cancels.end(request_id)
-            inbox.send(
-                Result(
-                    request_id=request_id,
-                    rank=rank,
-                    ok=False,
-                    error=str(exc),
-                    error_kind=classify(exc),
-                    cancelled_after=exc.step,
-                )
-            )
-        except Exception as exc:  # the request failed on this rank: journal it, fail, report
-            cancels.end(request_id)
-            hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
-            stopped = (
-                isinstance(exc, RequestAborted)
-                or inbox.stopping
-                or (hung_up and inbox.wait_for_stop(PEER_STOP_GRACE_S))
-            )
-            if stopped:
-                # Given up for a stop, here or on a peer: a shutdown, not a failure.
-                stop = inbox.stop_message
-                session.stop(reason=stop.reason, signal_name=stop.signal)
-                return
-            session.fail(exc)
-            error = f"{type(exc).__name__}: {exc}"
-            inbox.send(
-                Result(
-                    request_id=request_id,
-                    rank=rank,
-                    ok=False,
-                    error=error,
-                    error_kind=classify(exc),
-                )
-            )
+        if not _serve_request(session, runtime, message, nth=served, inbox=inbox, cancels=cancels):
             return
+
+
+def _serve_request(
+    session: RankSession,
+    runtime: RankRuntime,
+    message: Generate,
+    *,
+    nth: int,
+    inbox: ControlInbox,
+    cancels: StepCancels,
+) -> bool:
+    """Run the rank's `nth` request and answer it; False once the rank serves no more (it
+    stopped or failed)."""
+    from lifecycle.runtime.actions import generate
+
+    rank = session.launch.rank
+    request_id = message.request_id
+    cancels.begin(request_id)
+    after_step = _after_step(
+        session, inbox, cancels, request_id=request_id, nth=nth, steps=message.request.steps
+    )
+    try:
+        request = message.request
+        validate_shape(session.args.model, request.shape, request.steps)
+        generated = generate(
+            runtime,
+            request,
+            source="http",
+            request_id=request_id,
+            keep_video=message.return_video,
+            after_step=after_step,
+            traceparent=message.traceparent,
+        )
+        video = None if generated.video is None else generated.video.numpy()
+        cancels.end(request_id)
+        inbox.send(
+            Result(
+                request_id=request_id,
+                rank=rank,
+                ok=True,
+                video=video,
+                **shared_fields(generated.result, Result),
+            )
+        )
+    except RequestCancelled as exc:  # journaled by generate; the rank serves on
+        cancels.end(request_id)
+        inbox.send(
+            Result(
+                request_id=request_id,
+                rank=rank,
+                ok=False,
+                error=str(exc),
+                error_kind=classify(exc),
+                cancelled_after=exc.step,
+            )
+        )
+    except Exception as exc:  # the request failed on this rank: journal it, fail, report
+        cancels.end(request_id)
+        _request_failed(session, inbox, exc, request_id=request_id)
+        return False
+    return True
+
+
+def _after_step(
+    session: RankSession,
+    inbox: ControlInbox,
+    cancels: StepCancels,
+    *,
+    request_id: str,
+    nth: int,
+    steps: int,
+) -> Callable[[int], None]:
+    """What the rank does after each denoising step of its `nth` request: gives it up for a
+    stop, injects its fault halfway, reports the step and answers a cancel."""
+    rank = session.launch.rank
+
+    def stopping() -> str | None:
+        return inbox.stop_message.reason if inbox.stopping else None
+
+    def after_step(step: int) -> None:
+        if inbox.stopping:
+            raise RequestAborted(request_id=request_id, step=step, reason=inbox.stop_message.reason)
+        if step + 1 == max(1, steps // 2):
+            session.faults.inject_in_request(nth)
+        inbox.send(Progress(request_id=request_id, rank=rank, step=step))
+        cancels.after_step(request_id, step, steps=steps, stopping=stopping)
+
+    return after_step
+
+
+def _request_failed(
+    session: RankSession, inbox: ControlInbox, exc: Exception, *, request_id: str
+) -> None:
+    """A request that failed on this rank: a stop where it was given up for one, here or on
+    a peer, else the rank's failure, journaled and reported."""
+    from lifecycle.core.errors import CollectiveError, CollectiveTimeout
+
+    hung_up = isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout)
+    stopped = (
+        isinstance(exc, RequestAborted)
+        or inbox.stopping
+        or (hung_up and inbox.wait_for_stop(PEER_STOP_GRACE_S))
+    )
+    if stopped:
+        # Given up for a stop, here or on a peer: a shutdown, not a failure.
+        stop = inbox.stop_message
+        session.stop(reason=stop.reason, signal_name=stop.signal)
+        return
+    session.fail(exc)
+    error = f"{type(exc).__name__}: {exc}"
+    inbox.send(
+        Result(
+            request_id=request_id,
+            rank=session.launch.rank,
+            ok=False,
+            error=error,
+            error_kind=classify(exc),
+        )
+    )

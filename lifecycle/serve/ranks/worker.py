@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -58,8 +59,8 @@ from lifecycle.serve.ranks.rankserve import serve_requests
 
 if TYPE_CHECKING:
     from lifecycle.runtime.group.storetrust import StoreTrust
-    from lifecycle.runtime.recorder import Recorder
-    from lifecycle.runtime.session import RankSession
+    from lifecycle.runtime.recorder import Clock, Recorder
+    from lifecycle.runtime.session import RankLaunch, RankSession
 
 # This module is the entry of rank processes and is imported by the launcher: it imports
 # torch (through lifecycle.runtime.session) only inside functions, after the shutdown signals
@@ -181,21 +182,69 @@ def run_rank_process(
     import torch  # noqa: F401  (its import is a phase of its own)
 
     mark(IMPORT_TORCH)
-    from lifecycle.runtime.actions import STARTUP_ACTIONS
-    from lifecycle.runtime.group.process_group import leave_process_group
-    from lifecycle.runtime.group.storetrust import Rejections, RunKey, StoreTrust, store_secret
-    from lifecycle.runtime.recorder import Recorder, clock_for
-    from lifecycle.runtime.session import RankLaunch, RankSession
-    from lifecycle.serve.console.steps import counting_actions, pipe_report
-    from lifecycle.store.runs import launch_command, open_run
-
+    _import_rank_modules()
     mark(IMPORT_RUNTIME)
+    from lifecycle.runtime.actions import STARTUP_ACTIONS
+    from lifecycle.runtime.group.storetrust import store_secret
+    from lifecycle.runtime.recorder import clock_for
+    from lifecycle.runtime.session import RankSession
+    from lifecycle.serve.console.steps import counting_actions, pipe_report
+
     ranks = RankEnv.from_env(env)
     clock = clock_for(ranks.rank, env, world_size=ranks.world_size)
     secret = store_secret(env)
     stop = threading.Event()
     started: list[RankSession] = []
     pending: list[signal.Signals] = []  # a shutdown signal that came before the session
+    watch_shutdown_signals(
+        _on_shutdown_signal(env, ranks, stop, started, pending, before_signal_exit)
+    )
+    run_id, recorder, trust = _open_rank_journal(
+        args, env, ranks, created_at=created_at, clock=clock, secret=secret, control=control
+    )
+    if on_journal is not None:
+        on_journal(run_id, recorder, trust)
+    launch = _rank_launch(run_id, ranks, env=env, created_at=created_at)
+    # Steps go to the launcher's console through a pipe of its own, never the journal.
+    report = pipe_report(env, lambda: session.machine.state)
+    actions = STARTUP_ACTIONS if report is None else counting_actions(report)
+    if mode == "boot" and ranks.rank == 0 and WORKER_ENV not in env:
+        _show_torchrun_boot(recorder, args, run_id=run_id, ranks=ranks, created_at=created_at)
+    session = RankSession(args, launch, recorder, actions=actions, leave=leave, trust=trust)
+    started.append(session)
+    if pending:
+        leave_process(session.shutdown_before_start(pending[0]))
+    watch_dump_signal(lambda: session.dump_ring("signal"))
+    state = session.boot()
+    return _exit_status(session, state, args, ranks, mode=mode, control=control, stop=stop)
+
+
+def _import_rank_modules() -> None:
+    """Import the lifecycle's modules a rank runs on, timed as a phase of their own after
+    torch's: the functions that use them take their names from them then, at no cost."""
+    for module in (
+        "lifecycle.runtime.actions",
+        "lifecycle.runtime.group.process_group",
+        "lifecycle.runtime.group.storetrust",
+        "lifecycle.runtime.recorder",
+        "lifecycle.runtime.session",
+        "lifecycle.serve.console.steps",
+        "lifecycle.store.runs",
+    ):
+        importlib.import_module(module)
+
+
+def _on_shutdown_signal(
+    env: Mapping[str, str],
+    ranks: RankEnv,
+    stop: threading.Event,
+    started: list[RankSession],
+    pending: list[signal.Signals],
+    before_signal_exit: Callable[[signal.Signals], object] | None,
+) -> Callable[[signal.Signals], None]:
+    """What a shutdown signal does to the rank: `stop` is set; the signal is journaled by its
+    session (`started`), or held in `pending` until its journal opens, or said where no journal
+    will record it."""
 
     def on_signal(sig: signal.Signals) -> None:
         stop.set()
@@ -219,7 +268,25 @@ def run_rank_process(
             before_signal_exit(sig)
         leave_process(started[0].shutdown_by_signal(sig))
 
-    watch_shutdown_signals(on_signal)
+    return on_signal
+
+
+def _open_rank_journal(
+    args: ServerArgs,
+    env: Mapping[str, str],
+    ranks: RankEnv,
+    *,
+    created_at: float,
+    clock: Clock,
+    secret: bytes | None,
+    control: Connection | Line | None,
+) -> tuple[str, Recorder, StoreTrust]:
+    """The run's id, agreed by the ranks, and this rank's recorder on its journal, with how it
+    trusts what it reads from the rendezvous store (sealed with `secret`)."""
+    from lifecycle.runtime.group.storetrust import Rejections, RunKey, StoreTrust
+    from lifecycle.runtime.recorder import Recorder
+    from lifecycle.store.runs import launch_command, open_run
+
     run_id = _agreed_run_id(env, created_at, ranks, args, secret)
     if ranks.world_size > 1 and named_run_id(env) is None:
         mark(AGREE_RUN_ID)  # the ranks joined their group to agree on it
@@ -232,10 +299,17 @@ def run_rank_process(
     if control is not None:
         trust.rejections.on_count(_reporter(control, ranks.rank))
     trace_startup(recorder, run_id=run_id, rank=ranks.rank, model=args.model.name, env=env)
-    if on_journal is not None:
-        on_journal(run_id, recorder, trust)
+    return run_id, recorder, trust
+
+
+def _rank_launch(
+    run_id: str, ranks: RankEnv, *, env: Mapping[str, str], created_at: float
+) -> RankLaunch:
+    """This rank's place in the run, and when its launcher and its process started."""
+    from lifecycle.runtime.session import RankLaunch
+
     launched_at, process_started_at = launch_walls(env, entered_at=created_at)
-    launch = RankLaunch(
+    return RankLaunch(
         run_id=run_id,
         rank=ranks.rank,
         local_ranks=ranks.local_world_size,
@@ -243,29 +317,40 @@ def run_rank_process(
         launcher_started_wall=launched_at,
         process_started_wall=process_started_at,
     )
-    # Steps go to the launcher's console through a pipe of its own, never the journal.
-    report = pipe_report(env, lambda: session.machine.state)
-    actions = STARTUP_ACTIONS if report is None else counting_actions(report)
-    console = None
-    if mode == "boot" and ranks.rank == 0 and WORKER_ENV not in env:
-        # No launcher of ours prints the table under torchrun: rank 0 prints its own, in
-        # plain lines (the other ranks' processes share the terminal).
-        from lifecycle.serve.console.progress import ProgressPrinter
-        from lifecycle.serve.console.terminal import PlainConsole
-        from lifecycle.store import shown_location
 
-        console = PlainConsole(ProgressPrinter(run_created_at=created_at))
-        console.show(
-            [f"run {run_id}  model {args.model.name}  ranks {ranks.world_size} (torchrun)"
-             f"  journal {shown_location(args.db)}"]
-        )  # fmt: skip
-        recorder.subscribe(console.feed)
-    session = RankSession(args, launch, recorder, actions=actions, leave=leave, trust=trust)
-    started.append(session)
-    if pending:
-        leave_process(session.shutdown_before_start(pending[0]))
-    watch_dump_signal(lambda: session.dump_ring("signal"))
-    state = session.boot()
+
+def _show_torchrun_boot(
+    recorder: Recorder, args: ServerArgs, *, run_id: str, ranks: RankEnv, created_at: float
+) -> None:
+    """Print the startup's table from rank 0 of a `boot` under torchrun."""
+    # No launcher of ours prints the table under torchrun: rank 0 prints its own, in
+    # plain lines (the other ranks' processes share the terminal).
+    from lifecycle.serve.console.progress import ProgressPrinter
+    from lifecycle.serve.console.terminal import PlainConsole
+    from lifecycle.store import shown_location
+
+    console = PlainConsole(ProgressPrinter(run_created_at=created_at))
+    console.show(
+        [f"run {run_id}  model {args.model.name}  ranks {ranks.world_size} (torchrun)"
+         f"  journal {shown_location(args.db)}"]
+    )  # fmt: skip
+    recorder.subscribe(console.feed)
+
+
+def _exit_status(
+    session: RankSession,
+    state: State,
+    args: ServerArgs,
+    ranks: RankEnv,
+    *,
+    mode: str,
+    control: Connection | Line | None,
+    stop: threading.Event,
+) -> int:
+    """Serve or stop a rank that booted to `state`, or end one that did not; returns the
+    process exit status."""
+    from lifecycle.runtime.group.process_group import leave_process_group
+
     refused = session.disagreement or session.refused
     if refused is not None:
         # Every rank saw the same settings at the rendezvous (or built the same pipeline) and
