@@ -29,40 +29,76 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"replay (lifecycle {__version__})")
-    sub = parser.add_subparsers(
+    commands = parser.add_subparsers(
         dest="command", required=True, parser_class=Parser, title="commands", metavar="COMMAND"
     )
-
-    def subparser(name: str, text: str, *, run: bool = True) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name,
-            help=text,
-            description=text,
-            epilog=epilog(name, run=run),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+    # Added in the order that `replay --help` lists them.
+    _judged_now(
+        _command(
+            commands, "runs", "one row per run: start, host, ranks, mode, path, outcome", run=False
         )
-
-    def command(name: str, text: str, *, run: bool = True) -> argparse.ArgumentParser:
-        p = subparser(name, text, run=run)
-        if run:
-            p.add_argument("run", metavar="RUN", help=RUN_HELP)
-        p.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
-        p.add_argument("--json", action="store_true", help="print JSON")
-        return p
-
-    def judged_now(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--now",
-            type=float,
-            metavar="EPOCH",
-            help="judge liveness (running, hung, crashed) as of this time, in seconds since the"
-            " epoch (default: the current time)",
-        )
-
-    judged_now(
-        command("runs", "one row per run: start, host, ranks, mode, path, outcome", run=False)
     )
-    show = command(
+    _add_show(commands)
+    diagnose = _command(commands, "diagnose", DIAGNOSE_HELP)
+    _judged_now(diagnose)
+    _flight_recorder(diagnose)
+    _add_verify(commands)
+    _add_trace(commands)
+    _add_diff(commands)
+    history = _command(commands, "history", HISTORY_HELP, run=False)
+    history.epilog = f"{HISTORY_NOTE}\n\n{history.epilog}"
+    _add_completion(commands)
+    return parser
+
+
+def _subparser(
+    commands: argparse._SubParsersAction[Parser], name: str, text: str, *, run: bool = True
+) -> argparse.ArgumentParser:
+    """A command with its help, and the epilog that lists its exits."""
+    return commands.add_parser(
+        name,
+        help=text,
+        description=text,
+        epilog=epilog(name, run=run),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _command(
+    commands: argparse._SubParsersAction[Parser], name: str, text: str, *, run: bool = True
+) -> argparse.ArgumentParser:
+    """A command that reads journals: its RUN (unless `run` is false), JOURNALs and --json."""
+    p = _subparser(commands, name, text, run=run)
+    if run:
+        p.add_argument("run", metavar="RUN", help=RUN_HELP)
+    p.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+def _judged_now(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--now",
+        type=float,
+        metavar="EPOCH",
+        help="judge liveness (running, hung, crashed) as of this time, in seconds since the"
+        " epoch (default: the current time)",
+    )
+
+
+def _flight_recorder(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--flight-recorder",
+        metavar="DIR",
+        help="PyTorch Flight Recorder dumps (pickled or JSON, a file per rank, named with"
+        " its rank at the end) to join with the run (default: the dumps its ranks journaled"
+        " writing, where they are here)",
+    )
+
+
+def _add_show(commands: argparse._SubParsersAction[Parser]) -> None:
+    show = _command(
+        commands,
         "show",
         "each rank's timeline: states, warmup records, buffers, errors, and its last"
         " collectives before the end",
@@ -82,23 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--at", type=float, metavar="SECONDS", help="every rank's state this long after the start"
     )
+    _flight_recorder(show)
 
-    def flight_recorder(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--flight-recorder",
-            metavar="DIR",
-            help="PyTorch Flight Recorder dumps (pickled or JSON, a file per rank, named with"
-            " its rank at the end) to join with the run (default: the dumps its ranks journaled"
-            " writing, where they are here)",
-        )
 
-    flight_recorder(show)
-    diagnose = command("diagnose", DIAGNOSE_HELP)
-    judged_now(diagnose)
-    flight_recorder(diagnose)
-    verify = subparser(
-        "verify", "replay a run (or every run) against today's gates, plan and transition table"
+def _add_verify(commands: argparse._SubParsersAction[Parser]) -> None:
+    verify = _subparser(
+        commands,
+        "verify",
+        "replay a run (or every run) against today's gates, plan and transition table",
     )
+    # RUN and the JOURNALs share one positional: argparse's own usage line cannot say that
+    # --all takes the place of RUN.
     verify.usage = "replay verify [-h] [--json] (RUN | --all) [JOURNAL ...]"
     verify.add_argument("--all", action="store_true", help="check every run (then no RUN)")
     verify.add_argument(
@@ -109,8 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"RUN, {RUN_HELP}; then JOURNAL, {JOURNAL_HELP}",
     )
     verify.add_argument("--json", action="store_true", help="print JSON")
-    trace = command("trace", "Chrome Trace Event JSON for chrome://tracing and Perfetto")
-    flight_recorder(trace)
+
+
+def _add_trace(commands: argparse._SubParsersAction[Parser]) -> None:
+    trace = _command(commands, "trace", "Chrome Trace Event JSON for chrome://tracing and Perfetto")
+    _flight_recorder(trace)
     trace.add_argument(
         "-o",
         "--output",
@@ -118,15 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a new file or a regular file to replace (never a journal being read); - for stdout",
     )
-    diff = subparser("diff", "two runs side by side, with a verdict")
+
+
+def _add_diff(commands: argparse._SubParsersAction[Parser]) -> None:
+    diff = _subparser(commands, "diff", "two runs side by side, with a verdict")
     diff.add_argument("run_a", metavar="RUN_A", help=RUN_HELP)
     diff.add_argument("run_b", metavar="RUN_B", help=RUN_HELP)
     diff.add_argument("journals", metavar="JOURNAL", nargs="*", default=(), help=JOURNAL_HELP)
     diff.add_argument("--json", action="store_true", help="print JSON")
-    judged_now(diff)
-    history = command("history", HISTORY_HELP, run=False)
-    history.epilog = f"{HISTORY_NOTE}\n\n{history.epilog}"
-    completion = sub.add_parser(
+    _judged_now(diff)
+
+
+def _add_completion(commands: argparse._SubParsersAction[Parser]) -> None:
+    completion = commands.add_parser(
         "completion",
         help="print a shell completion script",
         description="Print a completion script for the whole replay command, e.g.\n"
@@ -136,7 +173,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     completion.add_argument("shell", choices=SHELLS)
-    return parser
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

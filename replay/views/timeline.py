@@ -122,12 +122,25 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
     started = view.run_started
     where = f"pid {started.pid}, {clean(started.device)}" if started else "no run_started"
     lines = [style.bold(f"rank {view.rank}") + f"  ({where})  now {clean(view.state)}"]
-    details: dict[str, list[str]] = {}
+    rows = _state_rows(view, analysis)
+    lines.extend("  " + line for line in table(["at", "state", "for", ""], rows).splitlines())
+    lines.extend(startup_lines(account(view)))
+    lines.extend(_warmup_lines(view))
+    lines.extend(_setup_lines(view, analysis))
+    lines.extend(_trouble_lines(view, analysis))
+    lines.extend(_caveat_lines(view))
+    # Below the styled first line, plain text with journal values in it (states, groups, ops).
+    return [lines[0], *map(clean, lines[1:])]
+
+
+def _state_rows(view: RankView, analysis: RunAnalysis) -> list[list[str]]:
+    """The timeline's table: the launch, then each state entered, for how long, and a note."""
+    notes: dict[str, list[str]] = {}
     if view.plan is not None:
         reason = view.plan.skip_reason
         probe = next((r for r in view.plan.requests if r.role is Role.PROBE), None)
         hint = skip_hint(reason)
-        details.setdefault("gate-check", []).append(
+        notes.setdefault("gate-check", []).append(
             f"calibration skipped: {clean(reason)}" + (f" ({hint})" if hint else "")
             if reason
             else f"calibration on, probe {probe.shape}"
@@ -157,11 +170,15 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
                 f"+{analysis.at(span.entered_at):.2f}",
                 span.state,
                 "..." if duration is None else f"{duration:.3f} s",
-                "; ".join(details.get(span.state, [])),
+                "; ".join(notes.get(span.state, [])),
             ]
         )
-    lines.extend("  " + line for line in table(["at", "state", "for", ""], rows).splitlines())
-    lines.extend(startup_lines(account(view)))
+    return rows
+
+
+def _warmup_lines(view: RankView) -> list[str]:
+    """Each warmup record: its shape and steps, its time, its memory, and its stages' times."""
+    lines = []
     fit = view.plan.probe_fit if view.plan is not None else None
     for record in view.warmup_records:
         stages = ", ".join(f"{s.name} {s.seconds:.2f}" for s in record.stages if s.ran)
@@ -181,6 +198,12 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
             f" {record.steps} steps  {record.total_s:.2f} s  peak {mib(record.peak_bytes)}{grew}"
             f" [{clean(record.memory_source or 'unmeasured')}]  {stages}"
         )
+    return lines
+
+
+def _setup_lines(view: RankView, analysis: RunAnalysis) -> list[str]:
+    """What the rank set up and let go: residency steps, compiles and staging buffers."""
+    lines = []
     for at, state, step in view.residency:
         lines.append(f"  residency +{analysis.at(at):.2f} {state}: {clean(residency_text(step))}")
     for at, state, compiling in view.compiles:
@@ -195,6 +218,12 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
         allocations.setdefault(state, []).append(alloc.bytes)
     for state, sizes in allocations.items():
         lines.append(f"  buffers allocated {len(sizes)} ({mib(int(sum(sizes)))}) in {state}")
+    return lines
+
+
+def _trouble_lines(view: RankView, analysis: RunAnalysis) -> list[str]:
+    """Faults injected, errors and notes, stalls, and the collective the rank still waits in."""
+    lines = []
     for at, state, fault in view.faults:
         lines.append(f"  fault  +{analysis.at(at):.2f} {state}: {clean(fault.fault)}")
     for at, state, error in view.errors:
@@ -214,6 +243,12 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
             f"  pending {p.op} #{p.group_seq} of {p.group} ({p.purpose})"
             f" since +{analysis.at(view.pending.at):.2f}"
         )
+    return lines
+
+
+def _caveat_lines(view: RankView) -> list[str]:
+    """What to bear in mind reading the rank: its clock offset, unreadable events, seq gaps."""
+    lines = []
     if view.clock is not None and view.rank != 0:
         lines.append(
             f"  clock {view.clock.offset_s:+.4f} s against rank 0's (host {clean(view.clock.host)},"
@@ -224,8 +259,7 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
     if view.seq_gaps:
         gaps = ", ".join(f"{g.expected}->{g.found}" for g in view.seq_gaps[:5])
         lines.append(f"  sequence gaps: {gaps}")
-    # Below the styled first line, plain text with journal values in it (states, groups, ops).
-    return [lines[0], *map(clean, lines[1:])]
+    return lines
 
 
 def startup_lines(kept: StartupAccount | None) -> list[str]:
@@ -316,93 +350,122 @@ def show_json(
     for rank, view in analysis.views.items():
         if ranks is not None and rank not in ranks:
             continue
-        out["ranks"].append(
-            {
-                "rank": rank,
-                "state": view.state,
-                "path": list(view.path),
-                "spans": [
-                    {
-                        "state": s.state,
-                        "at_s": analysis.at(s.entered_at),
-                        "duration_s": s.duration_s(),
-                    }
-                    for s in view.spans
-                ],
-                "launch": _launch_json(launch_phase(view), analysis),
-                "startup": None if (kept := account(view)) is None else account_json(kept),
-                "skip_reason": view.skip_reason,
-                "warmup_records": [
-                    {
-                        "role": r.role,
-                        "shape": str(r.shape),
-                        "steps": r.steps,
-                        "total_s": r.total_s,
-                        "peak_bytes": r.peak_bytes,
-                        "baseline_bytes": r.baseline_bytes,
-                        "memory_source": r.memory_source,
-                    }
-                    for r in view.warmup_records
-                ],
-                "residency": [
-                    {
-                        "kind": e.kind,
-                        "state": s,
-                        "at_s": analysis.at(t),
-                        "plan": e.plan.plan_id,
-                        "text": residency_text(e),
-                    }
-                    for t, s, e in view.residency
-                ],
-                "compile": [
-                    {
-                        "kind": e.kind,
-                        "state": s,
-                        "at_s": analysis.at(t),
-                        **dataclasses.asdict(e),
-                        "text": compile_text(e),
-                    }
-                    for t, s, e in view.compiles
-                ],
-                "buffer_drops": [
-                    {"state": s, "at_s": analysis.at(t), "bytes_freed": d.bytes_freed}
-                    for t, s, d in view.buffer_drops
-                ],
-                "buffer_allocations": [
-                    {"state": s, "at_s": analysis.at(t), "key": a.key, "bytes": a.bytes}
-                    for t, s, a in view.buffer_allocations
-                ],
-                "errors": [
-                    {
-                        "state": s,
-                        "at_s": analysis.at(t),
-                        "type": e.error_type,
-                        "kind": e.error_kind,
-                        "message": e.message,
-                        "fatal": e.fatal,
-                    }
-                    for t, s, e in view.errors
-                ],
-                "pending_collective": None
-                if view.pending is None
-                else {
-                    "group": view.pending.started.group,
-                    "group_seq": view.pending.started.group_seq,
-                    "op": view.pending.started.op,
-                    "from_heartbeat": view.pending.from_heartbeat,
-                },
-                "last_collectives": [
-                    {
-                        "seq": c.seq,
-                        "at_s": analysis.at(c.wall_time),
-                        "state": c.state,
-                        "kind": c.kind,
-                        "group": getattr(c.event, "group", None),
-                        "group_seq": getattr(c.event, "group_seq", None),
-                        "op": getattr(c.event, "op", None),
-                    }
-                    for c in collectives.get(rank, ())
-                ],
-            }
-        )
+        out["ranks"].append(_rank_json(rank, view, analysis, collectives.get(rank, ())))
     return out
+
+
+def _rank_json(
+    rank: int, view: RankView, analysis: RunAnalysis, last: Sequence[StoredEvent]
+) -> dict[str, Any]:
+    """One rank in `replay show --json`, with its last collective records."""
+    return {
+        "rank": rank,
+        "state": view.state,
+        "path": list(view.path),
+        "spans": [
+            {
+                "state": s.state,
+                "at_s": analysis.at(s.entered_at),
+                "duration_s": s.duration_s(),
+            }
+            for s in view.spans
+        ],
+        "launch": _launch_json(launch_phase(view), analysis),
+        "startup": None if (kept := account(view)) is None else account_json(kept),
+        "skip_reason": view.skip_reason,
+        "warmup_records": _warmup_json(view),
+        "residency": _residency_json(view, analysis),
+        "compile": _compile_json(view, analysis),
+        "buffer_drops": [
+            {"state": s, "at_s": analysis.at(t), "bytes_freed": d.bytes_freed}
+            for t, s, d in view.buffer_drops
+        ],
+        "buffer_allocations": [
+            {"state": s, "at_s": analysis.at(t), "key": a.key, "bytes": a.bytes}
+            for t, s, a in view.buffer_allocations
+        ],
+        "errors": _errors_json(view, analysis),
+        "pending_collective": _pending_json(view),
+        "last_collectives": _collectives_json(last, analysis),
+    }
+
+
+def _warmup_json(view: RankView) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": r.role,
+            "shape": str(r.shape),
+            "steps": r.steps,
+            "total_s": r.total_s,
+            "peak_bytes": r.peak_bytes,
+            "baseline_bytes": r.baseline_bytes,
+            "memory_source": r.memory_source,
+        }
+        for r in view.warmup_records
+    ]
+
+
+def _residency_json(view: RankView, analysis: RunAnalysis) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": e.kind,
+            "state": s,
+            "at_s": analysis.at(t),
+            "plan": e.plan.plan_id,
+            "text": residency_text(e),
+        }
+        for t, s, e in view.residency
+    ]
+
+
+def _compile_json(view: RankView, analysis: RunAnalysis) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": e.kind,
+            "state": s,
+            "at_s": analysis.at(t),
+            **dataclasses.asdict(e),
+            "text": compile_text(e),
+        }
+        for t, s, e in view.compiles
+    ]
+
+
+def _errors_json(view: RankView, analysis: RunAnalysis) -> list[dict[str, Any]]:
+    return [
+        {
+            "state": s,
+            "at_s": analysis.at(t),
+            "type": e.error_type,
+            "kind": e.error_kind,
+            "message": e.message,
+            "fatal": e.fatal,
+        }
+        for t, s, e in view.errors
+    ]
+
+
+def _pending_json(view: RankView) -> dict[str, Any] | None:
+    if view.pending is None:
+        return None
+    return {
+        "group": view.pending.started.group,
+        "group_seq": view.pending.started.group_seq,
+        "op": view.pending.started.op,
+        "from_heartbeat": view.pending.from_heartbeat,
+    }
+
+
+def _collectives_json(last: Sequence[StoredEvent], analysis: RunAnalysis) -> list[dict[str, Any]]:
+    return [
+        {
+            "seq": c.seq,
+            "at_s": analysis.at(c.wall_time),
+            "state": c.state,
+            "kind": c.kind,
+            "group": getattr(c.event, "group", None),
+            "group_seq": getattr(c.event, "group_seq", None),
+            "op": getattr(c.event, "op", None),
+        }
+        for c in last
+    ]
