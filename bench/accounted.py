@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.bootrun import Booted, boot, clean_env
 from bench.stats import median, median_interval
 from bench.suite import Benchmark, Settings, progress
-from bench.table import Row, format_seconds, verdict
+from bench.table import Row, format_seconds, missing_extra, verdict
 
 TARGET_SHARE = 0.02
 MODEL_PATH = "model-path"  # the case of a diffusers directory, beside the built-in models
@@ -108,11 +108,7 @@ def measure(settings: Settings) -> list[Row]:
     ]
     if needs_diffusers and directory is None:
         rows.append(
-            Row(
-                figure="accounted: tiny-wan and a model directory not run",
-                value="-",
-                how="the diffusers extra is not installed: pip install 'lifecycle[diffusers]'",
-            )
+            missing_extra("accounted: tiny-wan and a model directory not run", extra="diffusers")
         )
     return rows
 

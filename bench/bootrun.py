@@ -90,15 +90,12 @@ def copy_journal(source: Path, target: Path) -> None:
         src.backup(dst)
 
 
-def boot(
-    args: Sequence[str], *, db: Path, cwd: Path, env: Mapping[str, str], timeout_s: float,
-    ranks: int,
-) -> Booted:  # fmt: skip
-    """`python -m lifecycle boot ARGS --db DB` to its exit (ended with its ranks after
-    `timeout_s`), and its new run read back; BenchError unless every rank got to ready."""
-    before = run_ids(db)
-    command = [sys.executable, "-m", "lifecycle", "boot", *args, "--db", str(db)]
-    started = time.perf_counter()
+def run_to_exit(
+    command: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, ranks: int
+) -> tuple[str, str]:
+    """`command`, a `python -m lifecycle boot` of `ranks` ranks, to its exit: its stdout and
+    stderr. BenchError if it overran `timeout_s` (ended with its rank processes) or exited
+    other than 0 (with each rank's summary line and stderr's last lines)."""
     # A session of its own, so that a boot that overruns is ended with its rank processes.
     proc = subprocess.Popen(
         command, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -111,12 +108,26 @@ def boot(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=10.0)
         raise BenchError(f"`{' '.join(command[3:])}` did not finish in {timeout_s:.0f} s") from None
-    wall_s = time.perf_counter() - started
     if proc.returncode != 0:
+        # Every rank's summary line, and what went to stderr: which rank did not get there.
         said = [*stdout.strip().splitlines()[-ranks:], *stderr.strip().splitlines()[-3:]]
         raise BenchError(
             f"`{' '.join(command[3:])}` exited {proc.returncode}: {' | '.join(said) or 'no output'}"
         )
+    return stdout, stderr
+
+
+def boot(
+    args: Sequence[str], *, db: Path, cwd: Path, env: Mapping[str, str], timeout_s: float,
+    ranks: int,
+) -> Booted:  # fmt: skip
+    """`python -m lifecycle boot ARGS --db DB` to its exit (ended with its ranks after
+    `timeout_s`), and its new run read back; BenchError unless every rank got to ready."""
+    before = run_ids(db)
+    command = [sys.executable, "-m", "lifecycle", "boot", *args, "--db", str(db)]
+    started = time.perf_counter()
+    _, stderr = run_to_exit(command, cwd=cwd, env=env, timeout_s=timeout_s, ranks=ranks)
+    wall_s = time.perf_counter() - started
     new = run_ids(db) - before
     if len(new) != 1:
         raise BenchError(f"expected one new run in {db}, found {len(new)}")

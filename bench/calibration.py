@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.bootrun import run_ids, run_to_exit
 from bench.compare import compared_seconds
 from bench.stats import median
 from bench.suite import BenchError, Benchmark, Settings, progress
@@ -85,7 +83,7 @@ def boot_once(
     from lifecycle.core.format.fold import fold_run
     from lifecycle.store.journal import Journal
 
-    before = _run_ids(db)
+    before = run_ids(db)
     command = [
         sys.executable,
         "-m",
@@ -100,29 +98,13 @@ def boot_once(
         *(FOUR_RANKS if ranks == 4 else ()),
         *(("--calibrate",) if calibrate else ()),
     ]
-    # A session of its own, so that a boot that overruns is ended with its rank processes.
-    proc = subprocess.Popen(
+    run_to_exit(
         command,
         cwd=settings.workdir,
         env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        timeout_s=BOOT_TIMEOUT_S[settings.quick],
+        ranks=ranks,
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=BOOT_TIMEOUT_S[settings.quick])
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=10.0)
-        raise BenchError(f"`{' '.join(command[1:])}` did not finish in time") from None
-    if proc.returncode != 0:
-        # Every rank's summary line, and what went to stderr: which rank did not get there.
-        said = [*stdout.strip().splitlines()[-ranks:], *stderr.strip().splitlines()[-3:]]
-        raise BenchError(
-            f"`{' '.join(command[1:])}` exited {proc.returncode}: {' | '.join(said) or 'no output'}"
-        )
     with Journal.open_for_read(str(db)) as journal:
         new = [run for run in journal.runs() if run.run_id not in before]
         if len(new) != 1:
@@ -143,15 +125,6 @@ def boot_once(
         steps=sum(w.steps for w in slowest),
         calibrated=all(v.calibrated for v in views.values()),
     )
-
-
-def _run_ids(db: Path) -> set[str]:
-    from lifecycle.store.journal import Journal
-
-    if not db.exists():
-        return set()
-    with Journal.open_for_read(str(db)) as journal:
-        return {run.run_id for run in journal.runs()}
 
 
 def _rows_for(settings: Settings, *, model: str, ranks: int, pairs: int) -> list[Row]:

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.bootrun import BASE_ENV
 from bench.stats import Paired, interleave, median
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
 
-REPO = Path(__file__).resolve().parent.parent
 STARTUP_TARGET = 1.05
 BOOT_TIMEOUT_S = 600.0
 # tiny-wan's own default request (tiny_wan_spec); a saved directory's default would be
@@ -38,14 +38,7 @@ MODEL_ARGS = (
 # planner (calibration closed) and so keeps the reference residency, the VAE decoding whole
 # and the text encoder resident, which is what WanPipeline does; offline, as the lifecycle
 # always loads a directory.
-ENV = {
-    "LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "PYTHONWARNINGS": "ignore",
-    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-}
+ENV = {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1", **BASE_ENV}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,13 +242,7 @@ def _without_diffusers() -> list[Row] | None:
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        return [
-            Row(
-                figure="diffusers: not run",
-                value="-",
-                how="the diffusers extra is not installed: pip install 'lifecycle[diffusers]'",
-            )
-        ]
+        return [missing_extra("diffusers: not run", extra="diffusers")]
     return None
 
 

@@ -16,8 +16,7 @@ Wan 2.2's side is bench.wanplain's `WanPipeline`, which loads `transformer_2` an
 
 from __future__ import annotations
 
-import os
-import time
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +27,11 @@ from bench.expertswap import experts_rows, measure_experts
 from bench.procs import Pool
 from bench.stats import interleave, median
 from bench.suite import Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
-from bench.wanserving import READY_TIMEOUT_S, WanServer
+from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
+from bench.wanserving import READY_TIMEOUT_S, WanServer, generate_body
 
 GENERATE_TARGET = 1.05
 QWEN, WAN22 = "Qwen-Image", "Wan 2.2"
-PROMPT = "a cat walks on the street at night, slow motion"
-NEGATIVE_PROMPT = "blurry, static"
-GUIDANCE_SCALE = 5.0
-SEED = 7
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,21 +60,6 @@ def _sized(settings: Settings) -> Sized:
     )
 
 
-def body(request: tuple[int, int, int, int]) -> dict[str, Any]:
-    """/generate's body, whose fields the library's call takes too."""
-    width, height, frames, steps = request
-    return {
-        "prompt": PROMPT,
-        "negative_prompt": NEGATIVE_PROMPT,
-        "width": width,
-        "height": height,
-        "frames": frames,
-        "steps": steps,
-        "guidance_scale": GUIDANCE_SCALE,
-        "seed": SEED,
-    }
-
-
 def save_directories(workdir: Path, sized: Sized) -> dict[str, Path]:
     from bench.pipelinedirs import save_small_wan22
     from lifecycle.adapters.diffusers.qwen.tinyqwen import build_tiny_qwen_image
@@ -94,48 +74,38 @@ def save_directories(workdir: Path, sized: Sized) -> dict[str, Path]:
 
 # -- the library's side ----------------------------------------------------------------------
 
-_PIPES: dict[str, Any] = {}
 
-
-def qwen_image_call(pipe: Any, request: Mapping[str, Any]) -> Any:
+def qwen_image_call(pipe: Any, request: Mapping[str, Any], **call: Any) -> Any:
     """`QwenImagePipeline.__call__` with /generate's fields (its guidance as true_cfg_scale,
-    as the lifecycle takes it): the image in [0, 1], (1, height, width, 3)."""
+    as the lifecycle takes it; left out, the pipeline's own) and `call`'s arguments: the
+    image in [0, 1], (1, height, width, 3)."""
     import torch
 
+    if "guidance_scale" in request:
+        call = {"true_cfg_scale": request["guidance_scale"], **call}
     return pipe(
         prompt=request["prompt"],
         negative_prompt=request["negative_prompt"],
-        true_cfg_scale=request["guidance_scale"],
         height=request["height"],
         width=request["width"],
         num_inference_steps=request["steps"],
         generator=torch.Generator("cpu").manual_seed(request["seed"]),
         output_type="np",
+        **call,
     ).images
 
 
 def warm_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """A round of the Qwen-Image worker: load the directory the first time (untimed), then
-    call the pipeline, timed around the call alone."""
-    import torch
+    """A round of the Qwen-Image worker (bench.wanplain.warm_round's): QwenImagePipeline
+    loaded from the directory the first time (untimed), then called, timed around the call
+    alone."""
     from diffusers import QwenImagePipeline
 
-    from bench.wanplain import checksum
+    from bench.wanplain import loaded, warm_round
 
-    directory = payload["directory"]
-    if directory not in _PIPES:
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
-        _PIPES[directory] = QwenImagePipeline.from_pretrained(directory, local_files_only=True)
-        _PIPES[directory].set_progress_bar_config(disable=True)
-    pipe = _PIPES[directory]
-
-    def work() -> dict[str, Any]:
-        started = time.perf_counter()
-        image = qwen_image_call(pipe, payload["request"])
-        seconds = time.perf_counter() - started
-        return {"seconds": seconds, "checksum": checksum(image)}
-
-    return work
+    return warm_round(
+        payload, load=functools.partial(loaded, QwenImagePipeline), call=qwen_image_call
+    )
 
 
 # -- /generate against the library's call ----------------------------------------------------
@@ -167,7 +137,7 @@ def measure_generate(
 ) -> Served:  # fmt: skip
     """One server of one rank and one warm library process, the two alternated round by
     round after one untimed request each; nothing else running."""
-    sent = body(request)
+    sent = generate_body(request)
     module, _ = PLAIN[family]
     served: list[dict[str, Any]] = []
     plain: list[str] = []
@@ -214,7 +184,7 @@ def generate_row(
     served, plain = median(measured.served_s), median(measured.plain_s)
     width, height, frames, steps = request
     shape = f"{width}x{height}" + (f"x{frames}" if frames > 1 else "")
-    sent = body(request)
+    sent = generate_body(request)
     pipeline = PLAIN[family][1]
     call, experts = (
         ("true_cfg_scale the request's guidance, as the lifecycle takes it", "")
@@ -269,13 +239,7 @@ def measure(settings: Settings) -> list[Row]:
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        return [
-            Row(
-                figure="families: not run",
-                value="-",
-                how="the diffusers extra is not installed: pip install 'lifecycle[diffusers]'",
-            )
-        ]
+        return [missing_extra("families: not run", extra="diffusers")]
     sized = _sized(settings)
     directories = save_directories(settings.workdir, sized)
     notes = directory_notes(sized)
@@ -289,7 +253,7 @@ def measure(settings: Settings) -> list[Row]:
 
 
 def experts_rows_for(settings: Settings, sized: Sized, directory: Path, note: str) -> Sequence[Row]:
-    sent = body(sized.requests[WAN22])
+    sent = generate_body(sized.requests[WAN22])
     runs = measure_experts(settings, directory, sent, sized.rounds)
     return experts_rows(runs, what=note, request=sent)
 

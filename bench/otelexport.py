@@ -19,7 +19,7 @@ from bench.bootrun import Booted, boot, clean_env, copy_journal
 from bench.otlpreceiver import Receiver, closed_port, otlp_receiver
 from bench.stats import median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
 from lifecycle.runtime.telemetry.tracing import CONFIGURE_AFTER_S, FLUSH_WITHIN_S
 
 TARGET = 1.01
@@ -132,13 +132,7 @@ def measure(settings: Settings) -> list[Row]:
         import opentelemetry.exporter.otlp.proto.http
         import opentelemetry.proto  # noqa: F401
     except ImportError:
-        return [
-            Row(
-                figure="otel export: not run",
-                value="-",
-                how="the otel extra is not installed: pip install 'lifecycle[otel]'",
-            )
-        ]
+        return [missing_extra("otel export: not run", extra="otel")]
     sized = _sized(settings)
     rows: list[Row] = []
     with contextlib.ExitStack() as stack:

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -59,25 +59,18 @@ def trace_ids(body: bytes) -> list[str]:
 
 
 @contextlib.contextmanager
-def otlp_receiver(*, delay_s: float = 0.0) -> Iterator[Receiver]:
-    """A receiver on a free loopback port while it is entered, answering each export after
-    `delay_s`."""
-    holder: list[Receiver] = []
+def export_server(answer: Callable[[str, bytes, float], int]) -> Iterator[int]:
+    """An HTTP server on a free loopback port while it is entered (the port yielded): each POST
+    is answered, with an empty protobuf body, by the status `answer` returns for its path, its
+    body (un-gzipped) and when it arrived (wall time)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            receiver = holder[0]
+            arrived = time.time()
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
-            if receiver.delay_s:
-                time.sleep(receiver.delay_s)
-            if self.path == TRACES_PATH:
-                found = trace_ids(body)
-                with receiver.lock:
-                    receiver.posts += 1
-                    receiver.spans.update(found)
-            self.send_response(200 if self.path == TRACES_PATH else 404)
+            self.send_response(answer(self.path, body, arrived))
             self.send_header("Content-Type", "application/x-protobuf")
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -87,14 +80,36 @@ def otlp_receiver(*, delay_s: float = 0.0) -> Iterator[Receiver]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    holder.append(Receiver(port=server.server_address[1], delay_s=delay_s))
     thread = threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True)
     thread.start()
     try:
-        yield holder[0]
+        yield server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def otlp_receiver(*, delay_s: float = 0.0) -> Iterator[Receiver]:
+    """A receiver on a free loopback port while it is entered, answering each export after
+    `delay_s`."""
+    holder: list[Receiver] = []
+
+    def answer(path: str, body: bytes, _arrived: float) -> int:
+        receiver = holder[0]
+        if receiver.delay_s:
+            time.sleep(receiver.delay_s)
+        if path != TRACES_PATH:
+            return 404
+        found = trace_ids(body)
+        with receiver.lock:
+            receiver.posts += 1
+            receiver.spans.update(found)
+        return 200
+
+    with export_server(answer) as port:
+        holder.append(Receiver(port=port, delay_s=delay_s))
+        yield holder[0]
 
 
 def closed_port() -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from bench.procs import Pool
 from bench.stats import median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
 
 TARGET = 0.75
 WORKER = "bench.loadside"
@@ -119,13 +119,7 @@ def measure(settings: Settings) -> list[Row]:
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        return [
-            Row(
-                figure="parallel load: not run",
-                value="-",
-                how="the diffusers extra is not installed: pip install 'lifecycle[diffusers]'",
-            )
-        ]
+        return [missing_extra("parallel load: not run", extra="diffusers")]
     # Its own directory, removed as soon as it is measured: the files are GBs.
     with tempfile.TemporaryDirectory(prefix="parallel-load-", dir=settings.workdir) as scratch:
         return _measured(settings, Path(scratch))

@@ -13,10 +13,10 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Self
 
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, verdict
@@ -120,8 +120,106 @@ class Served:
     warmup_rows_per_rank: float  # the first request's rows: staging buffers for the shape
 
 
-class Server:
-    """`lifecycle serve` in a session of its own, in front of RANKS rank processes."""
+class ServeProcess:
+    """`lifecycle serve OPTIONS` on a free loopback port, in a session of its own (its rank
+    processes end with it), its output in a log beside its journal. As a context manager: ready
+    (/health 200) on the way in, stopped on the way out."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        options: Sequence[str],
+        db: Path,
+        cwd: Path,
+        env: Mapping[str, str],
+        ready_within: float,
+        request_timeout_s: float,
+    ) -> None:
+        from lifecycle.serve.ranks.supervisor import free_port
+
+        self.label = label
+        self.db = db
+        self.log_path = db.with_suffix(".log")
+        self.ready_within = ready_within
+        self.request_timeout_s = request_timeout_s
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "lifecycle", "serve", *options, "--db", str(db),
+                   "--port", str(port), "--log-level", "warning"]  # fmt: skip
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **env}, start_new_session=True,
+            )  # fmt: skip
+
+    def __enter__(self) -> Self:
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_within
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(
+                    f"{self.label}: serve exited {self.proc.returncode}: {self.tail()}"
+                )
+            # A 503 (still booting) is an HTTPError, an OSError, as a refused connection is.
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.url}/health", timeout=5.0) as response,
+            ):
+                if response.status == 200:
+                    return
+            time.sleep(0.1)
+        raise BenchError(
+            f"{self.label}: /health not 200 within {self.ready_within:.0f} s: {self.tail()}"
+        )
+
+    def post_generate(self, body: Mapping[str, Any]) -> tuple[float, bytes]:
+        """POST /generate with `body`: the seconds the client waited, and the reply's body."""
+        request = urllib.request.Request(
+            f"{self.url}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=self.request_timeout_s) as response:
+                content: bytes = response.read()
+        except OSError as exc:  # HTTPError included: a status other than 2xx
+            raise BenchError(f"{self.label}: POST /generate failed: {exc}") from None
+        return time.perf_counter() - started, content
+
+    def stop(self) -> None:
+        """SIGTERM and wait; the whole session is killed if it has not stopped in time."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                progress(f"{self.label}: serve did not stop on SIGTERM; killing it")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # rank processes left behind, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10.0)
+
+    def tail(self) -> str:
+        text = self.log_path.read_text(errors="replace").strip()
+        return text.splitlines()[-1][:300] if text else "(no output)"
+
+
+class Server(ServeProcess):
+    """`lifecycle serve` of `model` in front of `ranks` rank processes, its journal `db`."""
 
     def __init__(
         self,
@@ -133,52 +231,21 @@ class Server:
         extra: tuple[str, ...] = (),
         ready_within: float = READY_TIMEOUT_S,
     ) -> None:
-        from lifecycle.serve.ranks.supervisor import free_port
-
-        self.ready_within = ready_within
-        self.db = db or settings.workdir / f"serving-{model.label}.db"
-        self.log_path = self.db.with_suffix(".log")
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "lifecycle", "serve", *model.args,
-                   "--num-ranks", str(ranks), "--db", str(self.db), "--port", str(port),
-                   "--log-level", "warning", *extra]  # fmt: skip
         pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(":")
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                command, cwd=settings.workdir, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": pythonpath},
-                start_new_session=True,
-            )  # fmt: skip
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_within
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise BenchError(f"lifecycle serve exited {self.proc.returncode}: {self.tail()}")
-            # A 503 (still booting) is an HTTPError, an OSError, as a refused connection is.
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{self.url}/health", timeout=5.0) as response,
-            ):
-                if response.status == 200:
-                    return
-            time.sleep(0.1)
-        raise BenchError(f"/health not 200 within {self.ready_within:.0f} s: {self.tail()}")
+        super().__init__(
+            label=model.label,
+            options=(*model.args, "--num-ranks", str(ranks), *extra),
+            db=db or settings.workdir / f"serving-{model.label}.db",
+            cwd=settings.workdir,
+            env={"PYTHONWARNINGS": "ignore", "PYTHONPATH": pythonpath},
+            ready_within=ready_within,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+        )
 
     def generate(self, steps: int, shape: dict[str, int] | None = None) -> None:
-        body = json.dumps({"prompt": "a lighthouse in a storm", **(shape or SHAPE), "steps": steps})
-        request = urllib.request.Request(
-            f"{self.url}/generate",
-            data=body.encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
+        self.post_generate(
+            {"prompt": "a lighthouse in a storm", **(shape or SHAPE), "steps": steps}
         )
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-                response.read()
-        except OSError as exc:  # HTTPError included: a status other than 2xx
-            raise BenchError(f"POST /generate (steps {steps}) failed: {exc}") from None
 
     def tally(self) -> Tally:
         conn = sqlite3.connect(self.db, timeout=30.0)
@@ -192,41 +259,10 @@ class Server:
             conn.close()
         return Tally(rows=kinds, ring_collectives=int(held))
 
-    def stop(self) -> None:
-        """SIGTERM and wait; the whole session is killed if it has not stopped in time."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                progress("serving: the server did not stop on SIGTERM; killing it")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # rank processes left behind, if any
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10.0)
 
-    def tail(self) -> str:
-        text = self.log_path.read_text(errors="replace").strip()
-        return text.splitlines()[-1][:300] if text else "(no output)"
-
-
-@contextlib.contextmanager
-def serving(
-    settings: Settings,
-    model: Model,
-    *,
-    ranks: int = RANKS,
-    db: Path | None = None,
-    extra: tuple[str, ...] = (),
-    ready_within: float = READY_TIMEOUT_S,
-) -> Iterator[Server]:
-    server = Server(settings, model, ranks=ranks, db=db, extra=extra, ready_within=ready_within)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+# `with serving(settings, model, ...) as server:` (bench.compilecache's too): a Server, ready
+# on the way in, stopped on the way out.
+serving = Server
 
 
 def _served(settings: Settings, model: Model, *, requests: int) -> Served:

@@ -25,6 +25,15 @@ class Row:
         return (self.figure, self.value, self.baseline, self.ratio, self.target, self.how)
 
 
+def missing_extra(figure: str, *, extra: str) -> Row:
+    """The row in place of `figure`'s, which needs the lifecycle's `extra`, not installed."""
+    return Row(
+        figure=figure,
+        value=NONE,
+        how=f"the {extra} extra is not installed: pip install 'lifecycle[{extra}]'",
+    )
+
+
 def verdict(goal: str, *, met: bool) -> str:
     """A target and whether it was met, as the table states it."""
     return f"{goal}: {'met' if met else 'MISSED'}"

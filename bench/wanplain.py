@@ -20,16 +20,22 @@ from collections.abc import Callable
 from typing import Any
 
 
-def load(directory: str) -> Any:
-    """`WanPipeline.from_pretrained` of the directory, offline, its progress bar off (as the
+def loaded(pipeline_class: Any, directory: str) -> Any:
+    """`pipeline_class.from_pretrained` of the directory, offline, its progress bar off (as the
     lifecycle's adapter turns it off), on as many threads as the lifecycle's one rank uses."""
     import torch
-    from diffusers import WanPipeline
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    pipe = WanPipeline.from_pretrained(directory, local_files_only=True)
+    pipe = pipeline_class.from_pretrained(directory, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def load(directory: str) -> Any:
+    """`WanPipeline` loaded from the directory (see `loaded`)."""
+    from diffusers import WanPipeline
+
+    return loaded(WanPipeline, directory)
 
 
 def call(pipe: Any, request: dict[str, Any]) -> Any:
@@ -75,9 +81,14 @@ def startup(spec: dict[str, Any]) -> dict[str, Any]:
 _PIPES: dict[str, Any] = {}
 
 
-def warm_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """A round of the warm worker: load the directory the first time (before `go`, untimed),
-    then run the request, timed around the call alone."""
+def warm_round(
+    payload: dict[str, Any],
+    *,
+    load: Callable[[str], Any],
+    call: Callable[[Any, dict[str, Any]], Any],
+) -> Callable[[], dict[str, Any]]:
+    """A round of a warm worker: `load` the directory the first time (before `go`, untimed),
+    then `call` the pipeline with the request, timed around the call alone."""
     directory = payload["directory"]
     if directory not in _PIPES:
         _PIPES[directory] = load(directory)
@@ -85,11 +96,16 @@ def warm_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
 
     def work() -> dict[str, Any]:
         started = time.perf_counter()
-        video = call(pipe, payload["request"])
+        output = call(pipe, payload["request"])
         seconds = time.perf_counter() - started
-        return {"seconds": seconds, "checksum": checksum(video)}
+        return {"seconds": seconds, "checksum": checksum(output)}
 
     return work
+
+
+def warm_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """A round of the WanPipeline worker (see `warm_round`)."""
+    return warm_round(payload, load=load, call=call)
 
 
 if __name__ == "__main__":

@@ -6,29 +6,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.procs import Pool
+from bench.serving import ServeProcess
 from bench.stats import median
-from bench.suite import BenchError, Settings, progress
+from bench.suite import Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict
 
 GENERATE_TARGET = 1.05
 READY_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 60.0
 
 
-class WanServer:
+class WanServer(ServeProcess):
     """`lifecycle serve --model-path DIRECTORY ARGS...` on a free loopback port."""
 
     def __init__(
@@ -40,73 +34,21 @@ class WanServer:
         args: Sequence[str],
         env: Mapping[str, str],
     ) -> None:
-        from lifecycle.serve.ranks.supervisor import free_port
-
-        self.label = label
-        self.log_path = workdir / f"diffusers-serve-{label}.log"
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "lifecycle", "serve", "--model-path", str(directory),
-                   *args, "--db", str(workdir / f"diffusers-serve-{label}.db"),
-                   "--port", str(port), "--log-level", "warning"]  # fmt: skip
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **env}, start_new_session=True,
-            )  # fmt: skip
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise BenchError(
-                    f"{self.label}: serve exited {self.proc.returncode}: {self.tail()}"
-                )
-            # A 503 (still booting) is an HTTPError, an OSError, as a refused connection is.
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{self.url}/health", timeout=5.0) as response,
-            ):
-                if response.status == 200:
-                    return
-            time.sleep(0.1)
-        raise BenchError(f"{self.label}: /health not 200 within {READY_TIMEOUT_S:.0f} s")
+        super().__init__(
+            label=label,
+            options=("--model-path", str(directory), *args),
+            db=workdir / f"diffusers-serve-{label}.db",
+            cwd=workdir,
+            env=env,
+            ready_within=READY_TIMEOUT_S,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+        )
 
     def generate(self, body: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
         """POST /generate with a JSON reply: the seconds the client waited, and the reply."""
-        request = urllib.request.Request(
-            f"{self.url}/generate",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        started = time.perf_counter()
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-                content = response.read()
-        except OSError as exc:  # HTTPError included: a status other than 2xx
-            raise BenchError(f"{self.label}: POST /generate failed: {exc}") from None
-        seconds = time.perf_counter() - started
+        seconds, content = self.post_generate(body)
         reply: dict[str, Any] = json.loads(content)
         return seconds, reply
-
-    def stop(self) -> None:
-        """SIGTERM and wait; the whole session is killed if it has not stopped in time."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                progress(f"diffusers: {self.label} did not stop on SIGTERM; killing it")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # rank processes left behind, if any
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10.0)
-
-    def tail(self) -> str:
-        text = self.log_path.read_text(errors="replace").strip()
-        return text.splitlines()[-1][:300] if text else "(no output)"
 
 
 # A client's request, as /generate takes it and WanPipeline.__call__ takes the same fields.
@@ -129,7 +71,8 @@ class Reply:
     checksum: str
 
 
-def _body(request: tuple[int, int, int, int]) -> dict[str, Any]:
+def generate_body(request: tuple[int, int, int, int]) -> dict[str, Any]:
+    """/generate's body, whose fields the library's call takes too."""
     width, height, frames, steps = request
     return {
         "prompt": PROMPT,
@@ -185,7 +128,7 @@ def serving_rows(
 ) -> list[Row]:
     """Two phases, so that no idle server shares the cores with a comparison it is not in:
     one rank against WanPipeline, then the parallel layouts against one rank."""
-    body = _body(request)
+    body = generate_body(request)
     progress(f"diffusers: serving tiny-wan on {ONE} against {PLAIN}; {rounds} rounds")
     with _servers(settings, directory, {ONE: ()}, model_args, env) as servers:
         pool = Pool("bench.wanplain", size=1, workdir=settings.workdir, timeout_s=READY_TIMEOUT_S)

@@ -15,8 +15,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.otlp import Receiver
 
 REPO = Path(__file__).resolve().parent.parent
 # Three pytest-xdist workers share two cores, and most tests start rank processes of their own:
@@ -160,6 +164,28 @@ def postgres():  # type: ignore[no-untyped-def]
 
     with postgres_server() as server:
         yield server
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real OTLP/HTTP trace receiver (see tests/otlp.py) for the test's duration."""
+    from tests.otlp import otlp_receiver
+
+    with otlp_receiver() as found:
+        yield found
+
+
+@pytest.fixture
+def models_forgotten(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The models a test registers, forgotten after it."""
+    from lifecycle.core.settings.modelspec import MODEL_PRESETS
+    from lifecycle.runtime import pipeline as runtime_pipeline
+
+    presets = dict(MODEL_PRESETS)
+    monkeypatch.setattr(runtime_pipeline, "_FACTORIES", dict(runtime_pipeline._FACTORIES))
+    yield
+    MODEL_PRESETS.clear()
+    MODEL_PRESETS.update(presets)
 
 
 def bash_completions(script: str, words: Sequence[str], *, cwd: Path) -> list[str]:

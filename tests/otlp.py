@@ -4,14 +4,14 @@ every span; it can also be told to answer slowly or with an error, as a collecto
 
 from __future__ import annotations
 
-import gzip
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from bench.otlpreceiver import TRACES_PATH, export_server
 
 
 @dataclass(frozen=True)
@@ -97,41 +97,29 @@ def decode(body: bytes) -> list[ReceivedSpan]:
     return found
 
 
+def otel_env(endpoint: str) -> dict[str, str]:
+    """The OTEL_* variables that send a process's traces to `endpoint`, as lifecycle-test."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "lifecycle-test"}
+
+
 @contextmanager
 def otlp_receiver() -> Iterator[Receiver]:
     """An OTLP/HTTP trace receiver on a free loopback port, for the test's duration."""
     holder: list[Receiver] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            receiver = holder[0]
+    def answer(path: str, body: bytes, arrived: float) -> int:
+        receiver = holder[0]
+        with receiver.lock:
+            receiver.arrivals.append(arrived)
+        if receiver.delay_s:
+            time.sleep(receiver.delay_s)
+        if path == TRACES_PATH and receiver.status == 200:
+            spans = decode(body)
             with receiver.lock:
-                receiver.arrivals.append(time.time())
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            if self.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-            if receiver.delay_s:
-                time.sleep(receiver.delay_s)
-            if self.path == "/v1/traces" and receiver.status == 200:
-                spans = decode(body)
-                with receiver.lock:
-                    receiver.spans.extend(spans)
-                    receiver.posts += 1
-            self.send_response(receiver.status if self.path == "/v1/traces" else 404)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+                receiver.spans.extend(spans)
+                receiver.posts += 1
+        return receiver.status if path == TRACES_PATH else 404
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    holder.append(Receiver(port=server.server_address[1]))
-    thread = threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True)
-    thread.start()
-    try:
+    with export_server(answer) as port:
+        holder.append(Receiver(port=port))
         yield holder[0]
-    finally:
-        server.shutdown()
-        server.server_close()

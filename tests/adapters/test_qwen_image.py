@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,12 @@ import pytest
 import torch
 
 from bench.pipelinedirs import save_tiny_qwen_image
-from lifecycle.adapters.diffusers import built_in_spec, register, spec_for_directory
+from lifecycle.adapters.diffusers import built_in_spec, spec_for_directory
 from lifecycle.adapters.diffusers.qwen.tinyqwen import tiny_qwen_tokenizer
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.settings.modelspec import MODEL_PRESETS
-from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, Comm, Shape
-from lifecycle.runtime import pipeline as runtime_pipeline
-from lifecycle.runtime.pipeline import build_pipeline
+from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, Shape
 from tests.conftest import one_clear_line, run_cli
+from tests.support.adapters import adapter_for, adapter_of
 
 SHAPE = Shape(width=48, height=64, frames=1)
 PROMPT = "a dog walks in the city at night"
@@ -32,16 +29,6 @@ STEPS, SEED = 3, 9
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_qwen_image(tmp_path_factory.mktemp("qwen") / "Tiny-Qwen-Image")
-
-
-@pytest.fixture
-def models_forgotten(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The models a test registers, forgotten after it."""
-    presets = dict(MODEL_PRESETS)
-    monkeypatch.setattr(runtime_pipeline, "_FACTORIES", dict(runtime_pipeline._FACTORIES))
-    yield
-    MODEL_PRESETS.clear()
-    MODEL_PRESETS.update(presets)
 
 
 def test_the_template_prefix_is_the_pipelines_dropped_tokens() -> None:
@@ -102,9 +89,7 @@ def test_the_adapter_makes_qwen_image_pipelines_image(qwen_dir: Path) -> None:
     """With the same seed the adapter's image is QwenImagePipeline's within one uint8 step:
     with true CFG and a negative prompt, without a negative prompt (no guidance, as the
     pipeline), and with the text encoder offloaded between requests."""
-    spec = spec_for_directory(str(qwen_dir))
-    register(spec)
-    adapter = build_pipeline(spec, Comm.alone(torch.device("cpu")))
+    adapter = adapter_of(qwen_dir)
     guided = reference(qwen_dir, "blurry, dark", 4.0)
     unguided = reference(qwen_dir, None, 4.0)
     assert not np.array_equal(guided, unguided)
@@ -131,8 +116,7 @@ def test_tiny_qwen_image_is_built_in_and_makes_its_saved_directorys_image(qwen_d
     assert (spec.name, spec.source, spec.default_shape) == (
         "tiny-qwen-image", None, Shape(width=128, height=128, frames=1),
     )  # fmt: skip
-    register(spec)
-    adapter = build_pipeline(spec, Comm.alone(torch.device("cpu")))
+    adapter = adapter_for(spec)
     image = generate(adapter, "blurry, dark", 4.0)
     expected = reference(qwen_dir, "blurry, dark", 4.0)
     assert int(np.abs(image.astype(int) - expected.astype(int)).max()) <= 1

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bench.pipelinedirs import save_tiny_qwen_image
-from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
 from tests.support.families import (
     LAYOUTS,
     assert_the_fields_failure_is_diagnosed,
     assert_within_one_step,
+    qwen_image_pipeline_image,
     served_npy,
 )
 
@@ -41,21 +40,7 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def diffusers_image(qwen_dir: Path) -> np.ndarray:
     """What diffusers' own QwenImagePipeline makes of REQUEST, scaled to uint8."""
-    from diffusers import QwenImagePipeline
-
-    pipe = QwenImagePipeline.from_pretrained(str(qwen_dir), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    images = pipe(
-        prompt=REQUEST["prompt"],
-        negative_prompt=REQUEST["negative_prompt"],
-        true_cfg_scale=REQUEST["guidance_scale"],
-        height=REQUEST["height"],
-        width=REQUEST["width"],
-        num_inference_steps=REQUEST["steps"],
-        generator=torch.Generator("cpu").manual_seed(REQUEST["seed"]),
-        output_type="np",
-    ).images
-    return to_uint8(images)
+    return qwen_image_pipeline_image(qwen_dir, REQUEST)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

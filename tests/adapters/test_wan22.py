@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,12 @@ import pytest
 import torch
 
 from bench.pipelinedirs import save_small_wan22
-from lifecycle.adapters.diffusers import register, spec_for_directory
+from lifecycle.adapters.diffusers import spec_for_directory
 from lifecycle.adapters.diffusers.wan.experts import EXPERTS, SWAPPED, block_bytes
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.settings.modelspec import MODEL_PRESETS
-from lifecycle.pipelines import Comm, Shape
-from lifecycle.runtime import pipeline as runtime_pipeline
-from lifecycle.runtime.pipeline import build_pipeline
+from lifecycle.pipelines import Shape
 from tests.conftest import one_clear_line, run_cli
+from tests.support.adapters import adapter_of
 
 SHAPE = Shape(width=32, height=32, frames=5)
 STEPS = 4  # timesteps 999, 857 (high-noise expert), 667, 400 (low-noise) at boundary 0.75
@@ -33,22 +30,6 @@ SEED = 3
 @pytest.fixture(scope="module")
 def wan22_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_small_wan22(tmp_path_factory.mktemp("wan22") / "small-wan22")
-
-
-@pytest.fixture
-def models_forgotten(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The models a test registers, forgotten after it."""
-    presets = dict(MODEL_PRESETS)
-    monkeypatch.setattr(runtime_pipeline, "_FACTORIES", dict(runtime_pipeline._FACTORIES))
-    yield
-    MODEL_PRESETS.clear()
-    MODEL_PRESETS.update(presets)
-
-
-def adapter_of(path: Path) -> Any:
-    spec = spec_for_directory(str(path))
-    register(spec)
-    return build_pipeline(spec, Comm.alone(torch.device("cpu")))
 
 
 def generate(adapter: Any, *, guidance: float, guidance_2: float | None, **kw: Any) -> np.ndarray:

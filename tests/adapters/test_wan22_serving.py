@@ -8,15 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bench.pipelinedirs import save_small_wan22
-from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
 from tests.support.families import (
     LAYOUTS,
     assert_the_fields_failure_is_diagnosed,
     assert_within_one_step,
     served_npy,
+    wan_pipeline_video,
 )
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -42,22 +41,7 @@ def wan22_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def diffusers_video(wan22_dir: Path) -> np.ndarray:
     """What diffusers' own WanPipeline makes of REQUEST with both experts, scaled to uint8."""
-    from diffusers import WanPipeline
-
-    pipe = WanPipeline.from_pretrained(str(wan22_dir), local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    frames = pipe(
-        prompt=REQUEST["prompt"],
-        negative_prompt=REQUEST["negative_prompt"],
-        height=REQUEST["height"],
-        width=REQUEST["width"],
-        num_frames=REQUEST["frames"],
-        num_inference_steps=REQUEST["steps"],
-        guidance_scale=REQUEST["guidance_scale"],
-        generator=torch.Generator("cpu").manual_seed(REQUEST["seed"]),
-        output_type="np",
-    ).frames[0]
-    return to_uint8(frames)
+    return wan_pipeline_video(wan22_dir, REQUEST)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

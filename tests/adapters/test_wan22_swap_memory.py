@@ -4,20 +4,15 @@ its tensors view): no page of a released expert's weight file stays mapped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from bench.pipelinedirs import save_small_wan22
-from lifecycle.adapters.diffusers import register, spec_for_directory
 from lifecycle.adapters.diffusers.wan.experts import EXPERTS, RESIDENT, SWAPPED
-from lifecycle.core.settings.modelspec import MODEL_PRESETS
-from lifecycle.pipelines import Comm, Shape
-from lifecycle.runtime import pipeline as runtime_pipeline
-from lifecycle.runtime.pipeline import build_pipeline
+from lifecycle.pipelines import Shape
+from tests.support.adapters import adapter_of
 
 pytest.importorskip("diffusers")
 
@@ -28,23 +23,6 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 @pytest.fixture
 def wan22_dir(tmp_path: Path) -> Path:
     return save_small_wan22(tmp_path / "small-wan22").resolve()
-
-
-@pytest.fixture
-def models_forgotten(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The models a test registers, forgotten after it."""
-    presets = dict(MODEL_PRESETS)
-    monkeypatch.setattr(runtime_pipeline, "_FACTORIES", dict(runtime_pipeline._FACTORIES))
-    yield
-    MODEL_PRESETS.clear()
-    MODEL_PRESETS.update(presets)
-
-
-def adapter_of(path: Path) -> Any:
-    """The Wan adapter on the directory, loaded by the lifecycle's own loader."""
-    spec = spec_for_directory(str(path))
-    register(spec)
-    return build_pipeline(spec, Comm.alone(torch.device("cpu")))
 
 
 def mapped_experts(directory: Path) -> set[str]:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from bench.expertswap import RESIDENT, SWAPPED, experts_rows, measure_experts
-from bench.families import QWEN, WAN22, Served, body, generate_row
+from bench.families import QWEN, WAN22, Served, generate_row
 from bench.stats import median
 from bench.suite import Settings
 from bench.table import format_ratio
+from bench.wanserving import generate_body
 
 pytest.importorskip("diffusers")
 
@@ -40,7 +41,7 @@ def test_experts_rows_set_swapped_against_resident_and_the_declaration(tmp_path:
     from bench.pipelinedirs import save_small_wan22
 
     directory = save_small_wan22(tmp_path / "wan22")
-    request = body((32, 32, 5, 4))
+    request = generate_body((32, 32, 5, 4))
     settings = Settings(quick=True, workdir=tmp_path)
     runs = measure_experts(settings, directory, request, rounds=1)
     resident, swapped = runs[RESIDENT][0], runs[SWAPPED][0]
@@ -83,7 +84,7 @@ def test_the_qwen_image_worker_digests_the_image_as_generate_does(tmp_path: Path
 
     directory = tmp_path / "qwen"
     build_tiny_qwen_image().save_pretrained(str(directory))
-    request = body((32, 32, 1, 2))
+    request = generate_body((32, 32, 1, 2))
     doc = families.warm_task({"directory": str(directory), "request": request})()
     pipe = QwenImagePipeline.from_pretrained(str(directory), local_files_only=True)
     pipe.set_progress_bar_config(disable=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.core.format.events import Aborted, Error
-from tests.conftest import run_cli, wait_until
+from tests.conftest import run_cli
 from tests.support import journal_events, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
@@ -106,11 +106,7 @@ def test_a_rank_killed_while_serving_is_announced_by_the_launcher(tmp_path: Path
             if e.kind == "run_started"
         }
         os.kill(pids[1], signal.SIGKILL)
-        wait_until(
-            lambda: (r := served.get("/liveness")) is not None and r.status_code == 503,
-            within=10,
-            what="/liveness 503",
-        )
+        served.wait_for("/liveness", 503, within=10)
         assert served.proc.wait(timeout=120) == 1
     aborted = [e for e in journal_events(tmp_path / "j.db") if isinstance(e.event, Aborted)]
     assert [(e.rank, e.event.failed_rank, e.event.announced_by) for e in aborted] == [

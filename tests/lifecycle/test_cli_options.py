@@ -28,6 +28,7 @@ from tests.conftest import (
     run_cli,
 )
 from tests.support.inprocess import run_in_process
+from tests.support.torchrun import torchrun_boot
 
 QUICK = {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1", "OMP_NUM_THREADS": "1"}
 MICRO = ["--model", "micro-video", "--log-level", "warning"]
@@ -479,12 +480,7 @@ def test_zsh_completion_is_a_compdef_script(
 
 
 def torchrun(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "lifecycle", "boot", *MICRO, "--db", "j.db", *flags],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", **QUICK},
-    )  # fmt: skip
+    return torchrun_boot(tmp_path, 2, *MICRO, "--db", "j.db", *flags, env=QUICK)
 
 
 def test_torchrun_boots_without_num_ranks(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.families import qwen_image_call
+from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
 from lifecycle.core.format.events import Transition, WarmupRecord
 from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.serve.http.media import format_refusal
@@ -24,11 +26,11 @@ from lifecycle.store.journal import Journal
 from tests.adapters.test_diffusers_cli import without_diffusers
 from tests.conftest import one_clear_line, processes_in, run_cli
 from tests.support import Served, journal_events, serve
+from tests.support.families import QUICK
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
 MODEL = "tiny-qwen-image"
-QUICK = ("--warmup-mode", "none", "--smoke-request", "off", "--dist-timeout", "60")
 # Small enough for a few seconds on two cores; width and height on the model's 16-pixel grid,
 # unequal, so that a reply with its sides swapped shows.
 REQUEST: dict[str, Any] = {
@@ -83,20 +85,7 @@ def tiny_qwen_image() -> Any:
 def qwen_image_pipeline(**call: Any) -> np.ndarray:
     """What QwenImagePipeline on tiny-qwen-image's weights makes of REQUEST (and `call`), as
     uint8."""
-    import torch
-
-    pipe = tiny_qwen_image()
-    images = pipe(
-        prompt=REQUEST["prompt"],
-        negative_prompt=REQUEST["negative_prompt"],
-        height=REQUEST["height"],
-        width=REQUEST["width"],
-        num_inference_steps=REQUEST["steps"],
-        generator=torch.Generator("cpu").manual_seed(REQUEST["seed"]),
-        output_type="np",
-        **call,
-    ).images
-    return np.clip(np.round(images * 255.0), 0, 255).astype(np.uint8)
+    return to_uint8(qwen_image_call(tiny_qwen_image(), REQUEST, **call))
 
 
 def test_a_png_reply_is_the_one_frame_as_an_8_bit_rgb_image(server: Served) -> None:

@@ -18,6 +18,7 @@ from lifecycle.core.format.events import RunStarted
 from lifecycle.serve.ranks.launchtime import LAUNCHED_AT_ENV, launch_walls, process_started_wall
 from lifecycle.store.journal import Journal
 from tests.conftest import run_cli
+from tests.support.torchrun import torchrun_boot
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -153,12 +154,7 @@ def test_replay_diff_and_runs_count_from_the_launch(two_ranks: Booted) -> None:
 def test_under_torchrun_the_launch_is_the_agents_start(tmp_path: Path) -> None:
     """A rank torchrun starts counts its launch from torchrun's agent process, which began
     before it, and the run begins there too."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-         "-m", "lifecycle", "boot", *MICRO, "--warmup-mode", "none"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
-        env={**__import__("os").environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    proc = torchrun_boot(tmp_path, 1, *MICRO, "--warmup-mode", "none", env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = booted(tmp_path)
     event = found.started[0]

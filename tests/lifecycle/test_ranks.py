@@ -22,6 +22,7 @@ from lifecycle.core.format.events import (
 from lifecycle.core.format.fold import fold_run
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed
+from tests.support.torchrun import torchrun_boot
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -284,15 +285,7 @@ def test_torchrun_starts_the_same_entry(tmp_path: Path) -> None:
     """Under torchrun each process is one rank; all ranks share one run id, derived from
     torchrun's rendezvous id (a UUID under --standalone) in the one form; rank 0 prints the
     boot's table."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "lifecycle", "boot", *MICRO, "--num-ranks", "2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
-        env={**__import__("os").environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    proc = torchrun_boot(tmp_path, 2, *MICRO, "--num-ranks", "2", env={"OMP_NUM_THREADS": "1"})
     # Auto mode: micro-video declares residency options, so the first startup calibrates.
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = run_events(tmp_path / "j.db")

@@ -166,11 +166,7 @@ def test_the_launchers_store_is_on_loopback_and_a_forged_abort_ends_nothing(
         assert shown["store"] == {"authenticated": True, "rejected": 2}
         assert [r["first_error"]["type"] for r in shown["ranks"]] == ["UnauthenticatedMessage"] * 2
         os.kill(pids[1], signal.SIGKILL)
-        wait_until(
-            lambda: (r := served.get("/liveness")) is not None and r.status_code == 503,
-            within=15,
-            what="/liveness 503",
-        )
+        served.wait_for("/liveness", 503, within=15)
         assert served.proc.wait(timeout=120) == 1
     events = journal_events(tmp_path / "j.db")
     dropped = unauthenticated(events)

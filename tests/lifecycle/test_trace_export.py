@@ -26,7 +26,7 @@ from lifecycle.runtime.telemetry.rankspans import RankSpans
 from lifecycle.runtime.telemetry.tracing import FLUSH_WITHIN_S, Tracing
 from lifecycle.store.journal import Journal
 from tests.conftest import REPO, Completed
-from tests.otlp import Receiver, otlp_receiver
+from tests.otlp import Receiver, otel_env
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -37,16 +37,6 @@ MICRO = ("boot", "--model", "micro-video", "--db", "j.db")
 EXIT_MARGIN_S = 1.0
 LOOKED_INTO = ("opentelemetry", "opentelemetry.exporter", "opentelemetry.exporter.otlp",
                "opentelemetry.exporter.otlp.proto")  # fmt: skip
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with otlp_receiver() as found:
-        yield found
-
-
-def otel_env(endpoint: str) -> dict[str, str]:
-    return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "lifecycle-test"}
 
 
 def journaled(db: Path) -> list[ev.StoredEvent]:

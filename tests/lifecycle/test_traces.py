@@ -5,28 +5,18 @@ or slow costs a warning line and nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from lifecycle.runtime.telemetry.tracing import run_span_id_of, trace_id_of
 from tests.conftest import Completed
-from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
+from tests.otlp import ReceivedSpan, Receiver, otel_env
 
 pytest.importorskip("opentelemetry.sdk")
 
 MICRO = ("boot", "--model", "micro-video", "--db", "j.db")
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with otlp_receiver() as found:
-        yield found
-
-
-def otel_env(endpoint: str) -> dict[str, str]:
-    return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "lifecycle-test"}
 
 
 def run_id_of(booted: Completed) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lifecycle.core.format.events import Aborted, Error, Shutdown
-from lifecycle.testing.journals import JournalBuilder, a2a, beat, timeout_error
+from lifecycle.core.format.events import Aborted, ActionFinished, ActionStarted, Error, Shutdown
+from lifecycle.testing.journals import JournalBuilder, RankStream, a2a, beat, timeout_error
 
 # Every startup state a rank walks through before ready, after created.
 BEFORE_READY = ("gate-check", "bounded-warm", "probe", "re-warm", "drop-buffers")
@@ -15,6 +15,13 @@ def warming(b: JournalBuilder, ranks: tuple[int, ...] = (0, 1)) -> None:
     """Each of `ranks` walks from created into bounded-warm."""
     for rank in ranks:
         b.rank(rank).walk(0.1, "gate-check", "bounded-warm")
+
+
+def walked_to_ready(stream: RankStream) -> None:
+    """The rank walks from created into ready, and its ready action runs (done at 1.1 s)."""
+    stream.walk(0.1, "gate-check", "bounded-warm", "ready")
+    stream.add(1.0, ActionStarted(action="mark-ready"))
+    stream.add(1.1, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
 
 
 def signalled(events_written: int = 10) -> Shutdown:

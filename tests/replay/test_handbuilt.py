@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.format.events import ActionFinished, ActionStarted, Error, Shutdown
+from lifecycle.core.format.events import ActionStarted, Error, Shutdown
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, a2a, beat, done, timeout_error
 from replay.cli import main
-from tests.replay.scenarios import signalled, warming
+from tests.replay.scenarios import signalled, walked_to_ready, warming
 
 
 def diagnose(db: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -190,9 +190,7 @@ def test_a_clean_run_is_ready_and_exits_0(
     b = JournalBuilder(tmp_path / "j.db")
     for rank in (0, 1):
         s = b.rank(rank)
-        s.walk(0.1, "gate-check", "bounded-warm", "ready")
-        s.add(1.0, ActionStarted(action="mark-ready"))
-        s.add(1.1, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
+        walked_to_ready(s)
         s.add(
             1.2,
             Shutdown(reason="boot complete", signal=None, events_written=7, journal_write_s=0.001),

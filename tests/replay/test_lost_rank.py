@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.format.events import Aborted, ActionFinished, ActionStarted, Shutdown
+from lifecycle.core.format.events import Aborted, Shutdown
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 from replay.cli import main
+from tests.replay.scenarios import walked_to_ready
 
 
 def test_a_rank_taken_for_lost_that_then_stopped_cleanly_is_the_culprit(
@@ -22,10 +23,7 @@ def test_a_rank_taken_for_lost_that_then_stopped_cleanly_is_the_culprit(
     journal that ends before a verdict."""
     b = JournalBuilder(tmp_path / "j.db")
     for rank in (0, 1):
-        s = b.rank(rank)
-        s.walk(0.1, "gate-check", "bounded-warm", "ready")
-        s.add(1.0, ActionStarted(action="mark-ready"))
-        s.add(1.1, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
+        walked_to_ready(b.rank(rank))
     lead = b.rank(0)
     lead.add(
         9.0,

@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle.core.format.events import (
-    ActionFinished,
-    ActionStarted,
     Error,
     Event,
     Heartbeat,
@@ -24,7 +22,7 @@ from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, a2a, beat
 from tests.conftest import run_cli
-from tests.replay.scenarios import hung_then_stopped, signalled, warming
+from tests.replay.scenarios import hung_then_stopped, signalled, walked_to_ready, warming
 
 
 def diagnose(db: Path, *now: str) -> tuple[int, dict[str, Any]]:
@@ -95,10 +93,7 @@ def test_a_rank_silent_after_ready_while_its_peer_heartbeats_crashed(tmp_path: P
     db = tmp_path / "j.db"
     b = JournalBuilder(db)
     for rank in (0, 1):
-        s = b.rank(rank)
-        s.walk(0.1, "gate-check", "bounded-warm", "ready")
-        s.add(1.0, ActionStarted(action="mark-ready"))
-        s.add(1.1, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
+        walked_to_ready(b.rank(rank))
     for t in range(2, 10):
         b.rank(0).add(t, beat())
     b.close()

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lifecycle.core.format.events import ActionFinished, ActionStarted, Error, RunStarted, Shutdown
+from lifecycle.core.format.events import Error, RunStarted, Shutdown
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, RankStream
 from tests.conftest import Completed, run_cli
+from tests.replay.scenarios import walked_to_ready
 
 
 def replay_cli(cwd: Path, *args: str) -> Completed:
@@ -29,9 +30,7 @@ def joined(stream: RankStream, world_size: int) -> None:
 
 def ready_and_stopped(stream: RankStream, world_size: int) -> None:
     joined(stream, world_size)
-    stream.walk(0.1, "gate-check", "bounded-warm", "ready")
-    stream.add(1.0, ActionStarted(action="mark-ready"))
-    stream.add(1.1, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
+    walked_to_ready(stream)
     stream.add(
         1.2, Shutdown(reason="boot complete", signal=None, events_written=7, journal_write_s=0.0)
     )

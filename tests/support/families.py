@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.families import qwen_image_call
+from bench.wanplain import call as wan_pipeline_call
+from lifecycle.adapters.diffusers.wan.wanadapter import to_uint8
 from lifecycle.core.format.events import StoredEvent
 from tests.conftest import run_cli
 from tests.support.serving import journal_events, serve
@@ -24,6 +27,26 @@ LAYOUTS = [
     pytest.param(("--num-ranks", "2", "--cfg-parallel", "2"), marks=pytest.mark.slow, id="cfg-2"),
     pytest.param(("--num-ranks", "2", "--ulysses", "2"), id="ulysses-2"),
 ]
+
+
+def wan_pipeline_video(directory: Path, request: dict[str, Any]) -> np.ndarray:
+    """What diffusers' own WanPipeline, loaded from `directory`, makes of `request` (/generate's
+    fields), scaled to uint8."""
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(str(directory), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return to_uint8(wan_pipeline_call(pipe, request))
+
+
+def qwen_image_pipeline_image(directory: Path, request: dict[str, Any]) -> np.ndarray:
+    """What diffusers' own QwenImagePipeline, loaded from `directory`, makes of `request`
+    (/generate's fields, its guidance as true_cfg_scale), scaled to uint8."""
+    from diffusers import QwenImagePipeline
+
+    pipe = QwenImagePipeline.from_pretrained(str(directory), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return to_uint8(qwen_image_call(pipe, request))
 
 
 def served_npy(

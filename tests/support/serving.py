@@ -33,20 +33,24 @@ class Served:
         except httpx.TransportError:
             return None
 
-    def wait_for_health(self, want: int, *, within: float) -> list[int]:
-        """Poll /health until it answers `want`; return every status seen on the way."""
+    def wait_for(self, path: str, want: int, *, within: float) -> list[int]:
+        """Poll GET `path` until it answers `want`; return every status seen on the way."""
         seen: list[int] = []
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"serve exited {self.proc.returncode} before /health {want}")
-            response = self.get("/health")
+                raise AssertionError(f"serve exited {self.proc.returncode} before {path} {want}")
+            response = self.get(path)
             if response is not None:
                 seen.append(response.status_code)
                 if response.status_code == want:
                     return seen
             time.sleep(0.1)
-        raise AssertionError(f"/health never answered {want}; saw {seen[-5:]}")
+        raise AssertionError(f"{path} never answered {want}; saw {seen[-5:]}")
+
+    def wait_for_health(self, want: int, *, within: float) -> list[int]:
+        """Poll /health until it answers `want`; return every status seen on the way."""
+        return self.wait_for("/health", want, within=within)
 
     def stop(self) -> int:
         """SIGTERM the server; its exit status."""
