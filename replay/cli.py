@@ -145,8 +145,8 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         format_header,
         format_rank,
         missing_line,
-        show_json,
     )
+    from replay.views.timelinejson import show_json
 
     with Journals.open(_locations(ns.journals)) as journals:
         run = journals.resolve(ns.run)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from lifecycle.core.decisions.compiling import compile_text
 from lifecycle.core.format.accounting import (
     StartupAccount,
     account,
-    account_json,
     load_text,
     phases_text,
     total_text,
@@ -27,7 +25,7 @@ from lifecycle.core.format.events import (
     ResidencyVerified,
     StoredEvent,
 )
-from lifecycle.core.format.launchphase import LaunchPhase, launch_phase
+from lifecycle.core.format.launchphase import launch_phase
 from lifecycle.core.format.phrases import reuse_text, skip_hint
 from lifecycle.core.format.records import Role
 from lifecycle.core.format.text import clean, format_bytes, pad
@@ -95,7 +93,7 @@ def event_line(stored: StoredEvent, analysis: RunAnalysis) -> str:
     at = f"+{analysis.at(stored.wall_time):.3f}"
     match event:
         case CollectiveStarted():
-            what = f"{_started_text(event)} ({clean(event.purpose)}) {event.dtype}"
+            what = f"{started_text(event)} ({clean(event.purpose)}) {event.dtype}"
         case CollectiveFinished():
             what = (
                 f"{event.op} #{event.group_seq} of {event.group} in"
@@ -312,7 +310,7 @@ def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
                 rank,
                 view.state,
                 f"{view.time_in_state_s(now=wall) or 0.0:.2f} s",
-                "-" if pending is None else _started_text(pending.started),
+                "-" if pending is None else started_text(pending.started),
                 view.action.action if view.action else "-",
             ]
         )
@@ -322,150 +320,5 @@ def format_at(analysis: RunAnalysis, *, seconds: float) -> str:
     )
 
 
-def _launch_json(launch: LaunchPhase | None, analysis: RunAnalysis) -> dict[str, Any] | None:
-    if launch is None:
-        return None
-    return {
-        "at_s": analysis.at(launch.launched_at),
-        "launch_s": launch.launch_s,
-        "process_started_s": launch.spawn_s,
-        "imports_s": launch.imports_s,
-    }
-
-
-def _started_text(started: CollectiveStarted) -> str:
+def started_text(started: CollectiveStarted) -> str:
     return f"{started.op} #{started.group_seq} of {started.group}"
-
-
-def show_json(
-    analysis: RunAnalysis,
-    *,
-    ranks: Sequence[int] | None,
-    at: float | None,
-    collectives: Mapping[int, Sequence[StoredEvent]],
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"run_id": analysis.run.run_id, "ranks": []}
-    if at is not None:
-        out["at_s"] = at
-    for rank, view in analysis.views.items():
-        if ranks is not None and rank not in ranks:
-            continue
-        out["ranks"].append(_rank_json(rank, view, analysis, collectives.get(rank, ())))
-    return out
-
-
-def _rank_json(
-    rank: int, view: RankView, analysis: RunAnalysis, last: Sequence[StoredEvent]
-) -> dict[str, Any]:
-    """One rank in `replay show --json`, with its last collective records."""
-    return {
-        "rank": rank,
-        "state": view.state,
-        "path": list(view.path),
-        "spans": [
-            {
-                "state": s.state,
-                "at_s": analysis.at(s.entered_at),
-                "duration_s": s.duration_s(),
-            }
-            for s in view.spans
-        ],
-        "launch": _launch_json(launch_phase(view), analysis),
-        "startup": None if (kept := account(view)) is None else account_json(kept),
-        "skip_reason": view.skip_reason,
-        "warmup_records": _warmup_json(view),
-        "residency": _residency_json(view, analysis),
-        "compile": _compile_json(view, analysis),
-        "buffer_drops": [
-            {"state": s, "at_s": analysis.at(t), "bytes_freed": d.bytes_freed}
-            for t, s, d in view.buffer_drops
-        ],
-        "buffer_allocations": [
-            {"state": s, "at_s": analysis.at(t), "key": a.key, "bytes": a.bytes}
-            for t, s, a in view.buffer_allocations
-        ],
-        "errors": _errors_json(view, analysis),
-        "pending_collective": _pending_json(view),
-        "last_collectives": _collectives_json(last, analysis),
-    }
-
-
-def _warmup_json(view: RankView) -> list[dict[str, Any]]:
-    return [
-        {
-            "role": r.role,
-            "shape": str(r.shape),
-            "steps": r.steps,
-            "total_s": r.total_s,
-            "peak_bytes": r.peak_bytes,
-            "baseline_bytes": r.baseline_bytes,
-            "memory_source": r.memory_source,
-        }
-        for r in view.warmup_records
-    ]
-
-
-def _residency_json(view: RankView, analysis: RunAnalysis) -> list[dict[str, Any]]:
-    return [
-        {
-            "kind": e.kind,
-            "state": s,
-            "at_s": analysis.at(t),
-            "plan": e.plan.plan_id,
-            "text": residency_text(e),
-        }
-        for t, s, e in view.residency
-    ]
-
-
-def _compile_json(view: RankView, analysis: RunAnalysis) -> list[dict[str, Any]]:
-    return [
-        {
-            "kind": e.kind,
-            "state": s,
-            "at_s": analysis.at(t),
-            **dataclasses.asdict(e),
-            "text": compile_text(e),
-        }
-        for t, s, e in view.compiles
-    ]
-
-
-def _errors_json(view: RankView, analysis: RunAnalysis) -> list[dict[str, Any]]:
-    return [
-        {
-            "state": s,
-            "at_s": analysis.at(t),
-            "type": e.error_type,
-            "kind": e.error_kind,
-            "message": e.message,
-            "fatal": e.fatal,
-        }
-        for t, s, e in view.errors
-    ]
-
-
-def _pending_json(view: RankView) -> dict[str, Any] | None:
-    if view.pending is None:
-        return None
-    return {
-        "group": view.pending.started.group,
-        "group_seq": view.pending.started.group_seq,
-        "op": view.pending.started.op,
-        "from_heartbeat": view.pending.from_heartbeat,
-    }
-
-
-def _collectives_json(last: Sequence[StoredEvent], analysis: RunAnalysis) -> list[dict[str, Any]]:
-    return [
-        {
-            "seq": c.seq,
-            "at_s": analysis.at(c.wall_time),
-            "state": c.state,
-            "kind": c.kind,
-            "group": getattr(c.event, "group", None),
-            "group_seq": getattr(c.event, "group_seq", None),
-            "op": getattr(c.event, "op", None),
-        }
-        for c in last
-    ]

@@ -81,7 +81,7 @@ def serve(
             linger_s=linger_s,
             access_log=access_log,
         )
-    from lifecycle.serve.http.app import serve_http
+    from lifecycle.serve.http.server import serve_http
 
     return serve_http(
         args,

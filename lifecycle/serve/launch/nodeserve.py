@@ -179,8 +179,9 @@ class Front:
         import uvicorn
 
         from lifecycle.runtime.group.abort import store_client
-        from lifecycle.serve.http.app import HttpServer, create_app, exit_after_failure
+        from lifecycle.serve.http.app import create_app
         from lifecycle.serve.http.metrics import Metrics
+        from lifecycle.serve.http.server import HttpServer, exit_after_failure
         from lifecycle.serve.http.service import Service
 
         world = self.args.num_ranks
@@ -348,7 +349,8 @@ def serve_under_torchrun(
 ) -> int:
     """This process's rank of `serve` under torchrun; rank 0 also answers HTTP."""
     from lifecycle.runtime.group.abort import store_client
-    from lifecycle.serve.http.app import is_loopback, listening
+    from lifecycle.serve.http.app import is_loopback
+    from lifecycle.serve.http.server import listening
     from lifecycle.serve.ranks.worker import run_rank_process
 
     env = os.environ
