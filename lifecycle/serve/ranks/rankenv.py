@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.runid import checked_run_id
@@ -13,6 +15,7 @@ from lifecycle.core.settings.validation import MAX_RANKS
 # torchrun sets all four for every rank, and the launcher for each rank process it spawns.
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 RUN_ID_ENV = "LIFECYCLE_RUN_ID"
+WORKER_ENV = "LIFECYCLE_WORKER"  # the launcher's WorkerSpec for a rank it spawned
 ELASTIC_RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 # What torchrun sets TORCHELASTIC_RUN_ID to when it was given no rendezvous id.
@@ -118,3 +121,38 @@ def check_environment(env: Mapping[str, str], *, world_size: int) -> None:
 
     named_run_id(env)
     clock_skews(env.get(CLOCK_SKEW_ENV, ""), world_size=world_size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """What the launcher tells each rank process, through the environment."""
+
+    config: dict[str, Any]
+    mode: str  # "boot" or "serve"
+    pipeline: str | None = None
+    control_host: str | None = None
+    control_port: int | None = None
+    control_authkey: str | None = None
+    json_logs: bool = False
+    log_level: str = "info"
+    command: str | None = None
+
+    def to_env(self) -> str:
+        return json.dumps(
+            {
+                "config": self.config,
+                "mode": self.mode,
+                "pipeline": self.pipeline,
+                "control_host": self.control_host,
+                "control_port": self.control_port,
+                "control_authkey": self.control_authkey,
+                "json_logs": self.json_logs,
+                "log_level": self.log_level,
+                "command": self.command,
+            }
+        )
+
+    @classmethod
+    def from_env(cls, text: str) -> WorkerSpec:
+        doc = json.loads(text)
+        return cls(**doc)

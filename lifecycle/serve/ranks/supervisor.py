@@ -31,7 +31,7 @@ from lifecycle.serve.console.progress import ProgressPrinter
 from lifecycle.serve.console.steps import StepMark, StepPipes
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.launchtime import LAUNCHED_AT_ENV
-from lifecycle.serve.ranks.worker import RUN_ID_ENV, WORKER_ENV, WorkerSpec
+from lifecycle.serve.ranks.rankenv import RUN_ID_ENV, WORKER_ENV, WorkerSpec
 from lifecycle.store import Journal, shown_location
 from lifecycle.store.runs import new_run_id, open_run
 from lifecycle.store.summaries import with_latest_heartbeat

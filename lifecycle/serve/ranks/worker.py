@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.errors import (
@@ -49,11 +47,10 @@ from lifecycle.serve.ranks.control import (
 from lifecycle.serve.ranks.launchtime import launch_walls
 from lifecycle.serve.ranks.models import register_model
 
-# RUN_ID_ENV, RankEnv and under_torchrun are re-exported: the launcher, the supervisor and the
-# command line take them from the rank's entry, where they were first defined.
-from lifecycle.serve.ranks.rankenv import RUN_ID_ENV as RUN_ID_ENV  # noqa: PLC0414
+# RankEnv and under_torchrun are re-exported: the launcher and the command line take them from
+# the rank's entry, where they were first defined.
+from lifecycle.serve.ranks.rankenv import WORKER_ENV, WorkerSpec, named_run_id
 from lifecycle.serve.ranks.rankenv import RankEnv as RankEnv  # noqa: PLC0414
-from lifecycle.serve.ranks.rankenv import named_run_id
 from lifecycle.serve.ranks.rankenv import under_torchrun as under_torchrun  # noqa: PLC0414
 from lifecycle.serve.ranks.rankserve import serve_requests
 
@@ -66,7 +63,6 @@ if TYPE_CHECKING:
 # torch (through lifecycle.runtime.session) only inside functions, after the shutdown signals
 # are blocked.
 
-WORKER_ENV = "LIFECYCLE_WORKER"
 UNAUTHENTICATED = (
     "lifecycle: warning: the rendezvous store is unauthenticated (no LIFECYCLE_STORE_KEY or"
     " LIFECYCLE_STORE_KEY_FILE): whatever reaches it can end or steer this run"
@@ -74,41 +70,6 @@ UNAUTHENTICATED = (
 # A failed rank stays this long past the process-group timeout at most, so that peers blocked
 # on it time out themselves (as under NCCL) and journal where they were.
 LINGER_MARGIN_S = 10.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerSpec:
-    """What the launcher tells each rank process, through the environment."""
-
-    config: dict[str, Any]
-    mode: str  # "boot" or "serve"
-    pipeline: str | None = None
-    control_host: str | None = None
-    control_port: int | None = None
-    control_authkey: str | None = None
-    json_logs: bool = False
-    log_level: str = "info"
-    command: str | None = None
-
-    def to_env(self) -> str:
-        return json.dumps(
-            {
-                "config": self.config,
-                "mode": self.mode,
-                "pipeline": self.pipeline,
-                "control_host": self.control_host,
-                "control_port": self.control_port,
-                "control_authkey": self.control_authkey,
-                "json_logs": self.json_logs,
-                "log_level": self.log_level,
-                "command": self.command,
-            }
-        )
-
-    @classmethod
-    def from_env(cls, text: str) -> WorkerSpec:
-        doc = json.loads(text)
-        return cls(**doc)
 
 
 def _agreed_run_id(
