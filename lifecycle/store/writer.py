@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Dialect, Engine, Table, bindparam, select
+from sqlalchemy import Connection, Dialect, Engine, Table, bindparam, select
 from sqlalchemy.sql.expression import ClauseElement
 
 from lifecycle.core.decisions.compiling import LearnedTraffic
@@ -53,6 +53,8 @@ _CLOSING_KINDS = frozenset(
 )
 
 _CHECKPOINT = ("fold_version", "fold_seq", "fold")
+
+_Read = TypeVar("_Read")  # what a read on a connection of its own returns
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -378,51 +380,42 @@ class RankWriter:
                 raise error from None
 
     def residency_history(self, model: str) -> list[StoredEvent]:
-        """Rank 0's residency events of `model`'s newest runs, newest first (store.plans), read
-        on a connection of its own, apart from this writer's appends."""
-        try:
-            with self._engine.connect() as conn:
-                found: list[StoredEvent] = residency_history(conn, model)
-        except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self._location, opened=True) from None
-        return found
+        """Rank 0's residency events of `model`'s newest runs, newest first (store.plans)."""
+        return self._read_apart(lambda conn: residency_history(conn, model))
 
     def startup_history(self, key: str, *, ranks: int) -> HistoryRead:
-        """The history rows of the newest runs of `key` (store.history), read on a connection
-        of its own."""
-        try:
-            with self._engine.connect() as conn:
-                found = recent_history(conn, key, ranks=ranks)
-        except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self._location, opened=True) from None
-        return found
+        """The history rows of the newest runs of `key` (store.history)."""
+        return self._read_apart(lambda conn: recent_history(conn, key, ranks=ranks))
 
     def served(self, fingerprint_key: str) -> LearnedTraffic:
         """The requests the newest healthy runs of `fingerprint_key` served, and their times
-        to ready (store.served), read on a connection of its own."""
-        try:
-            with self._engine.connect() as conn:
-                found = fingerprint_runs(conn, fingerprint_key)
-                requests = served_requests(conn, [run for run, _ in found], self._location)
-        except DATABASE_ERRORS as exc:
-            raise journal_error(exc, self._location, opened=True) from None
-        return LearnedTraffic(
-            requests=requests, ready_s=[ready for _, ready in found if ready is not None]
-        )
+        to ready (store.served)."""
+
+        def read(conn: Connection) -> LearnedTraffic:
+            found = fingerprint_runs(conn, fingerprint_key)
+            return LearnedTraffic(
+                requests=served_requests(conn, [run for run, _ in found], self._location),
+                ready_s=[ready for _, ready in found if ready is not None],
+            )
+
+        return self._read_apart(read)
 
     def artifacts(self) -> ArtifactStore:
         """The journal's compile artifacts (store.artifacts)."""
         return ArtifactStore(self._engine, self._url)
 
     def planned_inputs(self, run_id: str) -> list[StoredEvent]:
-        """Every rank's `residency_planned` events of `run_id` (store.plans), read on a
-        connection of its own."""
+        """Every rank's `residency_planned` events of `run_id` (store.plans)."""
+        return self._read_apart(lambda conn: planned_inputs(conn, run_id))
+
+    def _read_apart(self, read: Callable[[Connection], _Read]) -> _Read:
+        """`read` on a connection of its own, apart from this writer's appends; a database's
+        error is the journal's."""
         try:
             with self._engine.connect() as conn:
-                found: list[StoredEvent] = planned_inputs(conn, run_id)
+                return read(conn)
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self._location, opened=True) from None
-        return found
 
     def close(self) -> None:
         with self._lock:
