@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -143,13 +142,17 @@ def run_rank_process(
     import torch  # noqa: F401  (its import is a phase of its own)
 
     mark(IMPORT_TORCH)
-    _import_rank_modules()
-    mark(IMPORT_RUNTIME)
+    # The modules a rank runs on, imported here as a phase of their own; the functions below
+    # that use process_group and runs take their names from them again, at no cost.
     from lifecycle.runtime.actions import STARTUP_ACTIONS
+    from lifecycle.runtime.group import process_group  # noqa: F401
     from lifecycle.runtime.group.storetrust import store_secret
     from lifecycle.runtime.recorder import clock_for
     from lifecycle.runtime.session import RankSession
     from lifecycle.serve.console.steps import counting_actions, pipe_report
+    from lifecycle.store import runs  # noqa: F401
+
+    mark(IMPORT_RUNTIME)
 
     ranks = RankEnv.from_env(env)
     clock = clock_for(ranks.rank, env, world_size=ranks.world_size)
@@ -178,21 +181,6 @@ def run_rank_process(
     watch_dump_signal(lambda: session.dump_ring("signal"))
     state = session.boot()
     return _exit_status(session, state, args, ranks, mode=mode, control=control, stop=stop)
-
-
-def _import_rank_modules() -> None:
-    """Import the lifecycle's modules a rank runs on, timed as a phase of their own after
-    torch's: the functions that use them take their names from them then, at no cost."""
-    for module in (
-        "lifecycle.runtime.actions",
-        "lifecycle.runtime.group.process_group",
-        "lifecycle.runtime.group.storetrust",
-        "lifecycle.runtime.recorder",
-        "lifecycle.runtime.session",
-        "lifecycle.serve.console.steps",
-        "lifecycle.store.runs",
-    ):
-        importlib.import_module(module)
 
 
 def _on_shutdown_signal(
