@@ -14,7 +14,7 @@ import inspect
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import structlog
 import torch
@@ -26,6 +26,15 @@ from lifecycle.core.settings.modelspec import ModelSpec
 PIPELINE = Setting("pipeline")  # the option that names a plug-in
 
 log = structlog.get_logger("lifecycle.pipelines")
+
+
+class DenoiseOptions(TypedDict):
+    """What `Pipeline.denoise` takes by keyword, as one mapping: for a wrapper that passes a
+    call on (a pipeline itself spells them, as the protocol does)."""
+
+    seed: int
+    guidance_scale: float
+    on_step: Callable[[int], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,22 +173,13 @@ class EarlierProtocol:
         return self._pipeline.encode_prompt(prompt)
 
     def denoise(
-        self,
-        embeds: Any,
-        shape: Shape,
-        steps: int,
-        *,
-        seed: int,
-        guidance_scale: float,
-        on_step: Callable[[int], None],
+        self, embeds: Any, shape: Shape, steps: int, **options: Unpack[DenoiseOptions]
     ) -> torch.Tensor:
-        if self._takes.guidance_scale:
-            return self._pipeline.denoise(  # type: ignore[no-any-return]
-                embeds, shape, steps, seed=seed, guidance_scale=guidance_scale, on_step=on_step
-            )
-        return self._pipeline.denoise(  # type: ignore[no-any-return]
-            embeds, shape, steps, seed=seed, on_step=on_step
-        )
+        given: dict[str, Any] = dict(options)
+        if not self._takes.guidance_scale:
+            del given["guidance_scale"]
+        denoised: torch.Tensor = self._pipeline.denoise(embeds, shape, steps, **given)
+        return denoised
 
 
 def _parameters(target: Any, name: str, *, bound: bool) -> list[inspect.Parameter] | None:

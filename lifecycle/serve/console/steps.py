@@ -16,7 +16,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from lifecycle.core.format.states import State
     from lifecycle.runtime.actions import Action
     from lifecycle.runtime.pipeline import Pipeline
+    from lifecycle.runtime.pipeline.conformance import DenoiseOptions
     from lifecycle.runtime.rankruntime import RankRuntime
 
 STEPS_FD_ENV = "LIFECYCLE_STEPS_FD"
@@ -57,24 +58,17 @@ class CountingPipeline:
         return getattr(self._inner, name)
 
     def denoise(
-        self,
-        embeds: Any,
-        shape: Shape,
-        steps: int,
-        *,
-        seed: int,
-        guidance_scale: float,
-        on_step: Callable[[int], None],
+        self, embeds: Any, shape: Shape, steps: int, **options: Unpack[DenoiseOptions]
     ) -> torch.Tensor:
         self._report(0, steps)
+        on_step = options["on_step"]
 
         def counted(step: int) -> None:
             on_step(step)
             self._report(step + 1, steps)
 
-        return self._inner.denoise(
-            embeds, shape, steps, seed=seed, guidance_scale=guidance_scale, on_step=counted
-        )
+        options["on_step"] = counted
+        return self._inner.denoise(embeds, shape, steps, **options)
 
 
 def counting_actions(
