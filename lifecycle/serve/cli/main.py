@@ -285,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lifecycle.runtime.group.signals import block_shutdown_signals
 
         block_shutdown_signals()
+    from lifecycle.serve.http.front import FrontOptions
     from lifecycle.serve.launch.launcher import boot, serve
     from lifecycle.serve.ranks.supervisor import LaunchOptions
     from lifecycle.store.runs import launch_command
@@ -297,15 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if ns.command == "serve":
-            return serve(
-                args,
-                created_at=created_at,
-                options=options,
-                host=ns.host,
-                port=ns.port,
-                linger_s=ns.linger,
-                access_log=ns.access_log,
+            front = FrontOptions(
+                host=ns.host, port=ns.port, linger_s=ns.linger, access_log=ns.access_log
             )
+            return serve(args, created_at=created_at, options=options, front=front)
         return boot(args, created_at=created_at, options=options)
     except LifecycleError as exc:
         return fail(exc)

@@ -19,6 +19,7 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.settings.config import ServerArgs
 from lifecycle.runtime.telemetry.tracing import Tracing
 from lifecycle.serve.http.app import create_app, is_loopback
+from lifecycle.serve.http.front import FrontOptions
 from lifecycle.serve.http.httpspans import (
     configure_once_ready,
 )
@@ -110,17 +111,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve_http(
-    args: ServerArgs,
-    *,
-    created_at: float,
-    options: LaunchOptions,
-    host: str,
-    port: int,
-    linger_s: float,
-    access_log: bool = False,
+    args: ServerArgs, *, created_at: float, options: LaunchOptions, front: FrontOptions
 ) -> int:
     """Start the ranks, serve HTTP until SIGTERM or SIGINT, then stop the ranks."""
-    sock = listening(host, port)
+    sock = listening(front.host, front.port)
     bound_port = sock.getsockname()[1]
     control = ControlChannel()
     spec = options.worker_spec(
@@ -132,7 +126,7 @@ def serve_http(
     )
     metrics = Metrics()
     group = RankGroup(args, created_at=created_at, spec=spec, env=metrics.rank_env())
-    announce_run(args, group.run_id, host=host, port=bound_port)
+    announce_run(args, group.run_id, host=front.host, port=bound_port)
     # The ranks warn of a collector in trouble (rank 0 once for the run); the front's spans go
     # to the same collector and say nothing more.
     tracing = Tracing.deferred(os.environ, warn=lambda _text: None)
@@ -146,9 +140,7 @@ def serve_http(
     group.start()
     follower = threading.Thread(target=service.follow, name="journal-follower", daemon=True)
     follower.start()
-    server = http_server(
-        service, metrics, tracing=tracing, access_log=access_log, linger_s=linger_s
-    )
+    server = http_server(service, metrics, front=front, tracing=tracing)
     try:
         server.run(sockets=[sock])
     finally:
@@ -201,21 +193,26 @@ def http_server(
     service: Service,
     metrics: Metrics,
     *,
-    tracing: Tracing | None,
-    access_log: bool,
-    linger_s: float,
+    front: FrontOptions,
+    tracing: Tracing | None = None,
+    grace_s: float = STOP_GRACE_S,
+    signals: bool = True,
 ) -> HttpServer:
-    """The app's server, told to exit once the ranks have failed for good and `linger_s` has
-    passed."""
+    """The app's server, told to exit once the ranks have failed for good and `front.linger_s`
+    has passed; given `grace_s` to finish what it answers when told to stop, and stopped by
+    SIGTERM and SIGINT itself where `signals` says so."""
     config = uvicorn.Config(
-        create_app(service, metrics, access_log=access_log, tracing=tracing),
+        create_app(service, metrics, access_log=front.access_log, tracing=tracing),
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=int(STOP_GRACE_S),
+        timeout_graceful_shutdown=int(grace_s),
     )
-    server = HttpServer(config, service=service)
+    server = HttpServer(config, service=service, signals=signals)
     threading.Thread(
-        target=exit_after_failure, args=(server, service, linger_s), name="linger", daemon=True
+        target=exit_after_failure,
+        args=(server, service, front.linger_s),
+        name="linger",
+        daemon=True,
     ).start()
     return server
 

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 from lifecycle.core.command import Exit
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.states import State
-from lifecycle.core.settings.config import DEFAULT_LINGER_S, ServerArgs
+from lifecycle.core.settings.config import ServerArgs
 from lifecycle.runtime.group.signals import leave_process, watch_shutdown_signals
 from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL, mark
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.serve.console.progress import ProgressPrinter
+from lifecycle.serve.http.front import FrontOptions
 from lifecycle.serve.logs import configure_logging, say
 from lifecycle.serve.ranks.launchtime import launch_walls
 from lifecycle.serve.ranks.supervisor import LaunchOptions
@@ -58,40 +59,18 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
 
 
 def serve(
-    args: ServerArgs,
-    *,
-    created_at: float,
-    options: LaunchOptions,
-    host: str,
-    port: int,
-    linger_s: float = DEFAULT_LINGER_S,
-    access_log: bool = False,
+    args: ServerArgs, *, created_at: float, options: LaunchOptions, front: FrontOptions
 ) -> int:
     """Boot the ranks as processes of their own and serve HTTP here until SIGTERM, or until
-    `linger_s` after a fatal startup failure (then exit 1, so that a pod restarts). Under
+    `front.linger_s` after a fatal startup failure (then exit 1, so that a pod restarts). Under
     torchrun this process is one rank of the group, and rank 0 serves HTTP."""
     if under_torchrun(os.environ):
         from lifecycle.serve.launch.nodeserve import serve_under_torchrun
 
-        return serve_under_torchrun(
-            args,
-            created_at=created_at,
-            host=host,
-            port=port,
-            linger_s=linger_s,
-            access_log=access_log,
-        )
+        return serve_under_torchrun(args, created_at=created_at, front=front)
     from lifecycle.serve.http.server import serve_http
 
-    return serve_http(
-        args,
-        created_at=created_at,
-        options=options,
-        host=host,
-        port=port,
-        linger_s=linger_s,
-        access_log=access_log,
-    )
+    return serve_http(args, created_at=created_at, options=options, front=front)
 
 
 def _torchrun_env(env: Mapping[str, str]) -> str:

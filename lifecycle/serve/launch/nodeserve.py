@@ -29,6 +29,7 @@ from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.config import PeerFailure, ServerArgs
 from lifecycle.runtime.group.signals import leave_process
 from lifecycle.serve.console.steps import StepMark
+from lifecycle.serve.http.front import FrontOptions
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.control import ControlChannel, FromRank, Hello, Stop
 from lifecycle.serve.ranks.crossnode import BEAT_S, SUSPECT_S, Broadcaster, RankBridge, RankLine
@@ -150,18 +151,15 @@ class Front:
         *,
         env: Mapping[str, str],
         sock: socket.socket,
-        url: str,
-        linger_s: float,
-        access_log: bool,
+        options: FrontOptions,
         created_at: float,
     ) -> None:
         self.args = args
         self.env = env
         self.created_at = created_at
         self.sock = sock
-        self.url = url
-        self.linger_s = linger_s
-        self.access_log = access_log
+        self.options = options
+        self.url = f"http://{options.host}:{sock.getsockname()[1]}"
         self.bridge = RankBridge(0, deliver=self._from_rank_0, on_group=self._control_group)
         self.broadcaster = Broadcaster(on_broken=self._broken)
         self.lines: dict[int, RankLine] = {}
@@ -176,12 +174,9 @@ class Front:
 
     def start(self, run_id: str, recorder: Any, trust: StoreTrust) -> None:
         """Called once rank 0's journal is open: follow every rank and serve HTTP."""
-        import uvicorn
-
         from lifecycle.runtime.group.abort import store_client
-        from lifecycle.serve.http.app import create_app
         from lifecycle.serve.http.metrics import Metrics
-        from lifecycle.serve.http.server import HttpServer, exit_after_failure
+        from lifecycle.serve.http.server import http_server
         from lifecycle.serve.http.service import Service
 
         world = self.args.num_ranks
@@ -203,21 +198,13 @@ class Front:
         metrics = self.metrics = Metrics()
         metrics.add(service.metrics, queue_depth=service.queue_depth)
         threading.Thread(target=service.follow, name="journal-follower", daemon=True).start()
-        config = uvicorn.Config(
-            create_app(service, metrics, access_log=self.access_log),
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=int(STOP_SERVER_S),
+        server = self.server = http_server(
+            service, metrics, front=self.options, grace_s=STOP_SERVER_S, signals=False
         )
-        server = self.server = HttpServer(config, service=service, signals=False)
         self._serving = threading.Thread(
             target=server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True
         )
         self._serving.start()
-        threading.Thread(
-            target=exit_after_failure, args=(server, service, self.linger_s), name="linger",
-            daemon=True,
-        ).start()  # fmt: skip
         threading.Thread(target=self._after_http, name="after-http", daemon=True).start()
         scope = "loopback only" if self.loopback else "REACHABLE FROM OTHER HOSTS"
         say(
@@ -327,7 +314,7 @@ class Front:
             return status
         if status != Exit.OK:
             self.service.fail(f"rank 0 ended: exit status {status}")
-            serving.join(self.linger_s + STOP_SERVER_S)
+            serving.join(self.options.linger_s + STOP_SERVER_S)
         server.should_exit = True
         serving.join(STOP_SERVER_S)
         self.broadcaster.close()
@@ -342,10 +329,7 @@ def serve_under_torchrun(
     args: ServerArgs,
     *,
     created_at: float,
-    host: str,
-    port: int,
-    linger_s: float,
-    access_log: bool,
+    front: FrontOptions,
 ) -> int:
     """This process's rank of `serve` under torchrun; rank 0 also answers HTTP."""
     from lifecycle.runtime.group.abort import store_client
@@ -372,26 +356,17 @@ def serve_under_torchrun(
         )
         bridge.close()
         return status
-    sock = listening(host, port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
-    front = Front(
-        args,
-        env=env,
-        sock=sock,
-        url=url,
-        linger_s=linger_s,
-        access_log=access_log,
-        created_at=created_at,
-    )
-    front.loopback = is_loopback(host)
+    sock = listening(front.host, front.port)
+    rank_0 = Front(args, env=env, sock=sock, options=front, created_at=created_at)
+    rank_0.loopback = is_loopback(front.host)
     status = run_rank_process(
         args,
         mode="serve",
         env=env,
         created_at=created_at,
-        control=front.bridge,
-        on_journal=front.start,
-        leave=front.leave,
-        before_signal_exit=front.stop_others,
+        control=rank_0.bridge,
+        on_journal=rank_0.start,
+        leave=rank_0.leave,
+        before_signal_exit=rank_0.stop_others,
     )
-    return front.finish(status)
+    return rank_0.finish(status)
