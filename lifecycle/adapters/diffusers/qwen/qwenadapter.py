@@ -12,7 +12,7 @@ all-gather; Ulysses shares the image tokens over the ulysses group (`qwenulysses
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from lifecycle.adapters.diffusers.regions import repeated_blocks_of
 from lifecycle.adapters.diffusers.wan.wanadapter import (
     COND,
     UNCOND,
+    ComponentsAdapter,
     cfg_branches,
     require_heads_split,
     to_uint8,
@@ -43,35 +44,19 @@ class QwenEmbeds:
     embeds: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
 
 
-class QwenImageAdapter:
+class QwenImageAdapter(ComponentsAdapter):
     """A `QwenImagePipeline` (its components, loaded by diffusers) as a lifecycle pipeline."""
 
-    components: tuple[str, ...] = ("text_encoder", "transformer", "vae")
-
     def __init__(self, spec: ModelSpec, comm: Comm, pipe: Any) -> None:
-        self.spec = spec
-        self.comm = comm
-        self.pipe = pipe
-        pipe.set_progress_bar_config(disable=True)
+        super().__init__(spec, comm, pipe)
         # Qwen-Image's VAE is Wan's, one frame at a time: the same tiling and offload knobs.
         self.residency = WanResidency(pipe, comm.device, tile_size(spec.default_shape))
         require_heads_split(spec, comm, pipe.transformer)
-
-    @property
-    def parameter_bytes(self) -> int:
-        modules = (self.pipe.text_encoder, self.pipe.transformer, self.pipe.vae)
-        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
     def repeated_blocks(self) -> tuple[Any, ...]:
         return repeated_blocks_of(self.pipe.transformer)
 
     # -- text encoder ------------------------------------------------------------------------
-
-    def _branches(self) -> tuple[str, ...]:
-        layout = self.comm.layout
-        if layout.cfg_parallel == 1:
-            return (COND, UNCOND)
-        return (COND,) if layout.cfg_rank == 0 else (UNCOND,)
 
     @torch.no_grad()
     def _encode(self, text: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -183,13 +168,9 @@ class QwenImageAdapter:
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
         """QwenImagePipeline's decoding to an image in [0, 1], as uint8 (1, height, width, 3)."""
-        pipe, vae = self.pipe, self.pipe.vae
+        pipe = self.pipe
         latents = pipe._unpack_latents(latents, shape.height, shape.width, pipe.vae_scale_factor)
-        latents = latents.to(vae.dtype)
-        z_dim = vae.config.z_dim
-        mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents)
-        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents)
-        image = vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]
+        image = self._vae_decoded(latents)[:, :, 0]
         frames = pipe.image_processor.postprocess(image, output_type="np")
         return torch.from_numpy(to_uint8(np.asarray(frames)))
 
@@ -197,6 +178,3 @@ class QwenImageAdapter:
 
     def residency_options(self, shape: Shape) -> tuple[ResidencyOption, ...]:
         return wan_options(self.pipe, shape, self.residency.tiling, self.comm.device.type)
-
-    def apply_residency(self, choices: Sequence[ResidencyOption]) -> None:
-        self.residency.apply(choices)

@@ -13,14 +13,17 @@ output projection's result is gathered whole again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lifecycle.adapters.diffusers.wan.wanulysses import gather_tokens, share_tokens
+from lifecycle.adapters.diffusers.wan.wanulysses import (
+    gather_tokens,
+    sequence_parallel,
+    share_tokens,
+)
 from lifecycle.pipelines import Comm, UlyssesAttention
 
 
@@ -30,7 +33,6 @@ class _Split:
 
     tokens: int = 0
     local: int = 0
-    hooks: list[Any] = field(default_factory=list)
 
 
 def _share(x: torch.Tensor, split: _Split, comm: Comm, dim: int) -> torch.Tensor:
@@ -119,18 +121,12 @@ class UlyssesQwenJointAttention:
         return img_out, attn.to_add_out(txt_out.contiguous())
 
 
-@contextmanager
-def ulysses_qwen_transformer(transformer: Any, comm: Comm) -> Iterator[None]:
+def ulysses_qwen_transformer(transformer: Any, comm: Comm) -> AbstractContextManager[None]:
     """Run `transformer` (a QwenImageTransformer2DModel) sequence-parallel over
     `comm.ulysses` while inside; its own processors and no hook of ours remain after."""
     group = comm.ulysses
-    if group.size == 1:
-        yield
-        return
     split = _Split()
-    attention = UlyssesAttention(comm)
     blocks = list(transformer.transformer_blocks)
-    originals = [block.attn.processor for block in blocks]
 
     def on_rope(_module: Any, _args: Any, out: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
         img_freqs, *rest = out
@@ -146,17 +142,13 @@ def ulysses_qwen_transformer(transformer: Any, comm: Comm) -> Iterator[None]:
     def on_projection(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
         return gather_tokens(out, comm, tokens=split.tokens)
 
-    try:
-        for block in blocks:
-            block.attn.set_processor(UlyssesQwenJointAttention(attention, split, comm))
-        split.hooks = [
+    return sequence_parallel(
+        comm,
+        [block.attn for block in blocks],
+        processor=lambda attention: UlyssesQwenJointAttention(attention, split, comm),
+        hooks=lambda: [
             transformer.pos_embed.register_forward_hook(on_rope),
             blocks[0].register_forward_pre_hook(before_first_block, with_kwargs=True),
             transformer.proj_out.register_forward_hook(on_projection),
-        ]
-        yield
-    finally:
-        for hook in split.hooks:
-            hook.remove()
-        for block, processor in zip(blocks, originals, strict=True):
-            block.attn.set_processor(processor)
+        ],
+    )

@@ -64,18 +64,54 @@ def require_heads_split(spec: ModelSpec, comm: Comm, transformer: Any) -> None:
         )
 
 
-class WanAdapter:
-    """A `WanPipeline` (its components, loaded by diffusers) as a lifecycle pipeline."""
+class ComponentsAdapter:
+    """What a diffusers pipeline driven component by component is as a lifecycle pipeline,
+    Wan's and Qwen-Image's alike (Qwen-Image's VAE is Wan's): its pipe and components, the CFG
+    branches this rank computes, the latents through the VAE, and residency by `WanResidency`."""
 
     components: tuple[str, ...] = ("text_encoder", "transformer", "vae")
+    residency: WanResidency
 
     def __init__(self, spec: ModelSpec, comm: Comm, pipe: Any) -> None:
         self.spec = spec
         self.comm = comm
         self.pipe = pipe
         pipe.set_progress_bar_config(disable=True)
-        transformers = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m]
-        self._transformers = transformers
+        self.transformers = [
+            m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m
+        ]
+
+    @property
+    def parameter_bytes(self) -> int:
+        modules = (self.pipe.text_encoder, *self.transformers, self.pipe.vae)
+        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+    def _branches(self) -> tuple[str, ...]:
+        """The CFG branches this rank computes: both, or its own of the cfg group's two."""
+        layout = self.comm.layout
+        if layout.cfg_parallel == 1:
+            return (COND, UNCOND)
+        return (COND,) if layout.cfg_rank == 0 else (UNCOND,)
+
+    def _vae_decoded(self, latents: torch.Tensor) -> torch.Tensor:
+        """The VAE's output for `latents`, unnormalized by its latents' mean and deviation."""
+        vae = self.pipe.vae
+        z_dim = vae.config.z_dim
+        latents = latents.to(vae.dtype)
+        mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents)
+        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents)
+        return vae.decode(latents / inverse_std + mean, return_dict=False)[0]  # type: ignore[no-any-return]
+
+    def apply_residency(self, choices: Sequence[ResidencyOption]) -> None:
+        self.residency.apply(choices)
+
+
+class WanAdapter(ComponentsAdapter):
+    """A `WanPipeline` (its components, loaded by diffusers) as a lifecycle pipeline."""
+
+    def __init__(self, spec: ModelSpec, comm: Comm, pipe: Any) -> None:
+        super().__init__(spec, comm, pipe)
+        transformers = self.transformers
         # Wan 2.2: the high-noise expert until the boundary, the low-noise one after it.
         self._experts = transformers if pipe.config.boundary_ratio is not None else transformers[:1]
         self.residency = WanResidency(
@@ -93,21 +129,10 @@ class WanAdapter:
                 field="ulysses",
             )
 
-    @property
-    def parameter_bytes(self) -> int:
-        modules = (self.pipe.text_encoder, *self._transformers, self.pipe.vae)
-        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
-
     def repeated_blocks(self) -> tuple[Any, ...]:
         return repeated_blocks_of(*self._experts)
 
     # -- text encoder ------------------------------------------------------------------------
-
-    def _branches(self) -> tuple[str, ...]:
-        layout = self.comm.layout
-        if layout.cfg_parallel == 1:
-            return (COND, UNCOND)
-        return (COND,) if layout.cfg_rank == 0 else (UNCOND,)
 
     @torch.no_grad()
     def _encode(self, text: str) -> torch.Tensor:
@@ -118,7 +143,7 @@ class WanAdapter:
                 max_sequence_length=MAX_SEQUENCE_LENGTH,
                 device=self.comm.device,
             )
-        return embeds.to(self._transformers[0].dtype)  # type: ignore[no-any-return]
+        return embeds.to(self.transformers[0].dtype)  # type: ignore[no-any-return]
 
     def encode_prompt(self, prompt: str, negative_prompt: str) -> WanEmbeds:
         embeds = WanEmbeds(texts={COND: prompt, UNCOND: negative_prompt})
@@ -149,7 +174,7 @@ class WanAdapter:
         guided = guidance_scale > 1.0
         if not guided and COND not in embeds.embeds:
             embeds.embeds[COND] = self._encode(embeds.texts[COND])
-        first = self._transformers[0]
+        first = self.transformers[0]
         pipe.scheduler.set_timesteps(steps, device=device)
         timesteps = pipe.scheduler.timesteps
         latents = pipe.prepare_latents(
@@ -243,12 +268,7 @@ class WanAdapter:
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
         """WanPipeline's decoding to frames in [0, 1], as uint8 (frames, height, width, 3)."""
-        vae = self.pipe.vae
-        z_dim = vae.config.z_dim
-        latents = latents.to(vae.dtype)
-        mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents)
-        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents)
-        video = vae.decode(latents / inverse_std + mean, return_dict=False)[0]
+        video = self._vae_decoded(latents)
         frames = self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
         return torch.from_numpy(to_uint8(frames))
 
@@ -257,9 +277,6 @@ class WanAdapter:
     def residency_options(self, shape: Shape) -> tuple[ResidencyOption, ...]:
         experts = self._experts if len(self._experts) == 2 else ()
         return wan_options(self.pipe, shape, self.residency.tiling, self.comm.device.type, experts)
-
-    def apply_residency(self, choices: Sequence[ResidencyOption]) -> None:
-        self.residency.apply(choices)
 
 
 def to_uint8(frames: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -11,9 +11,9 @@ token attends to the whole prompt on its own rank.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +28,6 @@ class _Split:
     tokens: int = 0
     local: int = 0
     key_mask: torch.Tensor | None = None
-    hooks: list[Any] = field(default_factory=list)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -99,18 +98,12 @@ def _share(x: torch.Tensor, split: _Split, comm: Comm) -> torch.Tensor:
     return share_tokens(x, comm, tokens=split.tokens, local=split.local, dim=1)
 
 
-@contextmanager
-def ulysses_transformer(transformer: Any, comm: Comm) -> Iterator[None]:
+def ulysses_transformer(transformer: Any, comm: Comm) -> AbstractContextManager[None]:
     """Run `transformer` (a WanTransformer3DModel) sequence-parallel over `comm.ulysses` while
     inside; its own processors and no hook of ours remain after."""
     group = comm.ulysses
-    if group.size == 1:
-        yield
-        return
     split = _Split()
-    attention = UlyssesAttention(comm)
     blocks = list(transformer.blocks)
-    originals = [block.attn1.processor for block in blocks]
 
     def on_rope(
         _module: Any, _args: Any, out: tuple[torch.Tensor, ...]
@@ -131,17 +124,43 @@ def ulysses_transformer(transformer: Any, comm: Comm) -> Iterator[None]:
     def on_projection(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
         return gather_tokens(out, comm, tokens=split.tokens)
 
-    try:
-        for block in blocks:
-            block.attn1.set_processor(UlyssesWanSelfAttention(attention, split))
-        split.hooks = [
+    return sequence_parallel(
+        comm,
+        [block.attn1 for block in blocks],
+        processor=lambda attention: UlyssesWanSelfAttention(attention, split),
+        hooks=lambda: [
             transformer.rope.register_forward_hook(on_rope),
             blocks[0].register_forward_pre_hook(before_first_block),
             transformer.proj_out.register_forward_hook(on_projection),
-        ]
+        ],
+    )
+
+
+@contextmanager
+def sequence_parallel(
+    comm: Comm,
+    attentions: Sequence[Any],
+    *,
+    processor: Callable[[UlyssesAttention], Any],
+    hooks: Callable[[], list[Any]],
+) -> Iterator[None]:
+    """While inside, a transformer's `attentions` run `processor(...)` (each over one
+    `UlyssesAttention` of `comm`) and the module hooks that `hooks()` registers are in place;
+    after, the attentions have their own processors back and no hook is left. With one rank
+    in the Ulysses group, nothing changes."""
+    if comm.ulysses.size == 1:
+        yield
+        return
+    attention = UlyssesAttention(comm)
+    originals = [attn.processor for attn in attentions]
+    registered: list[Any] = []
+    try:
+        for attn in attentions:
+            attn.set_processor(processor(attention))
+        registered = hooks()
         yield
     finally:
-        for hook in split.hooks:
+        for hook in registered:
             hook.remove()
-        for block, processor in zip(blocks, originals, strict=True):
-            block.attn1.set_processor(processor)
+        for attn, original in zip(attentions, originals, strict=True):
+            attn.set_processor(original)
