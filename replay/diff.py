@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.core.format.accounting import PhaseShare, account
+from lifecycle.core.format.accounting import account
 from lifecycle.core.format.launchphase import launch_phase
+from lifecycle.core.format.records import PhaseTime
 from lifecycle.core.format.states import State
 from replay.verdict.analysis import RunAnalysis
 from replay.verdict.diagnose import Diagnosis
@@ -111,7 +112,7 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
     )
 
 
-def _summed(phases: Sequence[PhaseShare]) -> tuple[tuple[str, float], ...]:
+def _summed(phases: Sequence[PhaseTime]) -> tuple[tuple[str, float], ...]:
     """Each phase's seconds, a name met twice (an action run twice) summed, in order."""
     spent: dict[str, float] = {}
     for phase in phases:

@@ -15,18 +15,13 @@ from dataclasses import dataclass
 
 from lifecycle.core.format.events import LoadFinished, LoadStarted
 from lifecycle.core.format.launchphase import launch_phase
+from lifecycle.core.format.records import PhaseTime
 from lifecycle.core.format.states import State
 from lifecycle.core.format.text import format_bytes
 from lifecycle.core.format.view import RankView
 
 SPAWN = "spawn"
 IMPORTS = "imports"  # what a run_started of version 2 measured whole
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseShare:
-    name: str
-    seconds: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +57,7 @@ class StartupAccount:
 
     rank: int
     total_s: float
-    phases: tuple[PhaseShare, ...]
+    phases: tuple[PhaseTime, ...]
     loads: tuple[LoadShare, ...]
     ready: bool  # `until` is its ready; else the account of a startup that did not get there
 
@@ -92,23 +87,23 @@ def account(view: RankView, *, now: float | None = None) -> StartupAccount | Non
         return None
     ready_at = view.entered_at(State.READY.value)
     until = ready_at if ready_at is not None else (now or view.last_wall or launch.created_at)
-    phases: list[PhaseShare] = []
+    phases: list[PhaseTime] = []
     if launch.spawn_s:
-        phases.append(PhaseShare(name=SPAWN, seconds=launch.spawn_s))
+        phases.append(PhaseTime(name=SPAWN, seconds=launch.spawn_s))
     started = view.run_started
     if started is not None and started.phases:
-        phases.extend(PhaseShare(name=p.name, seconds=p.seconds) for p in started.phases)
+        phases.extend(started.phases)
     elif launch.imports_s is not None:
-        phases.append(PhaseShare(name=IMPORTS, seconds=launch.imports_s))
+        phases.append(PhaseTime(name=IMPORTS, seconds=launch.imports_s))
     for done in view.actions_done:
         if done.started_at < until:
             seconds = min(done.seconds, until - done.started_at)
-            phases.append(PhaseShare(name=phase_name(done.state, done.action), seconds=seconds))
+            phases.append(PhaseTime(name=phase_name(done.state, done.action), seconds=seconds))
     if ready_at is None and view.action is not None and view.action_at is not None:
         # The action it is in now (or was in when it stopped): its time so far.
         state = view.spans[-1].state if view.spans else view.state
         phases.append(
-            PhaseShare(
+            PhaseTime(
                 name=phase_name(state, view.action.action),
                 seconds=max(0.0, until - view.action_at),
             )

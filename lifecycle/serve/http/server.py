@@ -208,12 +208,8 @@ def http_server(
         timeout_graceful_shutdown=int(grace_s),
     )
     server = HttpServer(config, service=service, signals=signals)
-    threading.Thread(
-        target=exit_after_failure,
-        args=(server, service, front.linger_s),
-        name="linger",
-        daemon=True,
-    ).start()
+    watched = (server, service, front.linger_s)
+    threading.Thread(target=exit_after_failure, args=watched, name="linger", daemon=True).start()
     return server
 
 
