@@ -14,16 +14,14 @@ fingerprint"), each figure a ratio within one run:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.bootrun import run_to_exit
 from bench.serving import Model, serving
 from bench.stats import median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
@@ -54,19 +52,10 @@ def _boot(settings: Settings, db: str, model: str, *extra: str) -> Compiled | fl
 
     command = [sys.executable, "-m", "lifecycle", "boot", "--model", model, "--db", db,
                "--log-level", "warning", *extra]  # fmt: skip
-    proc = subprocess.Popen(
-        command, cwd=settings.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    run_to_exit(
+        command, cwd=settings.workdir, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout_s=BOOT_TIMEOUT_S, ranks=1,
     )  # fmt: skip
-    try:
-        _, stderr = proc.communicate(timeout=BOOT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=10.0)
-        raise BenchError(f"`{' '.join(command[3:])}` did not finish in time") from None
-    if proc.returncode != 0:
-        raise BenchError(f"`{' '.join(command[3:])}` exited {proc.returncode}: {stderr[-300:]}")
     with Journal.open_for_read(db) as journal:
         run = max(journal.runs(), key=lambda r: r.created_at)
         stored = list(journal.read(run_id=run.run_id))

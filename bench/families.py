@@ -28,6 +28,7 @@ from bench.procs import Pool
 from bench.stats import interleave, median
 from bench.suite import Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
+from bench.wanplain import call_arguments, loaded, warm_round
 from bench.wanserving import READY_TIMEOUT_S, WanServer, generate_body
 
 GENERATE_TARGET = 1.05
@@ -79,20 +80,9 @@ def qwen_image_call(pipe: Any, request: Mapping[str, Any], **call: Any) -> Any:
     """`QwenImagePipeline.__call__` with /generate's fields (its guidance as true_cfg_scale,
     as the lifecycle takes it; left out, the pipeline's own) and `call`'s arguments: the
     image in [0, 1], (1, height, width, 3)."""
-    import torch
-
     if "guidance_scale" in request:
         call = {"true_cfg_scale": request["guidance_scale"], **call}
-    return pipe(
-        prompt=request["prompt"],
-        negative_prompt=request["negative_prompt"],
-        height=request["height"],
-        width=request["width"],
-        num_inference_steps=request["steps"],
-        generator=torch.Generator("cpu").manual_seed(request["seed"]),
-        output_type="np",
-        **call,
-    ).images
+    return pipe(**call_arguments(request), **call).images
 
 
 def warm_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
@@ -100,8 +90,6 @@ def warm_task(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     loaded from the directory the first time (untimed), then called, timed around the call
     alone."""
     from diffusers import QwenImagePipeline
-
-    from bench.wanplain import loaded, warm_round
 
     return warm_round(
         payload, load=functools.partial(loaded, QwenImagePipeline), call=qwen_image_call

@@ -13,6 +13,19 @@ import torch
 from lifecycle.adapters.diffusers.wan.tinywan import tiny_vocabulary
 
 
+def small_text_encoder(config_class: Any, encoder_class: Any) -> tuple[Any, Any]:
+    """A T5 tokenizer of the tiny vocabulary and a one-layer text encoder for it
+    (`encoder_class` of a `config_class` config), its weights drawn from torch's generator."""
+    from transformers import T5Tokenizer
+
+    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
+    text_encoder = encoder_class(
+        config_class(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=1,
+                     num_heads=4, relative_attention_num_buckets=8)
+    ).eval()  # fmt: skip
+    return tokenizer, text_encoder
+
+
 def small_wan(*, heads: int = 2, layers: int = 1, scheduler: str = "unipc") -> Any:
     """A WanPipeline unlike tiny-wan: another size, another head count, another scheduler."""
     from diffusers import (
@@ -22,14 +35,10 @@ def small_wan(*, heads: int = 2, layers: int = 1, scheduler: str = "unipc") -> A
         WanPipeline,
         WanTransformer3DModel,
     )
-    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+    from transformers import UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(7)
-    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=1,
-                   num_heads=4, relative_attention_num_buckets=8)
-    ).eval()  # fmt: skip
+    tokenizer, text_encoder = small_text_encoder(UMT5Config, UMT5EncoderModel)
     transformer = WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=8, in_channels=16,
         out_channels=16, text_dim=32, freq_dim=32, ffn_dim=32, num_layers=layers,
@@ -113,14 +122,10 @@ def save_small_ltx(path: Path) -> Path:
         LTXPipeline,
         LTXVideoTransformer3DModel,
     )
-    from transformers import T5Config, T5EncoderModel, T5Tokenizer
+    from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(5)
-    tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
-    text_encoder = T5EncoderModel(
-        T5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=1,
-                 num_heads=4, relative_attention_num_buckets=8)
-    ).eval()  # fmt: skip
+    tokenizer, text_encoder = small_text_encoder(T5Config, T5EncoderModel)
     transformer = LTXVideoTransformer3DModel(
         in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4,
         attention_head_dim=8, cross_attention_dim=32, num_layers=1, caption_channels=32,

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.compare import compared_seconds
 from bench.replay import RANKS, Timed, journal_of, timed
 from bench.stats import median
 from bench.suite import BenchError, Benchmark, Settings, progress
@@ -73,21 +74,23 @@ def diagnose_rows(settings: Settings) -> list[Row]:
     )
     growth = seconds[large] / seconds[small]
     return [
-        Row(
+        compared_seconds(
             figure=f"replay diagnose, {large:,} events ({RANKS} ranks)",
-            value=f"{format_seconds(seconds[large])}, peak {_mib(rss[large])}",
-            baseline=f"{format_seconds(fold.seconds)} full fold, peak {_mib(fold.peak_rss_bytes)}",
-            ratio=format_ratio(seconds[large] / fold.seconds),
+            value_s=seconds[large],
+            baseline_s=fold.seconds,
+            value_note=f", peak {_mib(rss[large])}",
+            baseline_note=f" full fold, peak {_mib(fold.peak_rss_bytes)}",
             target=verdict(f"< {DIAGNOSE_TARGET_S:g} s", met=seconds[large] < DIAGNOSE_TARGET_S),
             how=f"{how}. Baseline: the same journal's every event folded by"
             f" replay.verdict.analysis.analyze over Journals.events, then diagnose(), in a child"
             f" process, one run (the verdict as made before summaries)",
         ),
-        Row(
+        compared_seconds(
             figure=f"replay diagnose, {small:,} -> {large:,} events ({RANKS} ranks)",
-            value=f"{format_seconds(seconds[large])} at {large:,}",
-            baseline=f"{format_seconds(seconds[small])} at {small:,}",
-            ratio=format_ratio(growth),
+            value_s=seconds[large],
+            baseline_s=seconds[small],
+            value_note=f" at {large:,}",
+            baseline_note=f" at {small:,}",
             target=verdict(
                 f"<= {GROWTH_TARGET:g}x (flat in journal size)", met=growth <= GROWTH_TARGET
             ),
@@ -177,11 +180,12 @@ def runs_rows(settings: Settings) -> list[Row]:
         f" {rounds}, interleaved"
     )
     return [
-        Row(
+        compared_seconds(
             figure=f"replay runs, {runs:,} runs in one journal",
-            value=f"{format_seconds(value)}, peak {_mib(peak)}",
-            baseline=f"{format_seconds(baseline)} for 1 run",
-            ratio=format_ratio(value / baseline),
+            value_s=value,
+            baseline_s=baseline,
+            value_note=f", peak {_mib(peak)}",
+            baseline_note=" for 1 run",
             target=verdict(f"< {RUNS_TARGET_S:g} s", met=value < RUNS_TARGET_S),
             how=f"{how}; the floor: 1 run costs {format_seconds(baseline)}, of which"
             f" {format_seconds(imported)} is starting Python and importing what `replay runs`"
@@ -235,11 +239,11 @@ def cold_start_row(settings: Settings) -> Row:
     )
     value = median(help_s)
     baseline = median(bare_s)
-    return Row(
+    return compared_seconds(
         figure="replay --help cold start",
-        value=format_seconds(value),
-        baseline=f"{format_seconds(baseline)} (python -c pass)",
-        ratio=format_ratio(value / baseline),
+        value_s=value,
+        baseline_s=baseline,
+        baseline_note=" (python -c pass)",
         target=verdict(
             f"< {COLD_START_TARGET_S} s, no torch import",
             met=value < COLD_START_TARGET_S and on_help == 0 and on_verdict == 0,

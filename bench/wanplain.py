@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -38,20 +38,29 @@ def load(directory: str) -> Any:
     return loaded(WanPipeline, directory)
 
 
-def call(pipe: Any, request: dict[str, Any]) -> Any:
-    """`WanPipeline.__call__` with the request's fields: frames in [0, 1], (frames, h, w, 3)."""
+def call_arguments(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments of a diffusers pipeline's call that every family takes from the request
+    alike: the prompts, the size, the steps, a CPU generator seeded with its seed, and numpy
+    output."""
     import torch
 
+    return {
+        "prompt": request["prompt"],
+        "negative_prompt": request["negative_prompt"],
+        "height": request["height"],
+        "width": request["width"],
+        "num_inference_steps": request["steps"],
+        "generator": torch.Generator("cpu").manual_seed(request["seed"]),
+        "output_type": "np",
+    }
+
+
+def call(pipe: Any, request: dict[str, Any]) -> Any:
+    """`WanPipeline.__call__` with the request's fields: frames in [0, 1], (frames, h, w, 3)."""
     return pipe(
-        prompt=request["prompt"],
-        negative_prompt=request["negative_prompt"],
-        height=request["height"],
-        width=request["width"],
+        **call_arguments(request),
         num_frames=request["frames"],
-        num_inference_steps=request["steps"],
         guidance_scale=request["guidance_scale"],
-        generator=torch.Generator("cpu").manual_seed(request["seed"]),
-        output_type="np",
     ).frames[0]
 
 

@@ -71,6 +71,14 @@ def one_clear_line(result: Completed) -> str:
     return lines[0]
 
 
+def assert_refused_before_start(result: Completed, message: str, db: Path) -> None:
+    """The command was refused before anything started: exit 2, one clear line holding
+    `message`, and no journal at `db`."""
+    assert result.returncode == 2
+    assert message in one_clear_line(result)
+    assert not db.exists()
+
+
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

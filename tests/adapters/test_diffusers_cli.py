@@ -10,7 +10,7 @@ import pytest
 
 from bench.pipelinedirs import save_small_ddpm
 from lifecycle.store.journal import Journal
-from tests.conftest import one_clear_line, run_cli
+from tests.conftest import assert_refused_before_start, one_clear_line, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -34,9 +34,7 @@ def test_a_diffusers_model_without_the_extra_is_one_line_naming_it(
         "lifecycle", ["boot", *model, "--db", "j.db"], cwd=tmp_path,
         env=without_diffusers(tmp_path), timeout=120,
     )  # fmt: skip
-    assert done.returncode == 2
-    assert "pip install 'lifecycle[diffusers]'" in one_clear_line(done)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(done, "pip install 'lifecycle[diffusers]'", tmp_path / "j.db")
 
 
 @pytest.fixture(scope="module")

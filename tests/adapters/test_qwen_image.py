@@ -18,7 +18,7 @@ from lifecycle.adapters.diffusers import built_in_spec, spec_for_directory
 from lifecycle.adapters.diffusers.qwen.tinyqwen import tiny_qwen_tokenizer
 from lifecycle.core.errors import ConfigError
 from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, Shape
-from tests.conftest import one_clear_line, run_cli
+from tests.conftest import assert_refused_before_start, run_cli
 from tests.support.adapters import adapter_for, adapter_of
 
 SHAPE = Shape(width=48, height=64, frames=1)
@@ -172,6 +172,6 @@ def test_a_tokenizer_without_the_templates_tokens_stops_the_launch(
                       "2", "--db", "j.db"],
         cwd=tmp_path, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 2
-    assert "tokenizer lacks the prompt template's special token" in one_clear_line(done)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(
+        done, "tokenizer lacks the prompt template's special token", tmp_path / "j.db"
+    )

@@ -18,7 +18,7 @@ from lifecycle.adapters.diffusers import spec_for_directory
 from lifecycle.adapters.diffusers.wan.experts import EXPERTS, SWAPPED, block_bytes
 from lifecycle.core.errors import ConfigError
 from lifecycle.pipelines import Shape
-from tests.conftest import one_clear_line, run_cli
+from tests.conftest import assert_refused_before_start, run_cli
 from tests.support.adapters import adapter_of
 
 SHAPE = Shape(width=32, height=32, frames=5)
@@ -193,9 +193,7 @@ def test_a_mismatched_expert_stops_the_launch_before_any_rank_starts(
                       "--db", "j.db"],
         cwd=tmp_path, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 2
-    assert "transformer_2 is 32 wide (2 heads of 16)" in one_clear_line(done)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(done, "transformer_2 is 32 wide (2 heads of 16)", tmp_path / "j.db")
 
 
 @pytest.mark.usefixtures("models_forgotten")

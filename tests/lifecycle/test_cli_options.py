@@ -23,6 +23,7 @@ from tests.conftest import (
     REPO,
     Completed,
     as_unprivileged,
+    assert_refused_before_start,
     bash_completions,
     one_clear_line,
     run_cli,
@@ -140,9 +141,7 @@ def test_aliases_that_disagree_are_one_line_and_exit_2(
     """Two spellings of one setting with different values are refused before anything
     starts."""
     result = lifecycle_cli("boot", "--db", "j.db", *flags, timeout=60)
-    assert result.returncode == 2
-    assert message in one_clear_line(result)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(result, message, tmp_path / "j.db")
 
 
 def test_the_field_servers_flag_names_set_the_same_settings(
@@ -234,9 +233,7 @@ def test_a_bad_config_file_is_one_line_and_exit_2(
         (tmp_path / name).write_text(text)
     argv = ["boot", "--db", "j.db", "--config", name or "absent.toml"]
     result = run_in_process(main, argv, cwd=tmp_path, capsys=capsys)
-    assert result.returncode == 2
-    assert message in one_clear_line(result)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(result, message, tmp_path / "j.db")
 
 
 def test_an_integer_memory_budget_in_a_config_file_is_bytes(
@@ -298,9 +295,7 @@ def test_a_refused_combination_names_each_setting_as_it_was_given(
     config file that set it or by the flag that did, in one line with exit 2."""
     (tmp_path / "c.toml").write_text(text)
     result = lifecycle_cli("boot", "--db", "j.db", "--config", "c.toml", *flags, timeout=60)
-    assert result.returncode == 2
-    assert message in one_clear_line(result)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(result, message, tmp_path / "j.db")
 
 
 def test_a_fault_the_environment_may_have_added_is_not_blamed_on_the_file(
@@ -387,9 +382,7 @@ def test_a_config_file_that_never_ends_or_expands_is_one_line(
         text=True, timeout=60, check=False, preexec_fn=_bounded,
     )  # fmt: skip
     result = Completed(proc.returncode, proc.stdout, proc.stderr)
-    assert result.returncode == 2
-    assert message in one_clear_line(result)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(result, message, tmp_path / "j.db")
 
 
 def test_an_unreadable_or_undecodable_config_file_is_one_line(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.serve.http.media import format_refusal
 from lifecycle.store.journal import Journal
 from tests.adapters.test_diffusers_cli import without_diffusers
-from tests.conftest import one_clear_line, processes_in, run_cli
+from tests.conftest import assert_refused_before_start, processes_in, run_cli
 from tests.support import Served, journal_events, serve
 from tests.support.families import QUICK
 
@@ -183,9 +183,7 @@ def test_tiny_qwen_image_without_the_diffusers_extra_is_one_line(tmp_path: Path)
         "lifecycle", ["boot", "--model", MODEL, "--db", "j.db"], cwd=tmp_path,
         env=without_diffusers(tmp_path), timeout=120,
     )  # fmt: skip
-    assert done.returncode == 2
-    assert "pip install 'lifecycle[diffusers]'" in one_clear_line(done)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(done, "pip install 'lifecycle[diffusers]'", tmp_path / "j.db")
 
 
 def test_the_built_in_spec_is_its_saved_directorys_but_for_its_default_request(

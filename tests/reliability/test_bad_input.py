@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from lifecycle.core.errors import FaultSpecError
 from lifecycle.core.settings.faults import FaultKind, FaultSpec, parse_fault
 from lifecycle.testing.journals import JournalBuilder, a2a, beat
-from tests.conftest import REPO, Completed, file_digest, make_newer_journal, one_clear_line, run_cli
+from tests.conftest import (
+    REPO,
+    Completed,
+    assert_refused_before_start,
+    file_digest,
+    make_newer_journal,
+    one_clear_line,
+    run_cli,
+)
 from tests.replay_argv import REPLAY_COMMANDS, replay_argv
 from tests.support.inprocess import run_in_process
 
@@ -182,9 +190,7 @@ def test_bad_flags_are_one_line_and_exit_2(
     from lifecycle.serve.cli.main import main
 
     result = run_in_process(main, ["boot", "--db", "j.db", *flags], cwd=tmp_path, capsys=capsys)
-    assert result.returncode == 2
-    assert message in one_clear_line(result)
-    assert not (tmp_path / "j.db").exists()
+    assert_refused_before_start(result, message, tmp_path / "j.db")
 
 
 @given(text=st.text(max_size=40))
