@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 from lifecycle.core.errors import InjectedFault
@@ -21,49 +22,43 @@ if TYPE_CHECKING:
 FAULT_EXIT_CODE = 17
 
 
+@dataclass(slots=True)
 class RankFaults:
-    """The faults one rank injects, each journaled (`fault_injected`) as it fires."""
+    """The faults one rank injects, each journaled (`fault_injected`) as it fires: those named
+    in `args` for this `rank`, in the state `state_of` says, through `runtime_of`'s groups."""
 
-    def __init__(
-        self,
-        args: ServerArgs,
-        *,
-        rank: int,
-        recorder: Recorder,
-        state_of: Callable[[], State],
-        runtime_of: Callable[[], RankRuntime | None],
-    ) -> None:
-        self._args = args
-        self._rank = rank
-        self._recorder = recorder
-        self._state_of = state_of
-        self._runtime_of = runtime_of
-        self._skip_armed: FaultSpec | None = None
+    args: ServerArgs
+    _: KW_ONLY
+    rank: int
+    recorder: Recorder
+    state_of: Callable[[], State]
+    runtime_of: Callable[[], RankRuntime | None]
+    skip_armed: FaultSpec | None = field(default=None, init=False)
 
     def inject_on_entering(self, state: State) -> None:
         """Fire the fault named for entering `state`, if any."""
-        kind = fault_for(self._args, rank=self._rank, state=state)
+        kind = fault_for(self.args, rank=self.rank, state=state)
         if kind is not None:
-            self._fire(FaultSpec(rank=self._rank, state=state, kind=kind))
+            self._fire(FaultSpec(rank=self.rank, state=state, kind=kind))
 
     def inject_in_request(self, request: int) -> None:
         """Fire the fault named for the `request`th request after ready, if any: called
         half-way through that request's denoising."""
-        spec = request_fault_for(self._args, rank=self._rank, request=request)
+        spec = request_fault_for(self.args, rank=self.rank, request=request)
         if spec is not None:
             self._fire(spec)
 
     def _fire(self, spec: FaultSpec) -> None:
         kind = spec.kind
         if kind is FaultKind.SKIP_COLLECTIVE:
-            self._skip_armed = spec  # journaled when it fires, with the collective it skipped
+            self.skip_armed = spec  # journaled when it fires, with the collective it skipped
             return
-        self._recorder.record(FaultInjected(fault=str(spec), fault_kind=kind.value))
-        runtime = self._runtime_of()
+        self.recorder.record(FaultInjected(fault=str(spec), fault_kind=kind.value))
+        runtime = self.runtime_of()
         if kind is FaultKind.OVER_BUDGET and runtime is not None:
             runtime.over_budget_fault = True  # the residency verification reads it
         if kind is FaultKind.RAISE:
-            raise InjectedFault(rank=self._rank, state=spec.where)
+            raise InjectedFault(rank=self.rank, state=spec.where)
         if kind is FaultKind.EXIT:
             os._exit(FAULT_EXIT_CODE)  # no cleanup, as a crash
         if kind is FaultKind.HANG:
@@ -71,11 +66,11 @@ class RankFaults:
 
     def skip_collective(self, group: str, group_seq: int, op: str) -> bool:
         """Whether to skip this collective (an armed skip-collective fault in this state)."""
-        spec = self._skip_armed
-        if spec is None or self._state_of() != spec.state:
+        spec = self.skip_armed
+        if spec is None or self.state_of() != spec.state:
             return False
-        self._skip_armed = None
-        self._recorder.record(
+        self.skip_armed = None
+        self.recorder.record(
             FaultInjected(
                 fault=f"{spec} ({op} #{group_seq} in {group})", fault_kind=spec.kind.value
             )

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client import (
     CollectorRegistry,
@@ -57,32 +58,24 @@ LOST = "lost"  # the state lifecycle_rank_state gives a rank lost (its host gone
 REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 
+@dataclass(kw_only=True, eq=False)  # eq=False: a collector is registered by its identity
 class JournalMetrics(Collector):
     """Metrics from the journal as the server follows it: `feed` every new event (for the
     counters), and `views` gives each rank's folded view (for the gauges) at scrape time; with
     what the server knows of each rank beside its journal: the ranks lost (`lost`) and the
     messages each dropped as not sealed with the run's store key (`rejected`)."""
 
-    def __init__(
-        self,
-        *,
-        views: Callable[[], dict[int, RankView]],
-        ended: Callable[[], set[int]],
-        created_at: float,
-        hosts: Callable[[], dict[int, str]] = dict,
-        lost: Callable[[], set[int]] = set,
-        rejected: Callable[[], dict[tuple[int, str], int]] = dict,
-    ) -> None:
-        self._views = views
-        self._ended = ended
-        self._hosts = hosts
-        self._lost = lost
-        self._rejected = rejected
-        self._created_at = created_at
-        self._lock = threading.Lock()
-        self._requests: Counter[tuple[int, str]] = Counter()
-        self._timeouts: Counter[int] = Counter()
-        self._residency: dict[int, tuple[str, str]] = {}  # rank: (plan, status)
+    views: Callable[[], dict[int, RankView]]
+    ended: Callable[[], set[int]]
+    created_at: float
+    hosts: Callable[[], dict[int, str]] = dict
+    lost: Callable[[], set[int]] = set
+    rejected: Callable[[], dict[tuple[int, str], int]] = dict
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _requests: Counter[tuple[int, str]] = field(default_factory=Counter, init=False)
+    _timeouts: Counter[int] = field(default_factory=Counter, init=False)
+    # rank: (plan, status)
+    _residency: dict[int, tuple[str, str]] = field(default_factory=dict, init=False)
 
     def feed(self, events: Iterable[StoredEvent]) -> None:
         with self._lock:
@@ -98,10 +91,10 @@ class JournalMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
-        views = self._views()
-        lost = self._lost()
+        views = self.views()
+        lost = self.lost()
         yield from _state_metrics(
-            views, ended=self._ended() | lost, lost=lost, now=now, created_at=self._created_at
+            views, ended=self.ended() | lost, lost=lost, now=now, created_at=self.created_at
         )
         yield from _warmup_metrics(views)
         yield from _startup_metrics(views, now=now)
@@ -140,7 +133,7 @@ class JournalMetrics(Collector):
             "Each rank and the host it runs on (1), as the rank said at its start.",
             labels=["rank", "host"],
         )
-        for rank, host in sorted(self._hosts().items()):
+        for rank, host in sorted(self.hosts().items()):
             placed.add_metric([str(rank), host], 1)
         yield placed
         dropped = CounterMetricFamily(
@@ -149,7 +142,7 @@ class JournalMetrics(Collector):
             " as not sealed with the run's store key, by rank and channel.",
             labels=["rank", "channel"],
         )
-        for (rank, channel), total in sorted(self._rejected().items()):
+        for (rank, channel), total in sorted(self.rejected().items()):
             dropped.add_metric([str(rank), channel], total)
         yield dropped
 
