@@ -196,7 +196,7 @@ def test_a_rank_waits_at_its_point_and_stops_at_the_step_every_rank_agreed() -> 
     yet stops after its first step; a withdrawn cancel lets it go on; a request already
     answered is not answered again."""
     from lifecycle.serve.ranks.cancel import StepCancels
-    from lifecycle.serve.ranks.control import Cancel, CancelAt, CancelPoint
+    from lifecycle.serve.ranks.messages import Cancel, CancelAt, CancelPoint
 
     sent: list[CancelPoint] = []
     cancels = StepCancels(rank=1, send=sent.append)

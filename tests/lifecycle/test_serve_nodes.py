@@ -24,7 +24,7 @@ import pytest
 
 from lifecycle.core.format.events import RequestFinished, RunStarted
 from lifecycle.core.format.records import StageRecord
-from lifecycle.serve.ranks.control import Progress, Result
+from lifecycle.serve.ranks.messages import Progress, Result
 from lifecycle.serve.ranks.supervisor import free_port
 from lifecycle.serve.ranks.wire import from_wire, to_wire
 from tests.support import journal_events

@@ -13,7 +13,7 @@ from typing import Any
 
 from lifecycle.runtime.group.storetrust import RunKey, StoreTrust
 from lifecycle.serve.ranks import crossnode
-from lifecycle.serve.ranks.control import Progress, Result
+from lifecycle.serve.ranks.messages import Progress, Result
 from lifecycle.serve.ranks.upreader import StoreReader
 from lifecycle.serve.ranks.wire import UP, beat_key, message_key, to_wire
 from tests.conftest import wait_until

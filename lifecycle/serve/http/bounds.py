@@ -25,7 +25,7 @@ from lifecycle.core.decisions.requesttime import (
 from lifecycle.core.format.records import Generation, RequestResult, Shape
 from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.config import ServerArgs
-from lifecycle.serve.ranks.control import Result
+from lifecycle.serve.ranks.messages import Result
 
 log = structlog.get_logger("lifecycle.serve")
 

@@ -26,10 +26,8 @@ from lifecycle.serve.http.httpspans import (
 from lifecycle.serve.http.metrics import Metrics
 from lifecycle.serve.http.service import Service
 from lifecycle.serve.logs import say
-from lifecycle.serve.ranks.control import (
-    ControlChannel,
-    Stop,
-)
+from lifecycle.serve.ranks.control import ControlChannel
+from lifecycle.serve.ranks.messages import Stop
 from lifecycle.serve.ranks.supervisor import POLL_S, LaunchOptions, RankGroup
 from lifecycle.store import shown_location
 

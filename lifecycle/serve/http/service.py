@@ -26,15 +26,9 @@ from lifecycle.serve.http.metrics import JournalMetrics
 from lifecycle.serve.http.rankjson import at, rank_json
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.cancel import wait_within
-from lifecycle.serve.ranks.control import (
-    ControlChannel,
-    Generate,
-    GivenUp,
-    RankLink,
-    Result,
-    ServiceUnavailable,
-)
+from lifecycle.serve.ranks.control import ControlChannel, RankLink, ServiceUnavailable
 from lifecycle.serve.ranks.inflight import RequestFailed, RequestInFlight
+from lifecycle.serve.ranks.messages import Generate, GivenUp, Result
 from lifecycle.serve.ranks.supervisor import POLL_S
 from lifecycle.store import shown_location
 from lifecycle.verdict.launched import LaunchedRun, exit_text

@@ -31,8 +31,9 @@ from lifecycle.runtime.group.signals import leave_process
 from lifecycle.serve.console.steps import StepMark
 from lifecycle.serve.http.front import FrontOptions
 from lifecycle.serve.logs import say
-from lifecycle.serve.ranks.control import ControlChannel, FromRank, Hello, Stop
+from lifecycle.serve.ranks.control import ControlChannel
 from lifecycle.serve.ranks.crossnode import BEAT_S, SUSPECT_S, Broadcaster, RankBridge, RankLine
+from lifecycle.serve.ranks.messages import FromRank, Hello, Stop
 from lifecycle.serve.ranks.rankenv import RankEnv
 from lifecycle.serve.ranks.upreader import StoreReader
 from lifecycle.serve.ranks.wire import Up

@@ -14,8 +14,9 @@ from typing import Any
 
 from lifecycle.core.decisions.requesttime import Prediction, RequestCancelled
 from lifecycle.core.errors import LifecycleError, RequestAborted
-from lifecycle.serve.ranks.control import Cancel, CancelAt, CancelPoint, RankLink, Result
+from lifecycle.serve.ranks.control import RankLink
 from lifecycle.serve.ranks.inflight import PastDeadline, RequestInFlight
+from lifecycle.serve.ranks.messages import Cancel, CancelAt, CancelPoint, Result
 
 # How long the server waits for every rank's CancelPoint (each rank's reader thread answers at
 # once, whatever its main thread is doing): past it, a rank is frozen or gone, the cancel is

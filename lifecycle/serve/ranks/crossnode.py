@@ -32,7 +32,7 @@ from typing import Any
 
 from lifecycle.core.format.events import StoredEvent
 from lifecycle.runtime.group.storetrust import NOT_A_MESSAGE, RunKey, StoreTrust
-from lifecycle.serve.ranks.control import FromRank, Hello, Lost, Stop, ToRank
+from lifecycle.serve.ranks.messages import FromRank, Hello, Lost, Stop, ToRank
 from lifecycle.serve.ranks.wire import (
     BEAT,
     DOWN,

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lifecycle.core.errors import COLLECTIVE_KINDS, LifecycleError
-from lifecycle.serve.ranks.control import Result, ServiceUnavailable
+from lifecycle.serve.ranks.control import ServiceUnavailable
+from lifecycle.serve.ranks.messages import Result
 
 # A rank whose collective timed out or lost its peer failed waiting on another; the other's
 # own error, when it has one, comes within this long of the first failure (the agreed abort

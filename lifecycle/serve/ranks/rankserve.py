@@ -13,18 +13,17 @@ from lifecycle.core.errors import PeerGone, RequestAborted, RequestStalled, clas
 from lifecycle.core.format.records import shared_fields
 from lifecycle.core.settings.validation import validate_shape
 from lifecycle.serve.ranks.cancel import StepCancels
-from lifecycle.serve.ranks.control import (
+from lifecycle.serve.ranks.control import ControlInbox, Line
+from lifecycle.serve.ranks.crossnode import RankBridge
+from lifecycle.serve.ranks.messages import (
     CancelPoint,
-    ControlInbox,
     Generate,
-    Line,
     Lost,
     Progress,
     Ready,
     Result,
     Stop,
 )
-from lifecycle.serve.ranks.crossnode import RankBridge
 
 if TYPE_CHECKING:
     from lifecycle.runtime.rankruntime import RankRuntime

@@ -11,7 +11,7 @@ from typing import Any
 from lifecycle.core.errors import CorruptEvent
 from lifecycle.core.format.codec import decode_or_unknown, dumps_record, encode, loads_record
 from lifecycle.core.format.events import StoredEvent
-from lifecycle.serve.ranks.control import (
+from lifecycle.serve.ranks.messages import (
     Cancel,
     CancelAt,
     CancelPoint,
