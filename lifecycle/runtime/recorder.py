@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
 from lifecycle.core.decisions.compiling import LearnedTraffic
-from lifecycle.core.errors import ConfigError, ErrorKind, JournalError
+from lifecycle.core.errors import ErrorKind, JournalError
 from lifecycle.core.format.events import (
     Aborted,
     CollectivesDumped,
@@ -36,6 +35,10 @@ from lifecycle.core.format.events import (
     WarmupRecord,
 )
 from lifecycle.core.format.states import State
+from lifecycle.runtime.clock import (
+    Clock,
+    SystemClock,
+)
 from lifecycle.runtime.telemetry.rankmetrics import JOURNAL_APPEND_SECONDS, JOURNAL_WRITE_ERRORS
 from lifecycle.store.learned.artifacts import ArtifactStore
 from lifecycle.store.learned.history import HistoryRead
@@ -46,70 +49,6 @@ RING_KINDS = frozenset({"collective_started", "collective_finished"})
 DEBUG_KINDS = frozenset({"heartbeat", "collective_started", "collective_finished"})
 WARNING_KINDS = frozenset({"stalled", "fault_injected", "collectives_dumped"})
 ERROR_KINDS = frozenset({"error"})
-
-
-class Clock(Protocol):
-    def wall(self) -> float: ...
-
-    def mono_ns(self) -> int: ...
-
-
-class SystemClock:
-    """The host's clocks. `skew_s` shifts the wall clock: LIFECYCLE_CLOCK_SKEW=RANK:SECONDS
-    gives one rank a clock that is off, standing in for another host's (one host has one
-    clock, so the alignment of ranks on different hosts is tested this way)."""
-
-    def __init__(self, *, skew_s: float = 0.0) -> None:
-        self._skew = skew_s
-
-    def wall(self) -> float:
-        return time.time() + self._skew
-
-    def mono_ns(self) -> int:
-        return time.monotonic_ns()
-
-
-CLOCK_SKEW_ENV = "LIFECYCLE_CLOCK_SKEW"
-# Hosts whose clocks are further apart than a day are not what the alignment is tested for,
-# and a skew of that size makes every duration measured before the alignment meaningless.
-MAX_CLOCK_SKEW_S = 86_400.0
-
-
-def clock_skews(spec: str, *, world_size: int) -> dict[int, float]:
-    """The skew of each rank LIFECYCLE_CLOCK_SKEW names (`RANK:SECONDS[,...]`); ConfigError
-    naming the variable on any entry that is not a rank of the world and a finite number of
-    seconds within a day, so that no entry is silently ignored."""
-    skews: dict[int, float] = {}
-    if not spec.strip():
-        return skews
-    for part in spec.split(","):
-        name, colon, seconds = (text.strip() for text in part.partition(":"))
-        problem = None
-        if not colon or not name.isascii() or not name.isdigit():
-            problem = f"{part.strip()!r} is not RANK:SECONDS"
-        elif int(name) >= world_size:
-            problem = f"rank {int(name)} is outside 0..{world_size - 1}"
-        elif int(name) in skews:
-            problem = f"rank {int(name)} is named twice"
-        else:
-            try:
-                skew = float(seconds)
-            except ValueError:
-                skew = math.nan
-            if not math.isfinite(skew) or abs(skew) > MAX_CLOCK_SKEW_S:
-                limit = f"{MAX_CLOCK_SKEW_S:g}"
-                problem = f"{seconds!r} is not a number of seconds in -{limit}..{limit} (a day)"
-            else:
-                skews[int(name)] = skew
-        if problem is not None:
-            raise ConfigError(f"{CLOCK_SKEW_ENV}={spec[:80]!r}: {problem}", field="clock_skew")
-    return skews
-
-
-def clock_for(rank: int, env: Mapping[str, str], *, world_size: int) -> SystemClock:
-    """This rank's clock, skewed where LIFECYCLE_CLOCK_SKEW names it (`RANK:SECONDS`)."""
-    skews = clock_skews(env.get(CLOCK_SKEW_ENV, ""), world_size=world_size)
-    return SystemClock(skew_s=skews.get(rank, 0.0))
 
 
 Listener = Callable[[StoredEvent], None]

@@ -117,7 +117,7 @@ def check_environment(env: Mapping[str, str], *, world_size: int) -> None:
     """Refuse, before any rank starts, what the environment says that the ranks would only
     find out later, each on its own: a run id not of the one form, a clock skew that is not
     a rank of the world and a sane number of seconds."""
-    from lifecycle.runtime.recorder import CLOCK_SKEW_ENV, clock_skews
+    from lifecycle.runtime.clock import CLOCK_SKEW_ENV, clock_skews
 
     named_run_id(env)
     clock_skews(env.get(CLOCK_SKEW_ENV, ""), world_size=world_size)

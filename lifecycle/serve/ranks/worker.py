@@ -50,8 +50,9 @@ from lifecycle.serve.ranks.rankenv import under_torchrun as under_torchrun  # no
 from lifecycle.serve.ranks.rankserve import serve_requests
 
 if TYPE_CHECKING:
+    from lifecycle.runtime.clock import Clock
     from lifecycle.runtime.group.storetrust import StoreTrust
-    from lifecycle.runtime.recorder import Clock, Recorder
+    from lifecycle.runtime.recorder import Recorder
     from lifecycle.runtime.session import RankLaunch, RankSession
 
 # This module is the entry of rank processes and is imported by the launcher: it imports
@@ -141,9 +142,9 @@ def run_rank_process(
     # The modules a rank runs on, imported here as a phase of their own; the functions below
     # that use process_group and runs take their names from them again, at no cost.
     from lifecycle.runtime.actions import STARTUP_ACTIONS
+    from lifecycle.runtime.clock import clock_for
     from lifecycle.runtime.group import process_group  # noqa: F401
     from lifecycle.runtime.group.storetrust import store_secret
-    from lifecycle.runtime.recorder import clock_for
     from lifecycle.runtime.session import RankSession
     from lifecycle.serve.console.steps import counting_actions, pipe_report
     from lifecycle.store import runs  # noqa: F401
