@@ -36,12 +36,12 @@ from lifecycle.serve.cli.dbcommand import add_db_command, fail, run_db_command
 from lifecycle.serve.cli.firstrun import add_first_run
 from lifecycle.serve.cli.options import (
     FAULTS_ENV,
-    SPELLINGS,
     add_startup_options,
     environment_epilog,
     load_config,
     torchrun_num_ranks,
 )
+from lifecycle.serve.cli.optiontypes import SPELLINGS
 from lifecycle.serve.cli.spelling import SPELLING, spelling_of
 from lifecycle.serve.logs import configure_logging, say, set_json_lines
 from lifecycle.serve.ranks.models import model_for

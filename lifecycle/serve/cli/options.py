@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from lifecycle.core.command import DEFAULT_JOURNAL_HELP, JOURNAL_ENV, default_journal
-from lifecycle.core.decisions.residencyplanner import parse_size
 from lifecycle.core.errors import ConfigError
-from lifecycle.core.format.records import Shape
 from lifecycle.core.settings.config import (
     COMPILE_MODES,
     DEFAULT_LINGER_S,
@@ -27,6 +23,15 @@ from lifecycle.core.settings.config import (
 from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.core.settings.validation import MAX_SEED, RANKS
 from lifecycle.serve.cli.configfile import read_document, shown
+from lifecycle.serve.cli.optiontypes import (
+    BoundedInt,
+    FaultsAction,
+    Spelled,
+    Switch,
+    linger_seconds,
+    shape_arg,
+    size_text,
+)
 from lifecycle.serve.cli.spelling import ConfigFile
 from lifecycle.serve.logs import LEVELS
 from lifecycle.serve.ranks.models import DEFAULT_MODEL
@@ -60,125 +65,6 @@ def environment_epilog() -> str:
     lines = [f"  {name:<{width}}  {meaning}" for name, meaning in ENVIRONMENT]
     torchrun = "\n".join(f"  {line}" for line in TORCHRUN_ENVIRONMENT.splitlines())
     return "environment:\n" + "\n".join(lines) + "\n" + torchrun + "\n"
-
-
-SPELLINGS = "_spellings"  # a namespace attribute: the spelling each setting was given under
-
-
-def _shown(option_string: str, nargs: int | str | None, value: object) -> str:
-    return option_string if nargs == 0 else f"{option_string} {value}"
-
-
-class _Spelled(argparse.Action):
-    """Stores a setting that has more than one spelling (the field's server's among them); two
-    spellings of one setting that disagree on one command line are refused."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        value = self.const if self.nargs == 0 else values
-        spelled = option_string or self.dest
-        given: dict[str, tuple[str, int | str | None, object]] = vars(namespace).setdefault(
-            SPELLINGS, {}
-        )
-        earlier = given.get(self.dest)
-        if earlier is not None and earlier[0] != spelled and earlier[2] != value:
-            parser.error(
-                f"{_shown(spelled, self.nargs, value)} disagrees with"
-                f" {_shown(*earlier)}: they are one setting"
-            )
-        given[self.dest] = (spelled, self.nargs, value)
-        setattr(namespace, self.dest, value)
-
-
-class _Switch(_Spelled):
-    """A switch that stands for a value of another option (`--enable-cfg-parallel`)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, *, on: int, off: int, **kw: Any):
-        super().__init__(option_strings, dest, nargs=0, const=on, **kw)
-        self.off = off
-
-
-class _Faults(argparse.Action):
-    """Appends, except that the first `--fault` on the command line replaces the faults of the
-    config file (the command line overrides the file, a list as any other value)."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        current = getattr(namespace, self.dest, None)
-        kept = [] if current is None or current is self.default else list(current)
-        setattr(namespace, self.dest, [*kept, values])
-
-
-def _linger_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
-    return seconds
-
-
-class _BoundedInt:
-    """An integer option's type, within bounds: text on the command line, an integer in a
-    config file; a value past them is refused where it is given (one line, exit 2), not
-    where it is first used."""
-
-    __name__ = "int"  # argparse's words for a value that is no integer: "invalid int value"
-
-    def __init__(self, low: int, high: int) -> None:
-        self.low = low
-        self.high = high
-
-    def __call__(self, text: str) -> int:
-        digits = text.strip().lstrip("+-")
-        if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
-            raise argparse.ArgumentTypeError(f"invalid int value: {shown(text)}")
-        if len(digits) > len(str(self.high)) + 1:  # past the bound, and past what str() reads
-            raise argparse.ArgumentTypeError(
-                self._out_of_range(f"a number of {len(digits)} digits")
-            )
-        return self.check(int(text))
-
-    def check(self, value: int) -> int:
-        if not self.low <= value <= self.high:
-            shown_value = str(value) if value.bit_length() <= 128 else "a larger number"
-            raise argparse.ArgumentTypeError(self._out_of_range(shown_value))
-        return value
-
-    def _out_of_range(self, shown_value: str) -> str:
-        return f"must be an integer in {self.low}..{self.high}, not {shown_value}"
-
-
-def _size_text(text: str) -> str:
-    """A size as --memory-budget takes it (600MiB, 2GiB, a number of bytes), checked where it
-    is given and kept as given."""
-    try:
-        parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc).strip()) from None
-    return text
-
-
-def _shape(text: str) -> Shape:
-    """WIDTHxHEIGHTxFRAMES, each a positive integer."""
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(
-        p.isascii() and p.isdigit() and 0 < int(p) < 100_000 for p in parts
-    ):
-        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHTxFRAMES, e.g. 832x480x33")
-    width, height, frames = map(int, parts)
-    return Shape(width=width, height=height, frames=frames)
 
 
 # The settings only `serve` has: a config file of boot that names one is told so.
@@ -264,37 +150,37 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(model, "--model", metavar="NAME")
     add(model, "--model-path", metavar="DIR")
     add(model, "--pipeline", metavar="MODULE:ATTR")
-    add(model, "--default-shape", type=_shape, metavar="WxHxF")
-    add(model, "--default-steps", type=_BoundedInt(1, 10_000), metavar="N")
+    add(model, "--default-shape", type=shape_arg, metavar="WxHxF")
+    add(model, "--default-steps", type=BoundedInt(1, 10_000), metavar="N")
     add(model, "--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
     add(model, "--device", choices=["auto", "cpu", "cuda"], default="auto")
-    add(model, "--seed", type=_BoundedInt(0, MAX_SEED), default=0, metavar="N")
+    add(model, "--seed", type=BoundedInt(0, MAX_SEED), default=0, metavar="N")
 
     ranks = p.add_argument_group("parallelism")
-    add(ranks, "--num-ranks", "--num-gpus", action=_Spelled, type=int, metavar="N")
-    add(ranks, "--cfg-parallel", action=_Spelled, type=int, default=1, metavar="{1,2}")
+    add(ranks, "--num-ranks", "--num-gpus", action=Spelled, type=int, metavar="N")
+    add(ranks, "--cfg-parallel", action=Spelled, type=int, default=1, metavar="{1,2}")
     add(
         ranks,
         "--enable-cfg-parallel",
         dest="cfg_parallel",
-        action=_Switch,
+        action=Switch,
         on=2,
         off=1,
         default=argparse.SUPPRESS,
     )
-    add(ranks, "--ulysses", "--ulysses-degree", action=_Spelled, type=int, metavar="N")
+    add(ranks, "--ulysses", "--ulysses-degree", action=Spelled, type=int, metavar="N")
     add(ranks, "--dist-timeout", default=600.0, **seconds)
     add(ranks, "--on-peer-failure", choices=[p.value for p in PeerFailure], default="abort")
 
     warmup = p.add_argument_group("warmup and calibration")
     add(warmup, "--warmup-mode", choices=[m.value for m in WarmupMode], default="server")
     add(warmup, "--calibrate", action="store_true")
-    add(warmup, "--memory-budget", type=_size_text, metavar="SIZE")
+    add(warmup, "--memory-budget", type=size_text, metavar="SIZE")
     add(warmup, "--smoke-request", choices=[m.value for m in SmokeRequest], default="auto")
     add(warmup, "--compile", action="store_true")
     add(warmup, "--compile-mode", choices=list(COMPILE_MODES), default=COMPILE_MODES[0])
     add(warmup, "--warm-budget", **seconds)
-    add(warmup, "--warm-shape", action="append", type=_shape, default=[], metavar="WxHxF")
+    add(warmup, "--warm-shape", action="append", type=shape_arg, default=[], metavar="WxHxF")
     add(warmup, "--state-deadline", default=300.0, **seconds)
     add(warmup, "--startup-timeout", default=DEFAULT_STARTUP_TIMEOUT_S, **seconds)
 
@@ -308,13 +194,13 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(flight, "--flight-recorder-dir", metavar="DIR")
 
     faults = p.add_argument_group("faults")
-    add(faults, "--fault", action=_Faults, default=[], metavar="RANK:STATE:KIND")
+    add(faults, "--fault", action=FaultsAction, default=[], metavar="RANK:STATE:KIND")
 
     if serve:
         server = p.add_argument_group("server")
         add(server, "--host", default="127.0.0.1")
         add(server, "--port", type=int, default=8000)
-        add(server, "--linger", type=_linger_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS")
+        add(server, "--linger", type=linger_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS")
         add(server, "--request-silence", type=float, metavar="SECONDS")
         add(server, "--access-log", action="store_true")
 
@@ -377,7 +263,7 @@ def load_config(path: str, options: Mapping[str, argparse.Action], *, command: s
 def _value_key(options: Mapping[str, argparse.Action], action: argparse.Action) -> str | None:
     """For a switch that stands for another option's value (`enable-cfg-parallel`), that
     option's key (`cfg-parallel`): the setting a refusal names."""
-    if not isinstance(action, _Switch):
+    if not isinstance(action, Switch):
         return None
     return next((k for k, a in options.items() if a.dest == action.dest and a.nargs != 0), None)
 
@@ -400,23 +286,23 @@ def _checked(where: str, action: argparse.Action, value: object) -> Any:
     if action.nargs == 0:  # a switch: true or false
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, not {_kind(value)}")
-        off = action.off if isinstance(action, _Switch) else not action.const
+        off = action.off if isinstance(action, Switch) else not action.const
         return action.const if value else off
-    if isinstance(action, argparse._AppendAction) and action.type is _shape:
+    if isinstance(action, argparse._AppendAction) and action.type is shape_arg:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of WxHxF strings, not {_kind(value)}")
         try:
-            return [_shape(v) for v in value]
+            return [shape_arg(v) for v in value]
         except argparse.ArgumentTypeError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-    if isinstance(action, _Faults):
+    if isinstance(action, FaultsAction):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings, not {_kind(value)}")
         return list(value)
-    if action.type is int or isinstance(action.type, _BoundedInt):
+    if action.type is int or isinstance(action.type, BoundedInt):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, not {_kind(value)}")
-        if isinstance(action.type, _BoundedInt):
+        if isinstance(action.type, BoundedInt):
             try:
                 value = action.type.check(value)
             except argparse.ArgumentTypeError as exc:
