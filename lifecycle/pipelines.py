@@ -34,7 +34,8 @@ from lifecycle.core.settings.modelspec import (
 )
 from lifecycle.core.settings.validation import MAX_STEPS
 from lifecycle.runtime.device import MemoryMeter, memory_meter, synchronize
-from lifecycle.runtime.group.comm import Comm, RecordedGroup, StagingBuffers, UlyssesAttention
+from lifecycle.runtime.group.comm import Comm, RecordedGroup, StagingBuffers
+from lifecycle.runtime.group.ulysses import UlyssesAttention
 from lifecycle.runtime.phases import ComponentLoad, component_load
 from lifecycle.runtime.pipeline import (
     CompilablePipeline,

@@ -14,7 +14,8 @@ from torch import nn
 
 from lifecycle.core.format.records import ResidencyOption, Shape
 from lifecycle.core.settings.modelspec import ModelSpec
-from lifecycle.runtime.group.comm import Comm, UlyssesAttention
+from lifecycle.runtime.group.comm import Comm
+from lifecycle.runtime.group.ulysses import UlyssesAttention
 from lifecycle.runtime.phases import component_load
 from lifecycle.runtime.pipeline.decoder import Decoder, decode_video
 from lifecycle.runtime.pipeline.placement import (
