@@ -9,8 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Dialect, Engine, Table, bindparam, select
-from sqlalchemy.sql.expression import ClauseElement
+from sqlalchemy import Connection, Engine, select
 
 from lifecycle.core.decisions.compiling import LearnedTraffic
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
@@ -26,15 +25,13 @@ from lifecycle.store.backends.dberrors import (
 )
 from lifecycle.store.backends.schema import (
     events,
-    rank_checkpoints,
-    rank_summaries,
-    startup_history,
 )
 from lifecycle.store.learned.artifacts import ArtifactStore
 from lifecycle.store.learned.history import HistoryRead, history_values, recent_history
 from lifecycle.store.learned.served import fingerprint_runs, served_requests
 from lifecycle.store.learned.verifiedplans import planned_inputs, residency_history
-from lifecycle.store.summaries import SUMMARY_COLUMNS, checkpoint_values, summary_values
+from lifecycle.store.statements import statements_for
+from lifecycle.store.summaries import checkpoint_values, summary_values
 
 # A lock the busy timeout did not outwait (SQLite), or a serialisation failure (a server):
 # tried again a few times, briefly, before the write counts as failed.
@@ -52,8 +49,6 @@ _CLOSING_KINDS = frozenset(
     {"shutdown", "error", "collectives_dumped", "stalled", "flight_recorder_dumped"}
 )
 
-_CHECKPOINT = ("fold_version", "fold_seq", "fold")
-
 _Read = TypeVar("_Read")  # what a read on a connection of its own returns
 
 
@@ -67,65 +62,6 @@ class StoredRow:
     version: int
     data: str
     collective: tuple[str | None, int | None, str | None]  # group_name, group_seq, op
-
-
-class _Statement:
-    """A statement compiled once for the driver, and its parameters in the driver's form."""
-
-    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
-        compiled: Any = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self._order = tuple(compiled.positiontup or ()) if compiled.positional else None
-
-    def params(self, values: dict[str, Any]) -> Any:
-        return values if self._order is None else tuple(values[k] for k in self._order)
-
-
-def _summary_update(table: Table, columns: tuple[str, ...], dialect: Dialect) -> _Statement:
-    stmt = (
-        table.update()
-        .where(table.c.run_id == bindparam("key_run_id"), table.c.rank == bindparam("key_rank"))
-        .values({c: bindparam(c) for c in columns})
-    )
-    return _Statement(stmt, dialect)
-
-
-@dataclass(frozen=True, slots=True)
-class _Statements:
-    """Every statement a writer runs, compiled for one driver: once a process, not once a
-    writer (compiling them took most of opening a writer)."""
-
-    events_insert: str
-    events_positional: bool
-    events_order: tuple[str, ...]
-    summary_insert: _Statement
-    summary_update: _Statement
-    checkpoint_insert: _Statement
-    checkpoint_update: _Statement
-    history_insert: _Statement
-    beat_update: _Statement
-
-
-_COMPILED: dict[tuple[str, str, str], _Statements] = {}
-
-
-def _statements(dialect: Dialect) -> _Statements:
-    key = (dialect.name, str(dialect.driver), str(dialect.paramstyle))
-    found = _COMPILED.get(key)
-    if found is None:
-        compiled = events.insert().compile(dialect=dialect)
-        found = _COMPILED[key] = _Statements(
-            events_insert=str(compiled),
-            events_positional=bool(compiled.positional),
-            events_order=tuple(compiled.positiontup or ()),
-            summary_insert=_Statement(rank_summaries.insert(), dialect),
-            summary_update=_summary_update(rank_summaries, SUMMARY_COLUMNS, dialect),
-            checkpoint_insert=_Statement(rank_checkpoints.insert(), dialect),
-            checkpoint_update=_summary_update(rank_checkpoints, _CHECKPOINT, dialect),
-            history_insert=_Statement(startup_history.insert(), dialect),
-            beat_update=_summary_update(rank_summaries, ("last_heartbeat_wall",), dialect),
-        )
-    return found
 
 
 def collective_columns(event: Event) -> tuple[str | None, int | None, str | None]:
@@ -163,7 +99,7 @@ class RankWriter:
             self._conn = engine.connect()
         except DATABASE_ERRORS as exc:
             raise journal_error(exc, self._location, opened=True) from None
-        compiled = _statements(engine.dialect)
+        compiled = statements_for(engine.dialect)
         self._positional = compiled.events_positional
         self._order = compiled.events_order
         try:
