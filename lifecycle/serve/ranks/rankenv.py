@@ -1,16 +1,21 @@
-"""A rank's environment, as torchrun or the launcher sets it: checked whole, once, at start."""
+"""A rank's environment, as torchrun or the launcher sets it: checked whole, once, at start;
+and the run id the ranks agree on from it."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lifecycle.core.errors import ConfigError
+from lifecycle.core.errors import ConfigError, RankDisagreement
 from lifecycle.core.format.runid import checked_run_id
 from lifecycle.core.settings.validation import MAX_RANKS
+
+if TYPE_CHECKING:
+    from lifecycle.core.settings.config import ServerArgs
 
 # torchrun sets all four for every rank, and the launcher for each rank process it spawns.
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -156,3 +161,54 @@ class WorkerSpec:
     def from_env(cls, text: str) -> WorkerSpec:
         doc = json.loads(text)
         return cls(**doc)
+
+
+def agreed_run_id(
+    env: Mapping[str, str],
+    created_at: float,
+    ranks: RankEnv,
+    args: ServerArgs,
+    secret: bytes | None,
+) -> str:
+    """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast sealed
+    with the store key (`secret`)."""
+    from lifecycle.store.runs import new_run_id
+
+    named = named_run_id(env)
+    if named is not None:
+        return named
+    if ranks.world_size == 1:
+        return new_run_id(created_at)
+    import torch
+
+    from lifecycle.runtime.device import select_device
+    from lifecycle.runtime.group.flightrecorder import folder_for, turn_on
+    from lifecycle.runtime.group.process_group import broadcast_bytes, join_process_group
+    from lifecycle.runtime.group.storetrust import SAME_KEY, RunKey
+
+    # No shared id in the environment: join the group first and let rank 0 name the run.
+    device = select_device(args.device, local_rank=ranks.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # The run's folder is not known yet: NCCL's own dumps go to the folder above it.
+    turn_on(os.environ, entries=args.flight_recorder_entries, folder=folder_for(args))
+    join_process_group(
+        device=device,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+        dist_timeout_s=args.dist_timeout_s,
+        env=env,
+    )
+    key = RunKey(secret, run_id="")
+    chosen = key.seal(new_run_id(created_at).encode(), channel="run-id", rank=0)
+    body = key.open(
+        broadcast_bytes(chosen if ranks.rank == 0 else None, device=device),
+        channel="run-id",
+        rank=0,
+    )
+    if body is None:
+        raise RankDisagreement(
+            f"rank 0's run id is not sealed with this rank's store key: {SAME_KEY}",
+            rank=ranks.rank,
+        )
+    return checked_run_id(body.decode("utf-8", "replace"), source="rank 0")

@@ -14,10 +14,8 @@ from typing import TYPE_CHECKING
 from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.errors import (
     LifecycleError,
-    RankDisagreement,
 )
 from lifecycle.core.format.events import ActionFinished, StoredEvent
-from lifecycle.core.format.runid import checked_run_id
 from lifecycle.core.format.states import State
 from lifecycle.core.settings.config import PeerFailure, ServerArgs, args_from_json
 from lifecycle.runtime.group.signals import (
@@ -44,7 +42,7 @@ from lifecycle.serve.ranks.models import register_model
 
 # RankEnv and under_torchrun are re-exported: the launcher and the command line take them from
 # the rank's entry, where they were first defined.
-from lifecycle.serve.ranks.rankenv import WORKER_ENV, WorkerSpec, named_run_id
+from lifecycle.serve.ranks.rankenv import WORKER_ENV, WorkerSpec, agreed_run_id, named_run_id
 from lifecycle.serve.ranks.rankenv import RankEnv as RankEnv  # noqa: PLC0414
 from lifecycle.serve.ranks.rankenv import under_torchrun as under_torchrun  # noqa: PLC0414
 from lifecycle.serve.ranks.rankserve import serve_requests
@@ -66,57 +64,6 @@ UNAUTHENTICATED = (
 # A failed rank stays this long past the process-group timeout at most, so that peers blocked
 # on it time out themselves (as under NCCL) and journal where they were.
 LINGER_MARGIN_S = 10.0
-
-
-def _agreed_run_id(
-    env: Mapping[str, str],
-    created_at: float,
-    ranks: RankEnv,
-    args: ServerArgs,
-    secret: bytes | None,
-) -> str:
-    """The launcher's run id, else torchrun's rendezvous id, else rank 0's, broadcast sealed
-    with the store key (`secret`)."""
-    from lifecycle.store.runs import new_run_id
-
-    named = named_run_id(env)
-    if named is not None:
-        return named
-    if ranks.world_size == 1:
-        return new_run_id(created_at)
-    import torch
-
-    from lifecycle.runtime.device import select_device
-    from lifecycle.runtime.group.flightrecorder import folder_for, turn_on
-    from lifecycle.runtime.group.process_group import broadcast_bytes, join_process_group
-    from lifecycle.runtime.group.storetrust import SAME_KEY, RunKey
-
-    # No shared id in the environment: join the group first and let rank 0 name the run.
-    device = select_device(args.device, local_rank=ranks.local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    # The run's folder is not known yet: NCCL's own dumps go to the folder above it.
-    turn_on(os.environ, entries=args.flight_recorder_entries, folder=folder_for(args))
-    join_process_group(
-        device=device,
-        rank=ranks.rank,
-        world_size=ranks.world_size,
-        dist_timeout_s=args.dist_timeout_s,
-        env=env,
-    )
-    key = RunKey(secret, run_id="")
-    chosen = key.seal(new_run_id(created_at).encode(), channel="run-id", rank=0)
-    body = key.open(
-        broadcast_bytes(chosen if ranks.rank == 0 else None, device=device),
-        channel="run-id",
-        rank=0,
-    )
-    if body is None:
-        raise RankDisagreement(
-            f"rank 0's run id is not sealed with this rank's store key: {SAME_KEY}",
-            rank=ranks.rank,
-        )
-    return checked_run_id(body.decode("utf-8", "replace"), source="rank 0")
 
 
 def run_rank_process(
@@ -233,7 +180,7 @@ def _open_rank_journal(
     from lifecycle.runtime.recorder import Recorder
     from lifecycle.store.runs import launch_command, open_run
 
-    run_id = _agreed_run_id(env, created_at, ranks, args, secret)
+    run_id = agreed_run_id(env, created_at, ranks, args, secret)
     if ranks.world_size > 1 and named_run_id(env) is None:
         mark(AGREE_RUN_ID)  # the ranks joined their group to agree on it
     journal = open_run(args, run_id=run_id, created_at=created_at, command=launch_command(sys.argv))
