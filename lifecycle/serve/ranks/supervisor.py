@@ -11,10 +11,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
-from lifecycle.core.command import SIGNAL_EXIT_BASE, Exit
 from lifecycle.core.format.events import StoredEvent
 from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.states import State
@@ -27,20 +25,14 @@ from lifecycle.runtime.group.storetrust import (
     StoreTrust,
     new_store_secret,
 )
-from lifecycle.serve.console.progress import ProgressPrinter
 from lifecycle.serve.console.steps import StepMark, StepPipes
-from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.launchtime import LAUNCHED_AT_ENV
 from lifecycle.serve.ranks.rankenv import RUN_ID_ENV, WORKER_ENV, WorkerSpec
-from lifecycle.store import Journal, shown_location
+from lifecycle.store import Journal
 from lifecycle.store.runs import new_run_id, open_run
 from lifecycle.store.summaries import with_latest_heartbeat
 from lifecycle.verdict.launched import (
-    LaunchedRun,
     exit_text,
-    failure_reason,
-    launched_verdict,
-    summary_lines,
 )
 
 WORKER_MODULE = "lifecycle.serve.ranks.worker"  # the entry of a spawned rank process
@@ -341,83 +333,3 @@ def supervise(
         raise
     group.end()
     on_events(group.poll())
-
-
-def _boot_result(
-    reason: str | None,
-    codes: list[int | None],
-    *,
-    unjournaled: list[int],
-    interrupted: list[signal.Signals],
-) -> tuple[int, str]:
-    """The boot's exit status, and why in words."""
-    if unjournaled:
-        # Above a failure or a signal: what the journal holds of this startup is incomplete.
-        return Exit.UNJOURNALED, f"journal not written by rank {', '.join(map(str, unjournaled))}"
-    if interrupted:
-        return SIGNAL_EXIT_BASE + int(interrupted[0]), f"interrupted by {interrupted[0].name}"
-    if Exit.USAGE in codes:
-        # A rank refused what it was given (a plug-in's pipeline it built): bad input, as the
-        # launcher's own refusals are.
-        return Exit.USAGE, f"bad input: {reason}"
-    return (Exit.OK if reason is None else Exit.FAILED), reason or "every rank got to ready"
-
-
-def boot_ranks(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
-    """`lifecycle boot --num-ranks N`: 0 when every rank got to ready, else 1."""
-    spec = options.worker_spec(args, mode="boot")
-    group = RankGroup(args, created_at=created_at, spec=spec)
-    from lifecycle.serve.console.terminal import boot_console
-
-    printer = ProgressPrinter(run_created_at=created_at, ranks=args.num_ranks)
-    console = boot_console(printer, ranks=args.num_ranks)
-    console.show(
-        [
-            f"run {group.run_id}  model {args.model.name}  ranks {args.num_ranks}"
-            f" (cfg {args.cfg_parallel} x ulysses {args.ulysses})"
-            f"  journal {shown_location(args.db)}"
-        ]
-    )
-    interrupted: list[signal.Signals] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        interrupted.append(signal.Signals(signum))
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        group.start(stderr_of=console.rank_stderr)
-
-        def show(events: list[StoredEvent]) -> None:
-            for stored in events:
-                console.feed(stored)
-            console.steps(group.steps())
-
-        supervise(group, on_events=show, keep_going=lambda: not interrupted)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        console.close()
-    # supervise() returns once every rank process has ended and the journal was read after
-    # that: these views hold everything each rank committed.
-    views = group.views()
-    codes = group.exit_codes()
-    group.close()
-    unjournaled = [rank for rank, code in enumerate(codes) if code == Exit.UNJOURNALED]
-    # The culprit `replay diagnose` names leads the reason, not the first rank to fail: that
-    # is often a victim (its collective timed out waiting on the rank that hung).
-    run = LaunchedRun.of(args, run_id=group.run_id, created_at=created_at)
-    verdict = launched_verdict(run, views, codes, now=time.time())
-    reason = failure_reason(verdict, views, codes)
-    status, why = _boot_result(reason, codes, unjournaled=unjournaled, interrupted=interrupted)
-    for line in summary_lines(views, codes, created_at=created_at):
-        say(line, event="rank-summary")
-    say(f"boot: {exit_text(status)}: {why}", event="boot-result", exit_status=status, why=why)
-    if unjournaled:
-        say(
-            f"lifecycle: error: journal {shown_location(args.db)} could not be written by rank"
-            f" {', '.join(map(str, unjournaled))}: the startup stopped and its record is"
-            " incomplete",
-            event="error",
-            out=sys.stderr,
-        )
-    return status
