@@ -10,10 +10,15 @@ import pytest
 from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.config import ServerArgs, args_to_json
-from lifecycle.serve.ranks.supervisor import exit_text, summary_lines
 from lifecycle.store import Journal
 from lifecycle.testing.journals import T0, JournalBuilder, a2a, beat
-from lifecycle.verdict.launched import LaunchedRun, failure_reason, launched_verdict
+from lifecycle.verdict.launched import (
+    LaunchedRun,
+    exit_text,
+    failure_reason,
+    launched_verdict,
+    summary_lines,
+)
 from tests.conftest import Completed
 from tests.replay.scenarios import BEFORE_READY, aborted, error, hung_in_drop_buffers
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from lifecycle.core.settings.faults import FaultKind
-from lifecycle.serve.ranks.supervisor import exit_text
+from lifecycle.verdict.launched import exit_text
 from replay.cli import main
 from tests.replay.fastpath import verdicts_agree
 from tests.replay.fault_matrix import CASES, Produced
