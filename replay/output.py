@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from lifecycle.store.backends.sqlite import FILE_KINDS
 from lifecycle.store.location import file_identity, journal_files
+from lifecycle.store.regularfile import other_file_kind
 from replay.exits import ReplayError
 
 
@@ -38,7 +38,7 @@ def trace_target(output: str, journals: Sequence[str]) -> Path:
     except OSError as exc:
         raise OutputRefused(output=output, reason=f"cannot be examined: {_reason(exc)}") from None
     if status is not None:
-        kind = next((k for is_kind, k in FILE_KINDS if is_kind(status.st_mode)), None)
+        kind = other_file_kind(status.st_mode)
         if kind is not None or not stat.S_ISREG(status.st_mode):
             raise OutputRefused(
                 output=output,

@@ -6,9 +6,19 @@ from __future__ import annotations
 import os
 import stat
 
-from lifecycle.store.backends.sqlite import FILE_KINDS
-
 _CHUNK = 1 << 20
+FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def other_file_kind(mode: int) -> str | None:
+    """What a file of `mode` is when it is one of the kinds above, in words; else None."""
+    return next((kind for is_kind, kind in FILE_KINDS if is_kind(mode)), None)
 
 
 class RefusedFile(ValueError):
@@ -48,7 +58,7 @@ def read_regular(path: str | os.PathLike[str], *, limit: int) -> bytes:
 
 def _check(status: os.stat_result, limit: int) -> None:
     if not stat.S_ISREG(status.st_mode):
-        kind = next((k for is_kind, k in FILE_KINDS if is_kind(status.st_mode)), "something")
+        kind = other_file_kind(status.st_mode) or "something"
         raise RefusedFile(f"{kind}, not a regular file")
     if status.st_size > limit:
         raise RefusedFile(f"{status.st_size} bytes, more than {limit}")

@@ -3,10 +3,13 @@ through persistent staging buffers around the attention itself."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-from lifecycle.runtime.group.comm import Comm
+if TYPE_CHECKING:
+    from lifecycle.runtime.group.comm import Comm
 
 
 class UlyssesAttention:

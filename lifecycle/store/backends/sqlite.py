@@ -18,20 +18,13 @@ from sqlalchemy.pool import NullPool, PoolProxiedConnection
 
 from lifecycle.core.errors import JournalError, JournalNotFound, NotAJournal
 from lifecycle.store.location import shown_location
+from lifecycle.store.regularfile import other_file_kind
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0
 # A reader may hold one connection per rank at once (replay merges the streams); a small page
 # cache each bounds its memory by the rank count, whatever the journal's size.
 READ_CACHE_KIB = 128
-
-FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 def _os_reason(exc: OSError) -> str:
@@ -61,9 +54,9 @@ def _check_sqlite_file(path: Path, location: str) -> bool:
     status = _stat(path, location)
     if status is None:
         return True
-    for is_kind, kind in FILE_KINDS:
-        if is_kind(status.st_mode):
-            raise NotAJournal(location=location, reason=f"not a regular file ({kind})")
+    kind = other_file_kind(status.st_mode)
+    if kind is not None:
+        raise NotAJournal(location=location, reason=f"not a regular file ({kind})")
     size = status.st_size
     if size == 0:
         return True
