@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from lifecycle.adapters.diffusers.library import diffusers_offline
 from lifecycle.adapters.diffusers.qwen.qwenspec import qwen_image_spec
-from lifecycle.adapters.diffusers.wan.tinywan import seeded_component
+from lifecycle.adapters.diffusers.wan.tinywan import drawn_from_seed, seeded_component
 from lifecycle.pipelines import ModelSpec, component_load
 
 TINY_QWEN_IMAGE = "tiny-qwen-image"
@@ -95,10 +93,7 @@ def build_tiny_qwen_image() -> Any:
         tokenizer = tiny_qwen_tokenizer()
     words = len(tokenizer)
     end, im_end = tokenizer.convert_tokens_to_ids([SPECIALS[0], SPECIALS[2]])
-    generator_state = torch.random.get_rng_state()
-    try:
-        # One after another: the weights are drawn from one generator, in this order.
-        torch.manual_seed(SEED)
+    with drawn_from_seed(SEED):  # one after another: the weights are drawn in this order
         text_encoder = seeded_component(
             "text_encoder",
             lambda: Qwen2_5_VLForConditionalGeneration(
@@ -136,8 +131,6 @@ def build_tiny_qwen_image() -> Any:
                 latents_std=[1.0] * 4,
             ),
         )  # fmt: skip
-    finally:
-        torch.random.set_rng_state(generator_state)
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
         tokenizer=tokenizer, transformer=transformer,

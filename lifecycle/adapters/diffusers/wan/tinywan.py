@@ -10,7 +10,8 @@ tokenizes, and the same way on every rank and every start.
 from __future__ import annotations
 
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -34,6 +35,18 @@ def tiny_vocabulary() -> list[tuple[str, float]]:
     words = [(f"\u2581{word}", -4.0) for word in _WORDS]
     chars = [("\u2581", -6.0)] + [(ch, -8.0) for ch in string.printable[:94]]
     return specials + words + chars
+
+
+@contextmanager
+def drawn_from_seed(seed: int) -> Iterator[None]:
+    """Inside, weights are drawn from one generator seeded with `seed` (the same weights on
+    every call); after, the process's generator is as it was."""
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        yield
+    finally:
+        torch.random.set_rng_state(state)
 
 
 def seeded_component(name: str, build: Callable[[], Any]) -> Any:
@@ -75,10 +88,7 @@ def build_tiny_wan() -> Any:
 
     with component_load("tokenizer"):
         tokenizer = T5Tokenizer(vocab=tiny_vocabulary(), extra_ids=0)
-    generator_state = torch.random.get_rng_state()
-    try:
-        # One after another: the weights are drawn from one generator, in this order.
-        torch.manual_seed(SEED)
+    with drawn_from_seed(SEED):  # one after another: the weights are drawn in this order
         text_encoder = seeded_component(
             "text_encoder",
             lambda: UMT5EncoderModel(
@@ -103,8 +113,6 @@ def build_tiny_wan() -> Any:
                 temperal_downsample=[False, True, True],
             ),
         )  # fmt: skip
-    finally:
-        torch.random.set_rng_state(generator_state)
     return WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
