@@ -10,7 +10,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Protocol
@@ -260,33 +260,29 @@ class ControlChannel:
 # -- the rank's end ----------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class ControlInbox:
-    """The launcher's messages, read by a thread of their own, so that a stop reaches a rank
-    that is busy in a request. A closed connection reads as a stop."""
+    """The launcher's messages, read by a thread of their own (from `__post_init__` on), so
+    that a stop reaches a rank that is busy in a request. A closed connection reads as a
+    stop."""
 
-    def __init__(
-        self,
-        control: Connection | Line,
-        *,
-        on_dump: Callable[[str], object],
-        on_given_up: Callable[[GivenUp], object],
-        on_lost: Callable[[Lost], object] | None = None,
-        on_cancel: Callable[[Cancel | CancelAt], object] | None = None,
-    ) -> None:
-        self._control = control
-        self._on_dump = on_dump
-        self._on_given_up = on_given_up
-        self._on_lost = on_lost
-        self._on_cancel = on_cancel
-        self._messages: queue.Queue[Generate | Stop | Lost] = queue.Queue()
-        self._stop_requested = threading.Event()
-        self.stop_message = Stop(reason="stop requested")
+    control: Connection | Line
+    _: KW_ONLY
+    on_dump: Callable[[str], object]
+    on_given_up: Callable[[GivenUp], object]
+    on_lost: Callable[[Lost], object] | None = None
+    on_cancel: Callable[[Cancel | CancelAt], object] | None = None
+    stop_message: Stop = field(default=Stop(reason="stop requested"), init=False)
+    _messages: queue.Queue[Generate | Stop | Lost] = field(default_factory=queue.Queue, init=False)
+    _stop_requested: threading.Event = field(default_factory=threading.Event, init=False)
+
+    def __post_init__(self) -> None:
         threading.Thread(target=self._read, name="lifecycle-control", daemon=True).start()
 
     def _read(self) -> None:
         while True:
             try:
-                message = self._control.recv()
+                message = self.control.recv()
             except (EOFError, OSError):
                 message = Stop(reason="launcher went away")
             if isinstance(message, Stop):
@@ -295,18 +291,18 @@ class ControlInbox:
                 self._messages.put(message)
                 return
             if isinstance(message, Lost):
-                if self._on_lost is not None:
-                    self._on_lost(message)
+                if self.on_lost is not None:
+                    self.on_lost(message)
                 self._messages.put(message)
                 return
             if isinstance(message, Generate):
                 self._messages.put(message)
             elif isinstance(message, Dump):
-                self._on_dump(message.reason)
+                self.on_dump(message.reason)
             elif isinstance(message, GivenUp):
-                self._on_given_up(message)
-            elif isinstance(message, Cancel | CancelAt) and self._on_cancel is not None:
-                self._on_cancel(message)
+                self.on_given_up(message)
+            elif isinstance(message, Cancel | CancelAt) and self.on_cancel is not None:
+                self.on_cancel(message)
 
     @property
     def stopping(self) -> bool:
@@ -322,6 +318,6 @@ class ControlInbox:
         """Send to the launcher; a launcher that went away is noticed by the reader, as a
         stop."""
         try:
-            self._control.send(message)
+            self.control.send(message)
         except OSError:
             return
