@@ -22,7 +22,7 @@ from typing import IO
 import httpx
 import pytest
 
-from lifecycle.core.format.events import RequestFinished, RunStarted
+from lifecycle.core.format.events import Error, RequestFinished, RunStarted, Shutdown
 from lifecycle.core.format.records import StageRecord
 from lifecycle.serve.ranks.messages import Progress, Result
 from lifecycle.serve.ranks.supervisor import free_port
@@ -195,6 +195,32 @@ def test_two_nodes_serve_as_one_and_a_lost_node_fails_fast(tmp_path: Path) -> No
     # Rank 0 learned of the loss from the store (the agreed abort), not from --linger's end.
     assert verdict["ranks"][0]["status"] == "aborted", verdict["summary"]
     assert "different config" not in diagnosed.stderr, diagnosed.stderr
+
+
+def test_a_rank_ended_by_a_signal_as_it_resumes_after_its_loss_is_journaled_lost(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's process stopped (SIGSTOP) until the group takes it for lost, then given SIGTERM
+    as it resumes, as its agent ends a worker whose group went on without it: the rank journals
+    that it was taken for lost (a fatal `rank-lost`, ending failed), not a stop by the signal,
+    whichever of its threads sees the end first."""
+    with two_nodes(tmp_path) as nodes:
+        nodes.wait_for("/health", 200, within=READY_WITHIN_S)
+        worker = nodes.pid_of_rank(1)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            nodes.wait_for("/liveness", 503, within=LIVENESS_WITHIN_S, serving=0)
+            os.kill(worker, signal.SIGTERM)  # pending: the first thing it meets as it resumes
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        statuses = [agent.wait(timeout=60 + LINGER_S) for agent in nodes.agents]
+        assert all(status != 0 for status in statuses), statuses
+    rank1 = journal_events(nodes.db(1))
+    fatal = [s.event for s in rank1 if isinstance(s.event, Error) and s.event.fatal]
+    stops = [s.event for s in rank1 if isinstance(s.event, Shutdown)]
+    assert [e.error_kind for e in fatal] == ["rank-lost"], (fatal, stops)
+    assert "taken for lost" in fatal[0].message, fatal[0].message
+    assert max(rank1, key=lambda s: s.seq).state == "failed", stops
 
 
 # Slow tier: two nodes serving as one, and a lost node failing the group, are the default run's;

@@ -33,7 +33,7 @@ from lifecycle.serve.http.front import FrontOptions
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.control import ControlChannel
 from lifecycle.serve.ranks.crossnode import BEAT_S, SUSPECT_S, Broadcaster, RankBridge, RankLine
-from lifecycle.serve.ranks.messages import FromRank, Hello, Stop
+from lifecycle.serve.ranks.messages import FromRank, Hello, Lost, Stop
 from lifecycle.serve.ranks.rankenv import RankEnv
 from lifecycle.serve.ranks.upreader import StoreReader
 from lifecycle.serve.ranks.wire import Up
@@ -41,6 +41,7 @@ from lifecycle.store.summaries import with_latest_heartbeat
 
 if TYPE_CHECKING:
     from lifecycle.runtime.group.storetrust import StoreTrust
+    from lifecycle.runtime.session import RankSession
 
 STOP_SERVER_S = 10.0  # how long the HTTP server gets to answer what it is answering
 STOP_OTHERS_S = 2.0  # how long a signalled rank 0 waits for its stop to reach the others
@@ -336,6 +337,7 @@ def serve_under_torchrun(
     from lifecycle.runtime.group.abort import store_client
     from lifecycle.serve.http.app import is_loopback
     from lifecycle.serve.http.server import listening
+    from lifecycle.serve.ranks.rankserve import fail_on_lost
     from lifecycle.serve.ranks.worker import run_rank_process
 
     env = os.environ
@@ -352,8 +354,22 @@ def serve_under_torchrun(
             recorder.subscribe(bridge.record)
             bridge.publish(store_client(env, world_size=ranks.world_size), trust)
 
+        def lost_before_signal(_sig: signal.Signals, session: RankSession) -> None:
+            """A signal that reaches a rank the group has taken for lost (its node stopped,
+            then resumed and ended by its agent) ends it as lost, as its inbox would have a
+            moment later, not as stopped by the signal."""
+            why = bridge.taken_for_lost()
+            if why is not None:
+                fail_on_lost(session, Lost(why=why, rank=ranks.rank))
+
         status = run_rank_process(
-            args, mode="serve", env=env, created_at=created_at, control=bridge, on_journal=publish
+            args,
+            mode="serve",
+            env=env,
+            created_at=created_at,
+            control=bridge,
+            on_journal=publish,
+            before_signal_exit=lost_before_signal,
         )
         bridge.close()
         return status
@@ -368,6 +384,6 @@ def serve_under_torchrun(
         control=rank_0.bridge,
         on_journal=rank_0.start,
         leave=rank_0.leave,
-        before_signal_exit=rank_0.stop_others,
+        before_signal_exit=lambda sig, _session: rank_0.stop_others(sig),
     )
     return rank_0.finish(status)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from lifecycle.runtime.session import RankSession
 
 
-def _lost(session: RankSession, lost: Lost) -> None:
+def fail_on_lost(session: RankSession, lost: Lost) -> None:
     """Rank 0 is gone (the rank fails on it), or this rank was silent long enough for the
     group to go on without it: it fails on that once, as when the group's announcement of its
     loss reaches its abort watcher, whichever comes first."""
@@ -68,7 +68,7 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
             RequestStalled(request_id=given.request_id, silent_s=given.silent_s),
             where=f"the server gave request {given.request_id} up",
         ),
-        on_lost=lambda lost: _lost(session, lost),
+        on_lost=lambda lost: fail_on_lost(session, lost),
         on_cancel=cancels.on_message,
     )
     session.serve_collectives_from_ring()

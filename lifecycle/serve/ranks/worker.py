@@ -75,14 +75,14 @@ def run_rank_process(
     control: Connection | Line | None = None,
     on_journal: Callable[[str, Recorder, StoreTrust], object] | None = None,
     leave: Callable[[int], None] = leave_process,
-    before_signal_exit: Callable[[signal.Signals], object] | None = None,
+    before_signal_exit: Callable[[signal.Signals, RankSession], object] | None = None,
 ) -> int:
     """One rank from start to exit; returns the process exit status. `created_at` is
     time.time() at the process's entry; `on_journal(run_id, recorder, trust)` is called once
     the rank's journal is open, before its first event (`trust`: how the rank opens what it
     reads from the rendezvous store); `leave(status)` ends the process from
-    another thread (an agreed abort, a startup timeout); `before_signal_exit(sig)` is
-    called on a shutdown signal once the session exists, before the rank journals it."""
+    another thread (an agreed abort, a startup timeout); `before_signal_exit(sig, session)`
+    is called on a shutdown signal once the session exists, before the rank journals it."""
     import torch  # noqa: F401  (its import is a phase of its own)
 
     mark(IMPORT_TORCH)
@@ -133,7 +133,7 @@ def _on_shutdown_signal(
     stop: threading.Event,
     started: list[RankSession],
     pending: list[signal.Signals],
-    before_signal_exit: Callable[[signal.Signals], object] | None,
+    before_signal_exit: Callable[[signal.Signals, RankSession], object] | None,
 ) -> Callable[[signal.Signals], None]:
     """What a shutdown signal does to the rank: `stop` is set; the signal is journaled by its
     session (`started`), or held in `pending` until its journal opens, or said where no journal
@@ -158,7 +158,7 @@ def _on_shutdown_signal(
             )
             leave_process(SIGNAL_EXIT_BASE + int(sig))
         if before_signal_exit is not None:
-            before_signal_exit(sig)
+            before_signal_exit(sig, started[0])
         leave_process(started[0].shutdown_by_signal(sig))
 
     return on_signal
