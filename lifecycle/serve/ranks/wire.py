@@ -11,22 +11,8 @@ from typing import Any
 from lifecycle.core.errors import CorruptEvent
 from lifecycle.core.format.codec import decode_or_unknown, dumps_record, encode, loads_record
 from lifecycle.core.format.events import StoredEvent
-from lifecycle.serve.ranks.messages import (
-    Cancel,
-    CancelAt,
-    CancelPoint,
-    Dump,
-    FromRank,
-    Generate,
-    GivenUp,
-    Hello,
-    Progress,
-    Ready,
-    Rejected,
-    Result,
-    Stop,
-    ToRank,
-)
+from lifecycle.serve.ranks import messages as msg
+from lifecycle.serve.ranks.messages import FromRank, ToRank
 
 Up = FromRank | StoredEvent
 # The channels each message is sealed for (with its slot's rank and sequence number).
@@ -47,13 +33,13 @@ def beat_key(run_id: str, rank: int) -> str:
 
 # -- up: a rank's replies and events ------------------------------------------------------------
 
-_MESSAGES: dict[str, type[Hello | Ready | Progress | Result | Rejected | CancelPoint]] = {
-    "hello": Hello,
-    "ready": Ready,
-    "progress": Progress,
-    "result": Result,
-    "rejected": Rejected,
-    "cancel_point": CancelPoint,
+_MESSAGES: dict[str, type[FromRank]] = {
+    "hello": msg.Hello,
+    "ready": msg.Ready,
+    "progress": msg.Progress,
+    "result": msg.Result,
+    "rejected": msg.Rejected,
+    "cancel_point": msg.CancelPoint,
 }
 _NAMES = {cls: name for name, cls in _MESSAGES.items()}
 
@@ -105,13 +91,14 @@ def beat_from_wire(data: bytes) -> int | None:
 
 # -- down: rank 0's orders, each with the ranks it is for ----------------------------------------
 
-_ORDERS: dict[str, type[Generate | Stop | Dump | GivenUp | Cancel | CancelAt]] = {
-    "generate": Generate,
-    "stop": Stop,
-    "dump": Dump,
-    "given_up": GivenUp,
-    "cancel": Cancel,
-    "cancel_at": CancelAt,
+_Order = msg.Generate | msg.Stop | msg.Dump | msg.GivenUp | msg.Cancel | msg.CancelAt
+_ORDERS: dict[str, type[_Order]] = {
+    "generate": msg.Generate,
+    "stop": msg.Stop,
+    "dump": msg.Dump,
+    "given_up": msg.GivenUp,
+    "cancel": msg.Cancel,
+    "cancel_at": msg.CancelAt,
 }
 _ORDER_NAMES: dict[type, str] = {cls: name for name, cls in _ORDERS.items()}
 
