@@ -170,13 +170,13 @@ class Front:
         self.trust: StoreTrust | None = None
         self.server: Any = None
         self.metrics: Any = None
-        self.loopback = False
         self._serving: threading.Thread | None = None
         self._leaving = threading.Lock()
 
     def start(self, run_id: str, recorder: Any, trust: StoreTrust) -> None:
         """Called once rank 0's journal is open: follow every rank and serve HTTP."""
         from lifecycle.runtime.group.abort import store_client
+        from lifecycle.serve.http.app import is_loopback
         from lifecycle.serve.http.metrics import Metrics
         from lifecycle.serve.http.server import http_server
         from lifecycle.serve.http.service import Service
@@ -208,12 +208,13 @@ class Front:
         )
         self._serving.start()
         threading.Thread(target=self._after_http, name="after-http", daemon=True).start()
-        scope = "loopback only" if self.loopback else "REACHABLE FROM OTHER HOSTS"
+        loopback = is_loopback(self.options.host)
+        scope = "loopback only" if loopback else "REACHABLE FROM OTHER HOSTS"
         say(
             f"serving on {self.url} ({scope}; rank 0 of {world})",
             event="serving",
             url=self.url,
-            loopback_only=self.loopback,
+            loopback_only=loopback,
         )
 
     def _read_ranks(self, world: int, ranks: NodeRanks, trust: StoreTrust) -> None:
@@ -335,7 +336,6 @@ def serve_under_torchrun(
 ) -> int:
     """This process's rank of `serve` under torchrun; rank 0 also answers HTTP."""
     from lifecycle.runtime.group.abort import store_client
-    from lifecycle.serve.http.app import is_loopback
     from lifecycle.serve.http.server import listening
     from lifecycle.serve.ranks.rankserve import fail_on_lost
     from lifecycle.serve.ranks.worker import run_rank_process
@@ -375,7 +375,6 @@ def serve_under_torchrun(
         return status
     sock = listening(front.host, front.port)
     rank_0 = Front(args, env=env, sock=sock, options=front, created_at=created_at)
-    rank_0.loopback = is_loopback(front.host)
     status = run_rank_process(
         args,
         mode="serve",
