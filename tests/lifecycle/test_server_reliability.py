@@ -317,56 +317,40 @@ def test_sigterm_during_a_long_request_stops_serve_and_every_rank_journals_it(
         assert isinstance(tail[1].event, Transition) and tail[1].state == "stopped"
 
 
-def listening_ports(pid: int) -> set[int]:
-    """The TCP ports process `pid` listens on (what `ss -ltnp` shows for it)."""
-    sockets = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            sockets.add(target[len("socket:[") : -1])
-    ports = set()
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
-            ports.add(int(fields[1].split(":")[1], 16))
-    return ports
-
-
-def held_back_ranks(tmp_path: Path, seconds: float) -> dict[str, str]:
-    """An environment in which every rank process starts `seconds` late (a sitecustomize
-    that sleeps where the launcher's worker variable is set), so that a test is first at the
-    control port."""
+def held_back_ranks(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
+    """An environment in which every rank process, before anything else, writes the control
+    port its launcher gave it to a file and then waits (at most two minutes) until a second
+    file exists: a test is then first at the control port, whatever the machine's load."""
     folder = tmp_path / "held-back"
     folder.mkdir()
+    told, go = tmp_path / "control-port", tmp_path / "go"
     (folder / "sitecustomize.py").write_text(
-        f"import os, time\nif 'LIFECYCLE_WORKER' in os.environ:\n    time.sleep({seconds})\n"
+        "import json, os, time\n"
+        "spec = os.environ.get('LIFECYCLE_WORKER')\n"
+        "if spec:\n"
+        f"    with open({str(told)!r}, 'w') as told:\n"
+        "        told.write(str(json.loads(spec)['control_port']))\n"
+        "    deadline = time.monotonic() + 120\n"
+        f"    while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n"
     )
-    return {"PYTHONPATH": str(folder)}
+    return {"PYTHONPATH": str(folder)}, told, go
 
 
 def test_strangers_on_the_control_port_do_not_keep_the_ranks_out(tmp_path: Path) -> None:
     """An idle connection and two that send garbage, all made to the launcher's control port
     before the ranks connect, neither stop the ranks from being accepted (/health turns 200)
     nor stay connected past the handshake bound, and the log holds no traceback."""
-    env = held_back_ranks(tmp_path, 3.0)
+    env, told, go = held_back_ranks(tmp_path)
     with serve(tmp_path, "--num-ranks", "2", "--warmup-mode", "none", *FAST, env=env) as served:
-        http_port = int(served.url.rsplit(":", 1)[1])
-
-        def control_port() -> int | None:
-            ports = listening_ports(served.proc.pid) - {http_port}
-            return ports.pop() if len(ports) == 1 else None
-
-        wait_until(lambda: control_port() is not None, within=60, what="control port open")
-        port = control_port()
-        assert port is not None
+        wait_until(lambda: told.exists() and told.read_text() != "", within=60, what="a rank")
+        port = int(told.read_text())
         idle = socket.create_connection(("127.0.0.1", port), timeout=60)
         scanner = socket.create_connection(("127.0.0.1", port), timeout=60)
         scanner.sendall(b"GET / HTTP/1.1\r\nHost: lifecycle\r\n\r\n")
         framed = socket.create_connection(("127.0.0.1", port), timeout=60)
         framed.sendall(len(b"not the digest").to_bytes(4, "big") + b"not the digest")
+        go.touch()
         try:
             served.wait_for_health(200, within=120)
             # The server speaks first (its challenge), then hangs up on the silent client.
