@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.bootrun import Booted, boot, clean_env
 from bench.stats import median, median_interval
 from bench.suite import Benchmark, Settings, progress
-from bench.table import Row, format_seconds, missing_extra, verdict
+from bench.table import Row, at_most, format_seconds, missing_extra
 
 TARGET_SHARE = 0.02
 MODEL_PATH = "model-path"  # the case of a diffusers directory, beside the built-in models
@@ -130,7 +130,7 @@ def _row(case: Case, which: str, boots: list[Booted], *, rounds: int) -> Row:
         value=format_seconds(median([r.unattributed_s for r in worst])) + " unattributed",
         baseline=format_seconds(median([b.ready_s for b in boots])) + " to ready",
         ratio=f"{share:.2%}",
-        target=verdict(f"<= {TARGET_SHARE:.0%}", met=share <= TARGET_SHARE),
+        target=at_most(share, TARGET_SHARE, spec=".0%"),
         how=(
             f"`lifecycle boot` of {model} on {case.label.split(', ')[-1]}, the {which} on a fresh"
             f" journal; `replay show RUN --json`'s startup of each rank: unattributed_s /"

@@ -25,7 +25,7 @@ from bench.bootrun import run_to_exit
 from bench.serving import Model, serving
 from bench.stats import median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_ratio, format_seconds, ratio_at_most
 
 COMPILE_TARGET = 0.3
 FIRST_REQUEST_TARGET = 1.05
@@ -99,8 +99,7 @@ def _compile_rows(settings: Settings, label: str, model: str, journals: Iterator
             figure=f"compile on a fresh compiler cache, {label}",
             value=format_seconds(median(warm)),
             baseline=format_seconds(median(cold)),
-            ratio=format_ratio(ratio),
-            target=verdict(f"<= {COMPILE_TARGET}", met=ratio <= COMPILE_TARGET),
+            **ratio_at_most(ratio, COMPILE_TARGET),
             how=f"`compiled` seconds of a second --compile boot (the journal's artifact) / the"
             f" first's cold compile, median of {rounds}",
         ),
@@ -178,8 +177,7 @@ def _first_request_rows(settings: Settings) -> list[Row]:
                 figure=f"first request at a learned shape, {label}",
                 value=format_seconds(median([r.first for r in restarts])),
                 baseline=format_seconds(steady[compiled]),
-                ratio=format_ratio(ratio),
-                target=verdict(f"<= {FIRST_REQUEST_TARGET}", met=ratio <= FIRST_REQUEST_TARGET),
+                **ratio_at_most(ratio, FIRST_REQUEST_TARGET),
                 how=f"POST /generate at {_shape(LEARNED)}, {STEPS} steps, micro-video on 1 rank,"
                 " after a restart on a journal that served it: the first / the steady state (the"
                 f" median of the {STEADY} requests after it), median of {rounds} restarts, in"

@@ -22,7 +22,7 @@ from typing import Any
 from bench.bootrun import BASE_ENV
 from bench.stats import Paired, interleave, median
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
+from bench.table import Row, format_ratio, format_seconds, missing_extra, ratio_at_most
 
 STARTUP_TARGET = 1.05
 BOOT_TIMEOUT_S = 600.0
@@ -230,8 +230,7 @@ def _startup_rows(settings: Settings, sized: Sized, directory: Path) -> list[Row
             figure="diffusers: tiny-wan startup to ready, bounded path",
             value=format_seconds(median(paired.a)),
             baseline=format_seconds(median(paired.b)) + " WanPipeline",
-            ratio=format_ratio(ratio),
-            target=verdict(f"<= {STARTUP_TARGET:.2f}", met=ratio <= STARTUP_TARGET),
+            **ratio_at_most(ratio, STARTUP_TARGET, spec=".2f"),
             how=how,
         )
     ]

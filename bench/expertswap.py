@@ -25,7 +25,7 @@ from typing import Any
 from bench.procs import Pool
 from bench.stats import interleave, median
 from bench.suite import Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_ratio, format_seconds, ratio_at_most, verdict
 
 MIB = 2**20
 RESIDENT, SWAPPED = "resident", "swapped"
@@ -267,16 +267,14 @@ def experts_rows(
             figure="families: Wan 2.2 transformers' peak, experts swapped / both resident",
             value=_mib(peak_sw),
             baseline=_mib(peak_res) + " both resident",
-            ratio=format_ratio(peak_sw / peak_res),
-            target=verdict(f"<= {PEAK_TARGET:.2f}", met=peak_sw / peak_res <= PEAK_TARGET),
+            **ratio_at_most(peak_sw / peak_res, PEAK_TARGET, spec=".2f"),
             how=peak_how + run,
         ),
         Row(
             figure="families: Wan 2.2 step at the switch, swapped / median step",
             value=format_seconds(switch),
             baseline=format_seconds(own_step) + " median step",
-            ratio=format_ratio(switch_ratio),
-            target=verdict(f"<= {SWITCH_TARGET:.2f}", met=switch_ratio <= SWITCH_TARGET),
+            **ratio_at_most(switch_ratio, SWITCH_TARGET, spec=".2f"),
             how=(
                 f"experts swapped: step {k}, the low-noise expert's first (its wait for what"
                 " the handover had left included), from the previous step's on_step to its"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.crash import diagnose_json
-from bench.history import query
+from bench.historyboots import query
 from bench.stats import median
 from bench.suite import BenchError, Benchmark, Settings, progress
 from bench.table import Row, format_ratio, format_seconds, verdict

@@ -27,7 +27,7 @@ from bench.expertswap import experts_rows, measure_experts
 from bench.procs import Pool
 from bench.stats import interleave, median
 from bench.suite import Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
+from bench.table import Row, format_ratio, format_seconds, missing_extra, ratio_at_most
 from bench.wanplain import call_arguments, loaded, warm_round
 from bench.wanserving import READY_TIMEOUT_S, WanServer, generate_body
 
@@ -189,8 +189,7 @@ def generate_row(
         figure=f"families: {family} /generate, lifecycle serve 1 rank",
         value=format_seconds(served),
         baseline=format_seconds(plain) + f" {pipeline}",
-        ratio=format_ratio(ratio),
-        target=verdict(f"<= {GENERATE_TARGET:.2f}", met=ratio <= GENERATE_TARGET),
+        **ratio_at_most(ratio, GENERATE_TARGET, spec=".2f"),
         how=(
             f"POST /generate {shape} at {steps} steps (prompt, negative prompt, guidance"
             f" {sent['guidance_scale']:g}, seed {sent['seed']}), JSON reply, the seconds the"

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.history import query
+from bench.historyboots import query
+from bench.procs import stop_groups
 from bench.stats import interleave, median
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_seconds, ratio_at_most, verdict
 
 RANKS = 2
 MODEL = "micro-video"
@@ -83,17 +84,7 @@ class Server:
     folders: list[Path]
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_groups(self.procs)
 
 
 def _spawn(command: list[str], folder: Path) -> subprocess.Popen[bytes]:
@@ -197,8 +188,7 @@ def measure(settings: Settings) -> list[Row]:
             figure=f"serve across nodes: /generate, 2 nodes x 1 rank ({MODEL})",
             value=format_seconds(median(timed.a)),
             baseline=f"{format_seconds(median(timed.b))} single-host serve, {RANKS} ranks",
-            ratio=format_ratio(ratio),
-            target=verdict(f"<= {GENERATE_TARGET:g}", met=ratio <= GENERATE_TARGET),
+            **ratio_at_most(ratio, GENERATE_TARGET, spec="g"),
             how=f"POST /generate ({shape}) to rank 0 of two torchrun agents on this host (c10d"
             f" rendezvous, --nproc-per-node 1 each) against `lifecycle serve --num-ranks"
             f" {RANKS}`, both up at once and alternated, {pairs} pairs after one of each; the"

@@ -19,7 +19,7 @@ from bench.bootrun import Booted, boot, clean_env, copy_journal
 from bench.otlpreceiver import Receiver, closed_port, otlp_receiver
 from bench.stats import median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
+from bench.table import Row, format_ratio, format_seconds, missing_extra, ratio_at_most
 from lifecycle.runtime.telemetry.tracing import CONFIGURE_AFTER_S, FLUSH_WITHIN_S
 
 TARGET = 1.01
@@ -193,8 +193,7 @@ def _row(
         figure=f"otel export: startup to ready, collector {name}, {ranks_text}",
         value=format_seconds(median([b.ready_s for b in on])),
         baseline=format_seconds(median([b.ready_s for b in off])) + " export off",
-        ratio=format_ratio(ratio),
-        target=verdict(f"<= {target:.2f}", met=ratio <= target),
+        **ratio_at_most(ratio, target, spec=".2f"),
         how=(
             f"`lifecycle boot --model {sized.model}` on {ranks_text}, the launch to the last"
             f" rank's ready (replay show --json's startup total_s); A: OTEL_EXPORTER_OTLP_ENDPOINT"

@@ -20,7 +20,7 @@ from typing import Any
 from bench.procs import Pool
 from bench.stats import median, median_interval
 from bench.suite import BenchError, Benchmark, Settings, progress
-from bench.table import Row, format_ratio, format_seconds, missing_extra, verdict
+from bench.table import Row, format_ratio, format_seconds, missing_extra, ratio_at_most
 
 TARGET = 0.75
 WORKER = "bench.loadside"
@@ -231,8 +231,7 @@ def _rows(
             figure=f"parallel load: Wan 1.3B-sized directory from the page cache, {cores} cores",
             value=format_seconds(median(a_s)),
             baseline=f"{format_seconds(median(b_s))} WanPipeline.from_pretrained",
-            ratio=format_ratio(ratio),
-            target=verdict(f"<= {TARGET}", met=ratio <= TARGET),
+            **ratio_at_most(ratio, TARGET),
             how=how,
         ),
         Row(

@@ -7,10 +7,11 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,23 @@ class Pool(contextlib.AbstractContextManager["Pool"]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def stop_groups(procs: Sequence[subprocess.Popen[Any]], *, within_s: float = 60.0) -> None:
+    """Stop processes each started in a session of its own, with whatever they started: SIGTERM
+    each one's process group, wait up to `within_s` for each, and SIGKILL the group of any
+    still running then."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def serve(task: Task) -> None:

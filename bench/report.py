@@ -17,8 +17,8 @@ Every comparison is measured in the same run, on the same machine: the two sides
 (A B, B A, A B, ...) and the table quotes medians, because the machines are shared and noisy.
 A ratio is value / baseline. Absolute figures (milliseconds, events per second) belong to the
 machine their section names: set two of them side by side only when their sections name the
-same machine. There are no pass/fail thresholds: the target column states the issue's
-target for a figure and whether this run met it, or the field's figure it is set beside.
+same machine. There are no pass/fail thresholds: the target column states the goal set
+for a figure and whether this run met it, or the field's figure it is set beside.
 Child processes start as an installed package does, from compiled bytecode: a run compiles
 lifecycle and replay first, and keeps an environment's PYTHONDONTWRITEBYTECODE from them."""
 

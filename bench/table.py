@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 NONE = "-"
 COLUMNS = ("figure", "value", "baseline", "ratio", "target", "how measured")
@@ -11,8 +12,8 @@ COLUMNS = ("figure", "value", "baseline", "ratio", "target", "how measured")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
-    """One figure: its value, the baseline measured beside it, their ratio, the target the
-    issue sets for it (and whether this run met it), and how it was measured."""
+    """One figure: its value, the baseline measured beside it, their ratio, the goal set for
+    it (and whether this run met it), and how it was measured."""
 
     figure: str
     value: str
@@ -37,6 +38,25 @@ def missing_extra(figure: str, *, extra: str) -> Row:
 def verdict(goal: str, *, met: bool) -> str:
     """A target and whether it was met, as the table states it."""
     return f"{goal}: {'met' if met else 'MISSED'}"
+
+
+def at_most(value: float, limit: float, *, spec: str = "") -> str:
+    """The target cell of a figure whose goal is at most `limit`: the limit written with the
+    format spec `spec`, and whether `value` met it."""
+    return verdict(f"<= {limit:{spec}}", met=value <= limit)
+
+
+class RatioCells(TypedDict):
+    """A row's ratio and target cells, to unpack into `Row(...)`."""
+
+    ratio: str
+    target: str
+
+
+def ratio_at_most(ratio: float, limit: float, *, spec: str = "") -> RatioCells:
+    """The ratio and target cells of a figure whose ratio's goal is at most `limit` (the limit
+    written with the format spec `spec`)."""
+    return RatioCells(ratio=format_ratio(ratio), target=at_most(ratio, limit, spec=spec))
 
 
 def format_ratio(value: float) -> str:

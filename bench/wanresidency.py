@@ -25,7 +25,7 @@ from bench.table import Row, format_ratio, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 2**20
-# Declared against measured: the tolerance for a declared effect.
+# Declared against measured: the tolerance for a declared effect.
 TOLERANCE = 0.25
 WORKER_TIMEOUT_S = 1800.0
 WHOLE, TILED = "whole", "tiled"

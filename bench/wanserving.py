@@ -15,7 +15,7 @@ from bench.procs import Pool
 from bench.serving import ServeProcess
 from bench.stats import median
 from bench.suite import Settings, progress
-from bench.table import Row, format_ratio, format_seconds, verdict
+from bench.table import Row, format_ratio, format_seconds, ratio_at_most
 
 GENERATE_TARGET = 1.05
 READY_TIMEOUT_S = 300.0
@@ -184,8 +184,7 @@ def _generate_row(
         figure="diffusers: tiny-wan /generate, lifecycle serve 1 rank",
         value=format_seconds(median(served)),
         baseline=format_seconds(median(plain)) + " WanPipeline",
-        ratio=format_ratio(ratio),
-        target=verdict(f"<= {GENERATE_TARGET:.2f}", met=ratio <= GENERATE_TARGET),
+        **ratio_at_most(ratio, GENERATE_TARGET, spec=".2f"),
         how=(
             f"POST /generate {_shape(body)} (prompt, negative prompt, guidance"
             f" {body['guidance_scale']:g}, seed {body['seed']}), JSON reply, the seconds the"

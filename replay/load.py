@@ -8,22 +8,18 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from lifecycle.core.errors import CorruptEvent, JournalError
-from lifecycle.core.format.checkpoint import FOLD_VERSION, restore
+from lifecycle.core.errors import JournalError
 from lifecycle.core.format.events import RunStarted, StoredEvent
 from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.states import State
 from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.validation import MAX_RANKS
+from lifecycle.store.decode import DATA_ERRORS
 from lifecycle.store.journal import Journal
 from lifecycle.store.rows import RunRow
 from lifecycle.store.summaries import Summary, with_latest_heartbeat
 from lifecycle.verdict.analysis import config_number
 from replay.exits import AmbiguousRun, ReplayError, RunNotFound
-
-# What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
-# past the recursion limit, a number out of range): the journal is bad input, not a bug here.
-DATA_ERRORS = (ValueError, TypeError, RecursionError, OverflowError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,7 +278,7 @@ class Journals:
             summary = held[id(journal)].get(r)
             if summary is not None and check and not self._summary_holds(journal, summary):
                 summary = None
-            fold = _restored(summary, run.run_id, r)
+            fold = summary.restored() if summary is not None else None
             if fold is None:
                 fold, summary = RankFold(run_id=run.run_id, rank=r), None
             if summary is None or summary.last_seq > fold.last_seq:
@@ -381,19 +377,6 @@ class Journals:
                 f"{journal.location}: run {run_id} rank {rank}: events after seq {last} cannot"
                 f" be read: {type(exc).__name__}"
             )
-
-
-def _restored(summary: Summary | None, run_id: str, rank: int) -> RankFold | None:
-    """The fold a summary row holds, if it is one this lifecycle reads and it is whole."""
-    if summary is None or summary.fold_version != FOLD_VERSION:
-        return None
-    try:
-        fold = restore(summary.fold)
-    except (CorruptEvent, *DATA_ERRORS):
-        return None
-    if (fold.run_id, fold.rank, fold.last_seq) != (run_id, rank, summary.fold_seq):
-        return None
-    return fold
 
 
 def _same_settings(config: dict[str, object], other: dict[str, object]) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
 from lifecycle.core.errors import ConfigError
@@ -15,6 +16,21 @@ class Clock(Protocol):
     def wall(self) -> float: ...
 
     def mono_ns(self) -> int: ...
+
+    def source(self) -> str | None: ...
+
+
+# The running kernel's boot id: every process on one kernel reads one wall clock, in a
+# container too (time namespaces move only the monotonic and boot clocks).
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+def kernel_boot_id() -> str | None:
+    """This kernel's boot id; None where the system does not give one."""
+    try:
+        return BOOT_ID_PATH.read_text(encoding="ascii").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 class SystemClock:
@@ -30,6 +46,12 @@ class SystemClock:
 
     def mono_ns(self) -> int:
         return time.monotonic_ns()
+
+    def source(self) -> str | None:
+        """Which wall clock this reads: the kernel's, by its boot id, as skewed; ranks whose
+        clocks have one source need no measured offset. None where the kernel is not known."""
+        boot = kernel_boot_id()
+        return None if boot is None else f"{boot}{self._skew:+}"
 
 
 CLOCK_SKEW_ENV = "LIFECYCLE_CLOCK_SKEW"

@@ -60,31 +60,33 @@ def dump_reason(event: Event, ring: deque[tuple[Event, str, float, int]]) -> str
         # A message dropped from the store is news of the store, not of this rank's collectives.
         case Error() if event.error_kind != ErrorKind.UNAUTHENTICATED:
             return "error"
-        case Aborted():
-            return "aborted"
-        case Stalled():
-            return "stall"
-        case RequestFinished(ok=False):
-            return "request-failed"
         case Shutdown() if _collective_pending(ring):
             return "shutdown"
-    return None
+    return _group_trouble(event)
 
 
 def trouble(event: Event) -> str | None:
     """The trouble `event` reports, for what else a rank keeps for it (PyTorch's Flight
-    Recorder dump): a fatal error's kind, a stall, a failed request, a stop by signal."""
+    Recorder dump): a fatal error's kind, the group aborted, a stall, a failed request, a stop
+    by signal."""
     match event:
         case Error(fatal=True):
             return event.error_kind
+        case Shutdown(signal=str()):
+            return "signal"
+    return _group_trouble(event)
+
+
+def _group_trouble(event: Event) -> str | None:
+    """The trouble both answers name alike: the group aborted, a stall, a request that
+    failed."""
+    match event:
         case Aborted():
             return "aborted"
         case Stalled():
             return "stall"
         case RequestFinished(ok=False):
             return "request-failed"
-        case Shutdown(signal=str()):
-            return "signal"
     return None
 
 

@@ -37,12 +37,12 @@ from lifecycle.core.settings.config import PeerFailure, RankLayout, ServerArgs
 from lifecycle.runtime.actions import STARTUP_ACTIONS, Action, action_runs
 from lifecycle.runtime.device import memory_meter, select_device
 from lifecycle.runtime.group.abort import AbortWatcher, watch_peers
+from lifecycle.runtime.group.clocksync import measure_clock_offset
 from lifecycle.runtime.group.comm import Comm
 from lifecycle.runtime.group.flightrecorder import FlightDumper, folder_for, turn_on
 from lifecycle.runtime.group.heartbeat import HeartbeatThread
 from lifecycle.runtime.group.process_group import (
     join_process_group,
-    measure_clock_offset,
     settings_disagreement,
 )
 from lifecycle.runtime.group.signals import leave_process
@@ -220,9 +220,11 @@ class RankSession(RankEnding):
             )
 
     def _align_clock(self, device: torch.device) -> None:
-        """Measure this rank's clock against rank 0's, journal it, and stamp what follows on
-        rank 0's clock, so that "first" means first across hosts."""
-        offset, trip = measure_clock_offset(device, self.recorder.clock.wall)
+        """Measure this rank's clock against rank 0's (none to measure where both read one
+        kernel's), journal it, and stamp what follows on rank 0's clock, so that "first"
+        means first across hosts."""
+        clock = self.recorder.clock
+        offset, trip = measure_clock_offset(device, clock.wall, clock.source())
         self.recorder.align_clock(offset)
         self.recorder.record(
             ClockAligned(offset_s=offset, round_trip_s=trip, host=socket.gethostname())

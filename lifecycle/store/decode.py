@@ -13,6 +13,10 @@ from lifecycle.core.format.events import StoredEvent, UnknownEvent
 from lifecycle.store.backends.schema import events
 from lifecycle.store.rows import is_int, is_number
 
+# What a journal's own bytes can make the decoder raise (a BLOB where text belongs, JSON nested
+# past the recursion limit, a number out of range): the journal is bad input, not a bug here.
+DATA_ERRORS = (ValueError, TypeError, RecursionError, OverflowError)
+
 # An event row as readers select it.
 EVENT_ROW = select(
     events.c.run_id,

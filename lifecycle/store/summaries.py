@@ -12,11 +12,13 @@ from typing import Any
 
 from sqlalchemy import Connection, literal, select, tuple_
 
-from lifecycle.core.format.checkpoint import FOLD_VERSION, checkpoint
+from lifecycle.core.errors import CorruptEvent
+from lifecycle.core.format.checkpoint import FOLD_VERSION, checkpoint, restore
 from lifecycle.core.format.events import StoredEvent
 from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.states import TERMINAL_STATES, State
 from lifecycle.store.backends.schema import events, rank_checkpoints, rank_summaries
+from lifecycle.store.decode import DATA_ERRORS
 from lifecycle.store.rows import is_int, is_number
 
 SUMMARY_REVISION = "0003"  # the first revision with rank_summaries
@@ -80,6 +82,20 @@ class Summary:
     # Its latest heartbeat, which after ready is kept here in place rather than journaled
     # (see RankWriter.beat): at least the last heartbeat event's time.
     last_heartbeat_wall: float | None = None
+
+    def restored(self) -> RankFold | None:
+        """The fold its checkpoint holds, if it is one this lifecycle reads and whole (this
+        row's run and rank, at its `fold_seq`); None otherwise, and the reader folds the rank's
+        events instead."""
+        if self.fold_version != FOLD_VERSION:
+            return None
+        try:
+            fold = restore(self.fold)
+        except (CorruptEvent, *DATA_ERRORS):
+            return None
+        if (fold.run_id, fold.rank, fold.last_seq) != (self.run_id, self.rank, self.fold_seq):
+            return None
+        return fold
 
 
 def read_summaries(

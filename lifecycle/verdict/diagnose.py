@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import Generic
 
 from lifecycle.core.errors import ErrorKind, recorded_kind
@@ -13,7 +12,7 @@ from lifecycle.core.format.records import shared_fields
 from lifecycle.core.format.states import State
 from lifecycle.core.format.view import RankView
 from lifecycle.verdict.analysis import GroupEvidence, Mismatch, Run, RunAnalysis, RunT, RunT_co
-from lifecycle.verdict.culprits import hang_culprits, late_arrivals
+from lifecycle.verdict.culprits import late_arrivals
 from lifecycle.verdict.endings import (
     Findings,
     aborted_while_waiting,
@@ -39,6 +38,7 @@ from lifecycle.verdict.evidence import (
     StoppedBySignal,
     WaitEnd,
 )
+from lifecycle.verdict.outcome import Outcome, run_outcome
 from lifecycle.verdict.status import (
     RankVerdict,
     Status,
@@ -49,17 +49,6 @@ from lifecycle.verdict.status import (
     stop_signal,
     where,
 )
-
-
-class Outcome(StrEnum):
-    READY = "ready"
-    FAILED = "failed"
-    HUNG = "hung"
-    CRASHED = "crashed"
-    STOPPED = "stopped"  # stopped from outside before ready, with no failure before the stop
-    RUNNING = "running"  # still starting: every rank alive and moving
-    INCOMPLETE = "incomplete"  # the journals end before a verdict (a rank's journal missing)
-
 
 # Places ranks in collectives the journal does not show them in (PyTorch's Flight Recorder
 # saw them there): each rank's verdict, updated.
@@ -226,52 +215,6 @@ def _blocked_evidence(verdict: RankVerdict) -> Blocked | None:
     return Blocked(rank=verdict.rank, ended=ended, **shared_fields(p, Blocked))
 
 
-# Who announces a rank lost rather than failed: rank 0's server under torchrun (a beat that
-# stopped), or a peer (rank 0's broadcasts that stopped).
-LOSS_ANNOUNCERS = ("server", "peer")
-
-
-def _outcome(
-    verdicts: dict[int, RankVerdict],
-    analysis: RunAnalysis[Run],
-    errors: list[FirstError],
-    *,
-    killed: bool,
-) -> tuple[Outcome, list[int]]:
-    crashed = [r for r, v in verdicts.items() if v.status is Status.CRASHED]
-    failed = [r for r, v in verdicts.items() if v.status is Status.FAILED]
-    statuses = {v.status for v in verdicts.values()}
-    hung_evidence = any(blocked(v) for v in verdicts.values()) or Status.HUNG in statuses
-    complete = bool(verdicts) and not analysis.missing_ranks
-    if killed and hung_evidence:
-        return Outcome.HUNG, hang_culprits(verdicts, analysis)
-    if crashed:
-        return Outcome.CRASHED, sorted(crashed, key=lambda r: analysis.views[r].last_wall or 0.0)
-    if complete and statuses == {Status.READY}:
-        return Outcome.READY, []
-    if hung_evidence:
-        return Outcome.HUNG, hang_culprits(verdicts, analysis)
-    if errors or failed:
-        return Outcome.FAILED, [errors[0].rank] if errors else failed[:1]
-    # Aborted for a rank whose own journal holds no failure, announced lost by the server or
-    # a peer: the group took it for lost (its process stopped, its host cut off), whatever it
-    # journaled afterwards.
-    lost = [
-        v.aborted_by
-        for v in verdicts.values()
-        if v.aborted
-        and v.aborted_by in verdicts
-        and analysis.views[v.rank].aborts[0][2].announced_by in LOSS_ANNOUNCERS
-    ]
-    if lost:
-        return Outcome.FAILED, lost[:1]
-    if complete and statuses <= {Status.READY, Status.STOPPED}:
-        return Outcome.STOPPED, []
-    if complete and statuses <= {Status.READY, Status.STOPPED, Status.RUNNING}:
-        return Outcome.RUNNING, []
-    return Outcome.INCOMPLETE, []
-
-
 def diagnose(
     analysis: RunAnalysis[RunT],
     *,
@@ -294,7 +237,7 @@ def diagnose(
         analysis, findings, now=now, dead=dead_ranks, live=live_ranks, in_flight=in_flight
     )
     errors = _run_errors(verdicts)
-    outcome, culprits = _outcome(verdicts, analysis, errors, killed=killed)
+    outcome, culprits = run_outcome(verdicts, analysis, errors, killed=killed)
     culprit_state = _culprit_state(verdicts, culprits)
     startup = _startup_to_ready(analysis)
     return Diagnosis(

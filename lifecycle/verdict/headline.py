@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from lifecycle.verdict.diagnose import LOSS_ANNOUNCERS, Diagnosis, Outcome
+from lifecycle.verdict.diagnose import Diagnosis
 from lifecycle.verdict.evidence import AbortedBy, Blocked, FirstError, LateArrival
+from lifecycle.verdict.outcome import LOSS_ANNOUNCERS, Outcome
 from lifecycle.verdict.status import PendingInfo, Status
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TypeAlias
 
 from lifecycle.verdict import diagnose as verdict
-from lifecycle.verdict.diagnose import Outcome
+from lifecycle.verdict.outcome import Outcome
 from lifecycle.verdict.status import RankVerdict
 from replay.exits import ReplayExit
 from replay.flight.join import FlightFacts, in_flight

@@ -7,8 +7,8 @@ from lifecycle.core.format.launchphase import launch_phase
 from lifecycle.core.format.records import Signature
 from lifecycle.verdict import evidence as ev
 from lifecycle.verdict.analysis import Mismatch, MismatchReason, SplitDisagreement
-from lifecycle.verdict.diagnose import LOSS_ANNOUNCERS, Outcome
 from lifecycle.verdict.headline import out_of_step
+from lifecycle.verdict.outcome import LOSS_ANNOUNCERS, Outcome
 from lifecycle.verdict.status import PendingInfo, RankVerdict, Status
 from replay.verdict.diagnose import Diagnosis
 

@@ -247,10 +247,13 @@ def _trouble_lines(view: RankView, analysis: RunAnalysis) -> list[str]:
 def _caveat_lines(view: RankView) -> list[str]:
     """What to bear in mind reading the rank: its clock offset, unreadable events, seq gaps."""
     lines = []
-    if view.clock is not None and view.rank != 0:
+    clock = view.clock if view.rank != 0 else None
+    if clock is not None and clock.offset_s == 0.0:
+        lines.append(f"  clock rank 0's (host {clean(clock.host)}, one kernel): no offset")
+    elif clock is not None:
         lines.append(
-            f"  clock {view.clock.offset_s:+.4f} s against rank 0's (host {clean(view.clock.host)},"
-            f" measured within {view.clock.round_trip_s * 1000:.2f} ms); its times are on rank 0's"
+            f"  clock {clock.offset_s:+.4f} s against rank 0's (host {clean(clock.host)},"
+            f" measured within {clock.round_trip_s * 1000:.2f} ms); its times are on rank 0's"
         )
     if view.unknown:
         lines.append(f"  {len(view.unknown)} event(s) of unknown kind or undecodable payload")

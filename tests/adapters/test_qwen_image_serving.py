@@ -10,26 +10,18 @@ import numpy as np
 import pytest
 
 from bench.pipelinedirs import save_tiny_qwen_image
-from tests.support.families import (
-    LAYOUTS,
-    assert_the_fields_failure_is_diagnosed,
-    assert_within_one_step,
-    qwen_image_pipeline_image,
-    served_npy,
-)
+from tests.support import families
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
-REQUEST = {
-    "prompt": "a cat walks in the rain at night",
-    "negative_prompt": "blurry, dark",
-    "width": 48,
-    "height": 64,
-    "frames": 1,
-    "steps": 3,
-    "guidance_scale": 3.5,
-    "seed": 13,
-}
+REQUEST = families.family_request(
+    "48x64x1",
+    prompt="a cat walks in the rain at night",
+    negative_prompt="blurry, dark",
+    steps=3,
+    guidance_scale=3.5,
+    seed=13,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +32,17 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def diffusers_image(qwen_dir: Path) -> np.ndarray:
     """What diffusers' own QwenImagePipeline makes of REQUEST, scaled to uint8."""
-    return qwen_image_pipeline_image(qwen_dir, REQUEST)
+    return families.qwen_image_pipeline_image(qwen_dir, REQUEST)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", families.LAYOUTS)
 def test_served_image_equals_qwen_image_pipeline_within_one_step(
     tmp_path: Path, qwen_dir: Path, diffusers_image: np.ndarray, layout: tuple[str, ...]
 ) -> None:
     """POST /generate (npy) on a served Qwen-Image directory, guidance_scale as its
     true_cfg_scale, gives QwenImagePipeline's image for the same seed as one frame, within one
     uint8 step everywhere; every rank journals the request it ran."""
-    image, events = served_npy(tmp_path, ("--model-path", str(qwen_dir)), layout, REQUEST)
-    assert image.shape == (1, 64, 48, 3)
-    assert_within_one_step(image, diffusers_image, events, layout)
+    families.assert_served_within_one_step(tmp_path, qwen_dir, layout, REQUEST, diffusers_image)
 
 
 @pytest.mark.slow
@@ -61,7 +51,7 @@ def test_the_fields_failure_on_a_qwen_image_directory_is_diagnosed_with_the_all_
 ) -> None:
     """A Qwen-Image directory on 4 ranks, rank 1 raising in drop-buffers (see
     assert_the_fields_failure_is_diagnosed)."""
-    assert_the_fields_failure_is_diagnosed(
+    families.assert_the_fields_failure_is_diagnosed(
         tmp_path, "--model-path", str(qwen_dir), "--default-shape", "128x128x1",
         "--default-steps", "4",
     )  # fmt: skip

@@ -11,28 +11,18 @@ import numpy as np
 import pytest
 
 from bench.pipelinedirs import save_small_wan
-from tests.support import serve
-from tests.support.families import (
-    LAYOUTS,
-    QUICK,
-    assert_the_fields_failure_is_diagnosed,
-    assert_within_one_step,
-    served_npy,
-    wan_pipeline_video,
-)
+from tests.support import families, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
-REQUEST = {
-    "prompt": "a cat walks in the rain",
-    "negative_prompt": "blurry, static",
-    "width": 48,
-    "height": 32,
-    "frames": 9,
-    "steps": 3,
-    "guidance_scale": 4.5,
-    "seed": 11,
-}
+REQUEST = families.family_request(
+    "48x32x9",
+    prompt="a cat walks in the rain",
+    negative_prompt="blurry, static",
+    steps=3,
+    guidance_scale=4.5,
+    seed=11,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +33,18 @@ def wan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def diffusers_video(wan_dir: Path) -> np.ndarray:
     """What diffusers' own WanPipeline makes of REQUEST, scaled to uint8."""
-    return wan_pipeline_video(wan_dir, REQUEST)
+    return families.wan_pipeline_video(wan_dir, REQUEST)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", families.LAYOUTS)
 def test_served_video_equals_wan_pipeline_within_one_step(
     tmp_path: Path, wan_dir: Path, diffusers_video: np.ndarray, layout: tuple[str, ...]
 ) -> None:
     """POST /generate with response_format npy on a served directory gives WanPipeline's video
     for the same seed, within one uint8 step everywhere, under the request id it was given."""
-    video, events = served_npy(
-        tmp_path, ("--model-path", str(wan_dir)), layout, REQUEST,
-        headers={"X-Request-ID": "wan-req-1"},
-    )  # fmt: skip
-    assert video.shape == (9, 32, 48, 3)
-    assert_within_one_step(video, diffusers_video, events, layout)
+    events = families.assert_served_within_one_step(
+        tmp_path, wan_dir, layout, REQUEST, diffusers_video, headers={"X-Request-ID": "wan-req-1"}
+    )
     started = [e for e in events if e.kind == "request_started"]
     assert {e.event.request_id for e in started} == {"wan-req-1"}  # type: ignore[attr-defined]
     assert {(e.event.seed, e.event.guidance_scale) for e in started} == {(11, 4.5)}  # type: ignore[attr-defined]
@@ -69,7 +56,7 @@ def test_the_fields_failure_on_a_wan_pipeline_is_diagnosed_with_the_all_to_all_n
 ) -> None:
     """tiny-wan on 4 ranks, rank 1 raising in drop-buffers (see
     assert_the_fields_failure_is_diagnosed)."""
-    assert_the_fields_failure_is_diagnosed(
+    families.assert_the_fields_failure_is_diagnosed(
         tmp_path, "--model", "tiny-wan", "--default-shape", "64x64x33"
     )
 
@@ -82,7 +69,7 @@ def test_an_mp4_reply_holds_the_video_and_bad_fields_are_422_naming_them(
     422 naming the field."""
     import av
 
-    with serve(tmp_path, "--model-path", str(wan_dir), *QUICK) as server:
+    with serve(tmp_path, "--model-path", str(wan_dir), *families.QUICK) as server:
         server.wait_for_health(200, within=240)
         reply = server.client.post(
             "/generate", json={**REQUEST, "response_format": "mp4"}, timeout=240

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.core.format.events import Aborted, Error
+from lifecycle.core.format import events as ev
 from tests.conftest import run_cli
 from tests.support import journal_events, serve
 
@@ -39,9 +39,9 @@ def test_a_rank_that_fails_stops_its_peer_within_seconds(tmp_path: Path) -> None
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "rank 0: aborted (rank 1 failed)" in done.stdout
     events = journal_events(tmp_path / "j.db")
-    (failure,) = [e for e in events if isinstance(e.event, Error) and e.event.fatal]
+    (failure,) = [e for e in events if isinstance(e.event, ev.Error) and e.event.fatal]
     assert failure.rank == 1
-    (aborted,) = [e for e in events if isinstance(e.event, Aborted)]
+    (aborted,) = [e for e in events if isinstance(e.event, ev.Aborted)]
     assert aborted.rank == 0 and aborted.event.failed_rank == 1
     assert (aborted.event.error_type, aborted.event.failed_state) == ("InjectedFault", "probe")
     assert aborted.event.announced_by == "rank" and aborted.event.learned_after_s < WITHIN_S
@@ -54,8 +54,12 @@ def test_a_rank_that_fails_stops_its_peer_within_seconds(tmp_path: Path) -> None
 
 def test_the_fields_failure_ends_in_seconds_and_is_a_failure(tmp_path: Path) -> None:
     """Rank 1 raises in drop-buffers while rank 0 goes on to the next all-to-all: rank 0 is
-    aborted as it waits there for rank 1, within seconds, and the diagnosis is rank 1's
-    failure: rank 0 was aborted in that collective, not hung in it."""
+    aborted within seconds, and the diagnosis is rank 1's failure. Rank 0 reaches that
+    all-to-all in the millisecond rank 1 raises; where its journal shows it waiting there, it
+    was aborted in that collective, waiting for rank 1, not hung in it. On a loaded host the
+    abort can reach it a moment before it enters: then it was aborted waiting for nothing.
+    Both are read from the journal, never assumed (the diagnosis of a rank aborted in a
+    collective at its peer's raise is pinned, journal fixed, in tests/replay/test_victims)."""
     done = run_cli(
         "lifecycle", ["boot", *MICRO, "--num-ranks", "2", "--calibrate", "--fault",
                       "1:drop-buffers:raise", "--db", "j.db"],
@@ -71,10 +75,24 @@ def test_the_fields_failure_ends_in_seconds_and_is_a_failure(tmp_path: Path) -> 
     ), doc["summary"]  # fmt: skip
     ranks = {r["rank"]: r for r in doc["ranks"]}
     assert ranks[0]["status"] == "aborted", doc["summary"]
-    assert ranks[0]["pending_collective"]["waiting_for"] == [1], doc["summary"]
+    pending = ranks[0]["pending_collective"]
+    if _waited_in_a_collective(journal_events(tmp_path / "j.db"), rank=0):
+        assert pending is not None and pending["waiting_for"] == [1], doc["summary"]
+    else:
+        assert pending is None, doc["summary"]
     assert not [e for e in doc["evidence"] if e["code"] == "blocked"], doc["summary"]
     assert any(e["code"] == "aborted" and e["rank"] == 0 for e in doc["evidence"])
     assert "aborted after" not in doc["summary"] and "hung" not in doc["summary"]
+
+
+def _waited_in_a_collective(events: list[ev.StoredEvent], *, rank: int) -> bool:
+    """Whether `rank`'s journal left a collective open (started, never finished) when it was
+    aborted."""
+    started = {(e.event.group, e.event.group_seq) for e in events
+               if e.rank == rank and isinstance(e.event, ev.CollectiveStarted)}  # fmt: skip
+    finished = {(e.event.group, e.event.group_seq) for e in events
+                if e.rank == rank and isinstance(e.event, ev.CollectiveFinished)}  # fmt: skip
+    return bool(started - finished)
 
 
 @pytest.mark.slow
@@ -89,8 +107,8 @@ def test_on_peer_failure_wait_keeps_the_wait_until_the_timeout(tmp_path: Path) -
     )  # fmt: skip
     assert done.returncode == 1
     events = journal_events(tmp_path / "j.db")
-    assert not [e for e in events if isinstance(e.event, Aborted)]
-    kinds = {e.rank: e.event.error_kind for e in events if isinstance(e.event, Error)}
+    assert not [e for e in events if isinstance(e.event, ev.Aborted)]
+    kinds = {e.rank: e.event.error_kind for e in events if isinstance(e.event, ev.Error)}
     assert kinds[0] == "collective-timeout"
 
 
@@ -108,7 +126,7 @@ def test_a_rank_killed_while_serving_is_announced_by_the_launcher(tmp_path: Path
         os.kill(pids[1], signal.SIGKILL)
         served.wait_for("/liveness", 503, within=10)
         assert served.proc.wait(timeout=120) == 1
-    aborted = [e for e in journal_events(tmp_path / "j.db") if isinstance(e.event, Aborted)]
+    aborted = [e for e in journal_events(tmp_path / "j.db") if isinstance(e.event, ev.Aborted)]
     assert [(e.rank, e.event.failed_rank, e.event.announced_by) for e in aborted] == [
         (0, 1, "launcher")
     ]

@@ -26,7 +26,7 @@ from tests.plugins import ENV, STEP_PAUSE_S
 from tests.support import BUDGET, OVER, SLOW, SMALL, journal_events, serve
 
 MIB = 2**20
-ISSUE = {**SMALL, "width": 4096, "height": 4096, "frames": 257, "steps": 1}  # as reported
+HUGE = {**SMALL, "width": 4096, "height": 4096, "frames": 257, "steps": 1}
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -41,7 +41,7 @@ def test_a_request_over_its_predicted_peak_is_refused_and_the_server_keeps_servi
     tmp_path: Path,
 ) -> None:
     """Two ranks under a 1700 MiB budget: a request predicted over a rank's budget less its
-    headroom (the issue's 4096x4096x257 at one step among them) is a 422 naming the predicted
+    headroom (4096x4096x257 at one step among them) is a 422 naming the predicted
     peak, the budget and the largest shape of its aspect that fits, counted in /metrics and
     logged, and never reaches a rank; /health stays 200, and that largest shape and a small
     request then succeed."""
@@ -58,9 +58,9 @@ def test_a_request_over_its_predicted_peak_is_refused_and_the_server_keeps_servi
         largest = answer["largest_fitting"]
         assert largest["frames"] == 81 and largest["width"] == largest["height"] < 1280
         assert largest["width"] % 16 == 0
-        issue = served.client.post("/generate", json=ISSUE, headers={"X-Request-ID": "issue-1"})
-        assert issue.status_code == 422, issue.text[:300]
-        assert issue.json()["predicted_peak_bytes"] > 10 * 2**30
+        huge = served.client.post("/generate", json=HUGE, headers={"X-Request-ID": "huge-1"})
+        assert huge.status_code == 422, huge.text[:300]
+        assert huge.json()["predicted_peak_bytes"] > 10 * 2**30
         health = served.get("/health")
         assert health is not None and health.status_code == 200
         admission = served.client.get("/lifecycle").json()["admission"]["memory"]
@@ -78,7 +78,7 @@ def test_a_request_over_its_predicted_peak_is_refused_and_the_server_keeps_servi
     started = {
         e.event.request_id for e in journal_events(served.db) if isinstance(e.event, RequestStarted)
     }
-    assert not started & {"over-1", "issue-1"}
+    assert not started & {"over-1", "huge-1"}
 
 
 def test_a_request_past_its_deadline_is_cancelled_on_every_rank_at_the_same_step(

@@ -29,6 +29,7 @@ from tests.conftest import (
     run_cli,
 )
 from tests.support.inprocess import run_in_process
+from tests.support.interpreter import run_python
 from tests.support.torchrun import torchrun_boot
 
 QUICK = {"LIFECYCLE_DISABLE_AUTO_RESIDENCY": "1", "OMP_NUM_THREADS": "1"}
@@ -61,10 +62,7 @@ def test_help_does_not_import_torch(tmp_path: Path) -> None:
         "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
         "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-        timeout=60, check=False, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    proc = run_python(probe, cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.endswith("no torch")
 

@@ -24,6 +24,7 @@ from lifecycle.core.errors import (
     classify,
     recorded_kind,
 )
+from tests.support.interpreter import run_python
 
 
 def in_ulysses0(cls: type[CollectiveError], message: str) -> CollectiveError:
@@ -99,16 +100,11 @@ def test_an_error_torch_distributed_raises_outside_the_recorder_is_classified_wh
     a child process): its kind is read from what torch says, as the recorder's own are; an
     error raised anywhere else stays `exception`, whatever its message says."""
     import socket
-    import subprocess
-    import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(port)], capture_output=True, text=True, timeout=120,
-        check=True,
-    )  # fmt: skip
+    done = run_python(_CHILD, str(port), timeout=120, check=True)
     inside, elsewhere = done.stdout.split("\n")[:2]
     assert inside.endswith(" collective-failed"), done.stdout
     assert elsewhere == "RuntimeError exception"

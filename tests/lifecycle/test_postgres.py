@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, text
 from lifecycle.serve.ranks.supervisor import free_port
 from tests.conftest import reaped, run_cli
 from tests.pg import PASSWORD, PostgresServer
+from tests.support.interpreter import run_python
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 _names = itertools.count()
@@ -135,14 +136,7 @@ def test_without_psycopg_a_postgres_url_names_the_extra(
         "import sys; sys.modules['psycopg'] = None; from lifecycle.serve.cli.main import main;"
         f" sys.exit(main(['boot', '--db', {url!r}]))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", entry],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python(entry, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "lifecycle: error: postgresql://lifecycle:***@127.0.0.1:"
@@ -178,7 +172,7 @@ def test_a_node_journal_is_copied_into_postgres_and_reads_the_same(
     assert "of 1 rank(s) in 1 run(s) (1 of them completed" in line, line
     assert "2 rank(s) already there" in line and PASSWORD not in line
     runs = json.loads(run_cli("replay", ["runs", str(node), "--json"], cwd=tmp_path).stdout)
-    assert [r["outcome"] for r in runs] == ["ready", "hung"]
+    assert [r["outcome"] for r in runs] == ["ready", "failed"]
     for run in runs:
         argv = ["diagnose", run["run_id"]]
         here = run_cli("replay", [*argv, str(node), "--json"], cwd=tmp_path)

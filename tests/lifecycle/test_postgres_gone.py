@@ -13,6 +13,7 @@ from lifecycle.core.errors import JournalError
 from lifecycle.store.journal import Journal
 from tests.conftest import reaped, wait_until
 from tests.pg import PASSWORD, postgres_server
+from tests.support.interpreter import run_python
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -67,7 +68,5 @@ def test_the_drivers_own_notes_on_a_lost_connection_are_not_printed() -> None:
         "'Error closing cursor', exc_info=True)\n"
         "    logging.getLogger('psycopg').warning('error ignored terminating pipeline')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
+    done = run_python(code, check=True)
     assert done.stderr == ""

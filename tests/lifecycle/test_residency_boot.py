@@ -21,6 +21,7 @@ from lifecycle.runtime.group.comm import Comm
 from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed
+from tests.support.interpreter import run_python
 
 MIB = 2**20
 
@@ -189,17 +190,13 @@ def test_decoder_options_change_peak_memory_and_not_the_picture(tmp_path: Path) 
     """Decoding every latent frame at once peaks far above tiles (peak RSS of a process of
     its own each); the video differs at most by one uint8 step where convolutions round
     otherwise."""
-    import subprocess
-    import sys
-
     repo = Path(__file__).resolve().parents[2]
     videos, peaks = {}, {}
     for name, (frames_at_once, tiles) in {"all": (0, 1), "one": (1, 1), "tiles": (1, 2)}.items():
         out = tmp_path / f"{name}.pt"
-        done = subprocess.run(
-            [sys.executable, "-c", DECODE, str(frames_at_once), str(tiles), str(out)],
-            cwd=repo, capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
+        done = run_python(
+            DECODE, str(frames_at_once), str(tiles), str(out), cwd=repo, timeout=120, check=True
+        )
         peaks[name] = int(done.stdout.split()[-1])
         videos[name] = torch.load(out, weights_only=True)
     assert peaks["all"] > peaks["one"] + 100 * MIB

@@ -22,6 +22,7 @@ from typing import IO
 import httpx
 import pytest
 
+from bench.procs import stop_groups
 from lifecycle.core.format.events import Error, RequestFinished, RunStarted, Shutdown
 from lifecycle.core.format.records import StageRecord
 from lifecycle.serve.ranks.messages import Progress, Result
@@ -116,16 +117,7 @@ class Nodes:
 
     def close(self) -> None:
         self.client.close()
-        for agent in self.agents:
-            if agent.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(agent.pid, signal.SIGTERM)
-        for agent in self.agents:
-            try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait(timeout=10)
+        stop_groups(self.agents)
         for log in self.logs:
             log.close()
 

@@ -3,8 +3,6 @@ names what a broken pipeline gets wrong, and every module imports without pytest
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from lifecycle.pipelines import Comm, ModelSpec, Shape
 from lifecycle.testing.plugins import PLUGIN, SPEC, MinimalPipeline, check_plugin
 from tests.conftest import Completed
 from tests.support import journal_events
+from tests.support.interpreter import run_python
 
 
 @pytest.mark.ranks
@@ -108,8 +107,6 @@ def test_every_testing_module_imports_without_pytest() -> None:
         " lifecycle.testing.storecontract\n"
         "print('imported')"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
+    done = run_python(code, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "imported"

@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -27,6 +25,7 @@ from lifecycle.runtime.telemetry.tracing import FLUSH_WITHIN_S, Tracing
 from lifecycle.store.journal import Journal
 from tests.conftest import REPO, Completed
 from tests.otlp import Receiver, otel_env
+from tests.support.interpreter import run_python
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -130,10 +129,9 @@ def test_holding_a_startups_events_imports_nothing_of_opentelemetry(
         print(" ".join(m for m in sys.modules if m.startswith(("opentelemetry", "google"))))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
-        timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(REPO),
-                                       **otel_env(receiver.endpoint)},
+    done = run_python(
+        script, cwd=tmp_path, env={"PYTHONPATH": str(REPO), **otel_env(receiver.endpoint)},
+        timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     imported = set(done.stdout.strip().splitlines()[-1].split())

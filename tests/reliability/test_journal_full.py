@@ -20,6 +20,7 @@ import pytest
 from lifecycle.core.errors import JournalError
 from lifecycle.store.journal import Journal
 from tests.conftest import Completed, one_clear_line, run_cli
+from tests.support.interpreter import run_python
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -36,11 +37,9 @@ EXEC_WITH_FILE_SIZE_LIMIT = (
 
 def boot_with_file_size_limit(cwd: Path, limit: int, *args: str) -> Completed:
     """`lifecycle boot ARGS` under RLIMIT_FSIZE (inherited by its rank processes)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", EXEC_WITH_FILE_SIZE_LIMIT, str(limit), "-m", "lifecycle",
-         "boot", *args],
-        cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True,
-        timeout=180, check=False,
+    proc = run_python(
+        EXEC_WITH_FILE_SIZE_LIMIT, str(limit), "-m", "lifecycle", "boot", *args, cwd=cwd,
+        env={"PYTHONWARNINGS": "ignore"}, timeout=180,
     )  # fmt: skip
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder
 from replay.cli import main
 from replay.exits import ReplayExit
 from tests.conftest import bash_completions
+from tests.support.interpreter import run_python
 
 COMMANDS_WITH_RUN = ("show", "diagnose", "verify", "trace", "diff")
 
@@ -45,8 +44,7 @@ def test_version_names_the_lifecycle_version_without_importing_torch() -> None:
         "    assert stop.code == 0, stop.code\n"
         "sys.exit(3 if 'torch' in sys.modules else 0)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60, check=False)  # fmt: skip
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"replay (lifecycle {lifecycle.__version__})\n"
 

@@ -4,10 +4,7 @@ dumps in both forms (a one-rank gloo group in a child process, with TORCH_FR_BUF
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ from lifecycle.core.format import safepickle
 from lifecycle.core.settings.config import ServerArgs
 from lifecycle.runtime.group.flightrecorder import BUFFER_ENV, folder_for, turn_on
 from replay.flight.dumps import MAX_ENTRIES, BadDump, parse, read_files
+from tests.support.interpreter import run_python
 
 _scalars = (
     st.none()
@@ -98,9 +96,9 @@ def _free_port() -> int:
 
 
 def test_torch_dumps_read_alike_in_both_forms(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-c", _DUMP_BOTH, str(tmp_path), str(_free_port())],
-        env={**os.environ, BUFFER_ENV: "100"}, check=True, timeout=120, capture_output=True,
+    run_python(
+        _DUMP_BOTH, str(tmp_path), str(_free_port()), env={BUFFER_ENV: "100"}, timeout=120,
+        check=True,
     )  # fmt: skip
     pickled = parse((tmp_path / "fr_trace_rank_0").read_bytes(), rank=0, path="p")
     from_json = parse((tmp_path / "fr_trace_rank_0.json").read_bytes(), rank=0, path="j")
@@ -241,10 +239,7 @@ print(read_files([(fifo, 1)]).problems[0])
 def test_a_fifo_given_as_a_dump_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     """read_files on a FIFO (as a dump's name can become one after the folder is listed): one
     problem line at once, not a read that waits for ever."""
-    result = subprocess.run(
-        [sys.executable, "-c", _READ_FIFO, str(tmp_path / "fr_trace_rank_1")],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    result = run_python(_READ_FIFO, str(tmp_path / "fr_trace_rank_1"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("fr_trace_rank_1: a FIFO, not a regular file")
 
@@ -264,9 +259,6 @@ except BadDump as exc:
 def test_a_json_dump_that_would_build_too_much_is_refused_before_it_is_parsed() -> None:
     """27 MB of JSON empty lists (nine million lists, half a gigabyte once built) is one
     BadDump line, in a child bounded to 1 GiB."""
-    result = subprocess.run(
-        [sys.executable, "-c", _PARSE_EMPTY_LISTS],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    result = run_python(_PARSE_EMPTY_LISTS, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "d.json: not a Flight Recorder dump (refused: it expands to more than" in result.stdout

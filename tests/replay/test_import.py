@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests.replay.conftest import Journaled
+from tests.support.interpreter import run_python
 
 
 def test_importing_the_cli_leaves_torch_unimported() -> None:
@@ -20,7 +21,8 @@ def test_importing_the_cli_leaves_torch_unimported() -> None:
         "replay.views.runs", "replay.views.diagnosis", "replay.views.timeline",
     )  # fmt: skip
     code = f"import sys, {', '.join(modules)}; sys.exit(1 if 'torch' in sys.modules else 0)"
-    assert subprocess.run([sys.executable, "-c", code], timeout=60, check=False).returncode == 0
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
 
 
 def test_running_every_command_leaves_torch_unimported(
@@ -37,7 +39,8 @@ def test_running_every_command_leaves_torch_unimported(
         "        main(argv)\n"
         "sys.exit(1 if 'torch' in sys.modules else 0)\n"
     )
-    assert subprocess.run([sys.executable, "-c", code], timeout=60, check=False).returncode == 0
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
 
 
 def test_help_works_without_any_journal() -> None:

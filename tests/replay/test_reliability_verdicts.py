@@ -23,6 +23,7 @@ from lifecycle.store.rows import RunRow
 from lifecycle.testing.journals import AS_WRITTEN, JournalBuilder, a2a, beat
 from tests.conftest import run_cli
 from tests.replay.scenarios import hung_then_stopped, signalled, walked_to_ready, warming
+from tests.support.interpreter import run_python
 
 
 def diagnose(db: Path, *now: str) -> tuple[int, dict[str, Any]]:
@@ -143,8 +144,7 @@ def test_a_rank_whose_pid_now_belongs_to_a_later_process_is_crashed(tmp_path: Pa
     """Of three ranks recorded on this host as writing until now: one whose pid is held by a
     process started after the rank's first event (a reused pid) crashed; one whose pid is a
     process running since before is alive; one of another host is not judged by a pid here."""
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    gone = run_python("import os; print(os.getpid())", check=True)
     since = time.time() - 60
     later = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)  # fmt: skip

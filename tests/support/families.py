@@ -29,6 +29,25 @@ LAYOUTS = [
 ]
 
 
+def family_request(
+    shape: str, *, prompt: str, negative_prompt: str, steps: int, guidance_scale: float, seed: int
+) -> dict[str, Any]:
+    """The /generate body a family's test sends its server and hands the library's pipeline,
+    with every field that decides the output: `shape` is WIDTHxHEIGHTxFRAMES, as
+    --default-shape takes it."""
+    width, height, frames = map(int, shape.split("x"))
+    return {
+        "prompt": prompt,
+        "negative_prompt": negative_prompt,
+        "width": width,
+        "height": height,
+        "frames": frames,
+        "steps": steps,
+        "guidance_scale": guidance_scale,
+        "seed": seed,
+    }
+
+
 def wan_pipeline_video(directory: Path, request: dict[str, Any]) -> np.ndarray:
     """What diffusers' own WanPipeline, loaded from `directory`, makes of `request` (/generate's
     fields), scaled to uint8."""
@@ -51,15 +70,15 @@ def qwen_image_pipeline_image(directory: Path, request: dict[str, Any]) -> np.nd
 
 def served_npy(
     tmp_path: Path,
-    model: tuple[str, ...],
+    directory: Path,
     layout: tuple[str, ...],
     body: dict[str, Any],
     *,
     headers: dict[str, str] | None = None,
-) -> tuple[np.ndarray, list[StoredEvent]]:  # type: ignore[type-arg]
-    """What a server of `model` (its options) in `layout` answers `body` with, as npy, and the
-    events its run journaled; it answered 200 and stopped with exit 0."""
-    with serve(tmp_path, *model, *layout, *QUICK) as server:
+) -> tuple[np.ndarray, list[StoredEvent]]:
+    """What a server of `directory` in `layout` answers `body` with, as npy, and the events its
+    run journaled; it answered 200 and stopped with exit 0."""
+    with serve(tmp_path, "--model-path", str(directory), *layout, *QUICK) as server:
         server.wait_for_health(200, within=240)
         reply = server.client.post(
             "/generate", json={**body, "response_format": "npy"}, headers=headers, timeout=240
@@ -72,15 +91,21 @@ def served_npy(
     return output, journal_events(tmp_path / "j.db")
 
 
-def assert_within_one_step(
-    output: np.ndarray,  # type: ignore[type-arg]
-    reference: np.ndarray,  # type: ignore[type-arg]
-    events: list[StoredEvent],
+def assert_served_within_one_step(
+    tmp_path: Path,
+    directory: Path,
     layout: tuple[str, ...],
-) -> None:
-    """The served output is the library's within one uint8 step everywhere, and every rank
-    ran the request to the end, trading with its peers (gathers or all-to-alls) when it has
-    any."""
+    request: dict[str, Any],
+    reference: np.ndarray,
+    *,
+    headers: dict[str, str] | None = None,
+) -> list[StoredEvent]:
+    """A server of `directory` in `layout` answers `request` (npy) with the library's
+    output (`reference`), of the request's frames, height and width, within one uint8 step
+    everywhere, and every rank ran the request to the end, trading with its peers (gathers or
+    all-to-alls) when it has any; the events its run journaled."""
+    output, events = served_npy(tmp_path, directory, layout, request, headers=headers)
+    assert output.shape == (request["frames"], request["height"], request["width"], 3)
     assert output.shape == reference.shape
     assert int(np.abs(output.astype(int) - reference.astype(int)).max()) <= 1
     finished = [e for e in events if e.kind == "request_finished"]
@@ -88,6 +113,7 @@ def assert_within_one_step(
     assert all(e.event.ok for e in finished)  # type: ignore[attr-defined]
     # After ready the records stay in each rank's ring; the request counts what it ran.
     assert all(e.event.collectives >= (1 if layout else 0) for e in finished)  # type: ignore[attr-defined]
+    return events
 
 
 def assert_the_fields_failure_is_diagnosed(tmp_path: Path, *model: str) -> None:

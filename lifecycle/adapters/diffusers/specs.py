@@ -43,6 +43,15 @@ def positive_int(value: Any, fallback: int) -> int:
     )
 
 
+def components_memory(*, inner: int, bytes_per_pixel: int) -> MemoryModel:
+    """What a pipeline whose components the adapter drives grows with: per token, its
+    activations through a transformer block of width `inner` (a few copies of its hidden state,
+    float); per output pixel, what its decoder holds."""
+    return MemoryModel(
+        fixed_bytes=0, bytes_per_token=16 * inner * 4, bytes_per_pixel=bytes_per_pixel
+    )
+
+
 def wan_spec(
     *, name: str, source: str | None, digest: str, pipe_configs: dict[str, dict[str, Any]],
     defaults: dict[str, Any],
@@ -79,13 +88,8 @@ def wan_spec(
         declares_residency=True,
         source=source,
         source_digest=digest,
-        memory=MemoryModel(
-            fixed_bytes=0,
-            # Activations of a token through a block: a few copies of its hidden state, float.
-            bytes_per_token=16 * inner * 4,
-            # The decoded video twice over, plus the decoder's full-size feature maps.
-            bytes_per_pixel=2 * 3 * 4 + 3 * base * 4 // temporal,
-        ),
+        # The decoded video twice over, plus the decoder's full-size feature maps.
+        memory=components_memory(inner=inner, bytes_per_pixel=2 * 3 * 4 + 3 * base * 4 // temporal),
     )
 
 

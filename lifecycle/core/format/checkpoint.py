@@ -20,11 +20,11 @@ from lifecycle.core.format.fold import (
     NOTED_LISTS,
     RECENT_HEARTBEATS,
     RECENT_STARTS,
-    GroupTally,
     RankFold,
     frozen,
     noted_list,
 )
+from lifecycle.core.format.groupfold import GroupTally
 from lifecycle.core.format.records import GroupMark
 from lifecycle.core.format.view import OpenCollective, RecentStart
 

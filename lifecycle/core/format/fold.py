@@ -8,38 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from lifecycle.core.format.events import (
-    Aborted,
-    ActionFinished,
-    ActionStarted,
-    BuffersAllocated,
-    BuffersDropped,
-    ClockAligned,
-    CollectiveFinished,
-    CollectivesDumped,
-    CollectiveStarted,
-    CompileEvent,
-    Error,
-    Event,
-    Expectations,
-    FaultInjected,
-    FlightRecorderDumped,
-    GateDecided,
-    Heartbeat,
-    LoadEvent,
-    PlanBuilt,
-    RequestFinished,
-    RequestStarted,
-    ResidencyEvent,
-    RunStarted,
-    Shutdown,
-    Stalled,
-    StoredEvent,
-    Transition,
-    UnknownEvent,
-    WarmupRecord,
-)
-from lifecycle.core.format.records import GroupMark, PendingCollective, Signature
+from lifecycle.core.format import events as ev
+from lifecycle.core.format.groupfold import GroupTally, merge_marks, pending_collective
+from lifecycle.core.format.records import PendingCollective, Signature
 from lifecycle.core.format.states import State
 from lifecycle.core.format.view import (
     ActionTime,
@@ -65,25 +36,25 @@ RECENT_HEARTBEATS = 4
 
 # The events a fold keeps with when, and in which state, each was written: each kind by the
 # name of the RankFold list that keeps it, in the order a checkpoint writes them.
-NOTED_LISTS: tuple[tuple[type[Event], str], ...] = (
-    (Error, "errors"),
-    (FaultInjected, "faults"),
-    (Stalled, "stalls"),
-    (BuffersAllocated, "buffer_allocations"),
-    (BuffersDropped, "buffer_drops"),
-    (CollectivesDumped, "dumps"),
-    (ResidencyEvent, "residency"),
-    (FlightRecorderDumped, "flight_dumps"),
-    (Aborted, "aborts"),
-    (LoadEvent, "loads"),
-    (CompileEvent, "compiles"),
+NOTED_LISTS: tuple[tuple[type[ev.Event], str], ...] = (
+    (ev.Error, "errors"),
+    (ev.FaultInjected, "faults"),
+    (ev.Stalled, "stalls"),
+    (ev.BuffersAllocated, "buffer_allocations"),
+    (ev.BuffersDropped, "buffer_drops"),
+    (ev.CollectivesDumped, "dumps"),
+    (ev.ResidencyEvent, "residency"),
+    (ev.FlightRecorderDumped, "flight_dumps"),
+    (ev.Aborted, "aborts"),
+    (ev.LoadEvent, "loads"),
+    (ev.CompileEvent, "compiles"),
 )
 
 
-_NOTED_BY_KIND: dict[type[Event], str | None] = {}
+_NOTED_BY_KIND: dict[type[ev.Event], str | None] = {}
 
 
-def noted_list(kind: type[Event]) -> str | None:
+def noted_list(kind: type[ev.Event]) -> str | None:
     """The RankFold list that keeps events of `kind`, if a fold keeps them."""
     try:
         return _NOTED_BY_KIND[kind]
@@ -91,27 +62,6 @@ def noted_list(kind: type[Event]) -> str | None:
         found = next((name for noted, name in NOTED_LISTS if issubclass(kind, noted)), None)
         _NOTED_BY_KIND[kind] = found
         return found
-
-
-@dataclass(slots=True)
-class GroupTally:
-    ranks: tuple[int, ...]
-    started: int = -1
-    finished: int = -1
-    count: int = 0
-
-    @classmethod
-    def of(cls, mark: GroupMark) -> GroupTally:
-        return cls(ranks=mark.ranks, started=mark.started, finished=mark.finished, count=mark.count)
-
-    def mark(self, group: str) -> GroupMark:
-        return GroupMark(
-            group=group,
-            ranks=self.ranks,
-            started=self.started,
-            finished=self.finished,
-            count=self.count,
-        )
 
 
 @dataclass(slots=True)
@@ -126,22 +76,22 @@ class RankFold:
     first_wall: float | None = None
     last_wall: float | None = None
     last_kind: str | None = None
-    run_started: RunStarted | None = None
-    expectations: Expectations | None = None
+    run_started: ev.RunStarted | None = None
+    expectations: ev.Expectations | None = None
     path: list[str] = field(default_factory=lambda: [State.CREATED.value])
     spans: list[Span] = field(default_factory=list)
-    gate: GateDecided | None = None
-    plan: PlanBuilt | None = None
-    warmup_records: list[WarmupRecord] = field(default_factory=list)
-    action: ActionStarted | None = None
+    gate: ev.GateDecided | None = None
+    plan: ev.PlanBuilt | None = None
+    warmup_records: list[ev.WarmupRecord] = field(default_factory=list)
+    action: ev.ActionStarted | None = None
     action_at: float | None = None
     ready_action_done: bool = False
-    errors: list[tuple[float, str, Error]] = field(default_factory=list)
-    faults: list[tuple[float, str, FaultInjected]] = field(default_factory=list)
-    stalls: list[tuple[float, str, Stalled]] = field(default_factory=list)
+    errors: list[tuple[float, str, ev.Error]] = field(default_factory=list)
+    faults: list[tuple[float, str, ev.FaultInjected]] = field(default_factory=list)
+    stalls: list[tuple[float, str, ev.Stalled]] = field(default_factory=list)
     live_buffer_bytes: int = 0
-    buffer_allocations: list[tuple[float, str, BuffersAllocated]] = field(default_factory=list)
-    buffer_drops: list[tuple[float, str, BuffersDropped]] = field(default_factory=list)
+    buffer_allocations: list[tuple[float, str, ev.BuffersAllocated]] = field(default_factory=list)
+    buffer_drops: list[tuple[float, str, ev.BuffersDropped]] = field(default_factory=list)
     groups: dict[str, GroupTally] = field(default_factory=dict)
     open_collectives: dict[str, OpenCollective] = field(default_factory=dict)
     heartbeats: int = 0
@@ -149,66 +99,66 @@ class RankFold:
     last_heartbeat_pending: PendingCollective | None = None
     requests_started: int = 0
     requests_finished: int = 0
-    shutdown: Shutdown | None = None
-    unknown: list[UnknownEvent] = field(default_factory=list)
+    shutdown: ev.Shutdown | None = None
+    unknown: list[ev.UnknownEvent] = field(default_factory=list)
     seq_gaps: list[SeqGap] = field(default_factory=list)
-    dumps: list[tuple[float, str, CollectivesDumped]] = field(default_factory=list)
-    residency: list[tuple[float, str, ResidencyEvent]] = field(default_factory=list)
-    flight_dumps: list[tuple[float, str, FlightRecorderDumped]] = field(default_factory=list)
-    aborts: list[tuple[float, str, Aborted]] = field(default_factory=list)
-    loads: list[tuple[float, str, LoadEvent]] = field(default_factory=list)
-    compiles: list[tuple[float, str, CompileEvent]] = field(default_factory=list)
+    dumps: list[tuple[float, str, ev.CollectivesDumped]] = field(default_factory=list)
+    residency: list[tuple[float, str, ev.ResidencyEvent]] = field(default_factory=list)
+    flight_dumps: list[tuple[float, str, ev.FlightRecorderDumped]] = field(default_factory=list)
+    aborts: list[tuple[float, str, ev.Aborted]] = field(default_factory=list)
+    loads: list[tuple[float, str, ev.LoadEvent]] = field(default_factory=list)
+    compiles: list[tuple[float, str, ev.CompileEvent]] = field(default_factory=list)
     actions_done: list[ActionTime] = field(default_factory=list)
     recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
     last_progress: float | None = None
     shutdown_wall: float | None = None
-    clock: ClockAligned | None = None
+    clock: ev.ClockAligned | None = None
 
-    def apply(self, stored: StoredEvent) -> None:
+    def apply(self, stored: ev.StoredEvent) -> None:
         """Fold one event: its envelope, what its kind changes, then the state it was written in."""
         at = stored.wall_time
         self._envelope(stored)
         event = stored.event
         # The kinds a journal holds most of first: each case is an isinstance test.
         match event:
-            case CollectiveStarted():
+            case ev.CollectiveStarted():
                 self._start_collective(event, at)
-            case CollectiveFinished():
+            case ev.CollectiveFinished():
                 self._finish_collective(event)
-            case Heartbeat():
+            case ev.Heartbeat():
                 self._beat(event, at)
-            case Transition():
+            case ev.Transition():
                 self._enter(event.dest, at)
-            case RunStarted():
+            case ev.RunStarted():
                 self.run_started = event
-            case Expectations():
+            case ev.Expectations():
                 self.expectations = event
-            case GateDecided():
+            case ev.GateDecided():
                 self.gate = event
-            case PlanBuilt():
+            case ev.PlanBuilt():
                 self.plan = event
-            case ActionStarted():
+            case ev.ActionStarted():
                 self.action, self.action_at = event, at
-            case ActionFinished():
+            case ev.ActionFinished():
                 self._finish_action(event, stored.state, at)
-            case WarmupRecord():
+            case ev.WarmupRecord():
                 self.warmup_records.append(event)
-            case BuffersAllocated():
+            case ev.BuffersAllocated():
                 self.live_buffer_bytes = event.live_bytes
-            case BuffersDropped():
+            case ev.BuffersDropped():
                 self.live_buffer_bytes = 0
-            case RequestStarted():
+            case ev.RequestStarted():
                 self.requests_started += 1
-            case RequestFinished():
+            case ev.RequestFinished():
                 self.requests_finished += 1
-                self._mark(event.groups)
-            case ClockAligned():
+                merge_marks(self.groups, event.groups)
+            case ev.ClockAligned():
                 self.clock = event
                 self._onto_rank0_clock(event.offset_s, before=at)
-            case Shutdown():
+            case ev.Shutdown():
                 self.shutdown = event
-            case UnknownEvent():
+            case ev.UnknownEvent():
                 self.unknown.append(event)
             case _:
                 pass
@@ -220,11 +170,11 @@ class RankFold:
         if (
             stored.state != self.state
             and stored.state in _STATES
-            and not isinstance(event, CollectiveStarted | CollectiveFinished)
+            and not isinstance(event, ev.CollectiveStarted | ev.CollectiveFinished)
         ):
             self._enter(stored.state, at)
 
-    def _envelope(self, stored: StoredEvent) -> None:
+    def _envelope(self, stored: ev.StoredEvent) -> None:
         """What every event says, whatever its kind: its seq, its time, and whether it is
         progress."""
         at = stored.wall_time
@@ -239,14 +189,14 @@ class RankFold:
         self.last_wall = at if self.last_wall is None else max(self.last_wall, at)
         self.last_kind = stored.kind
         event = stored.event
-        if isinstance(event, Shutdown):
+        if isinstance(event, ev.Shutdown):
             # Being told to stop is not progress: a rank stopped while stuck stays stuck.
             if self.shutdown_wall is None:
                 self.shutdown_wall = at
-        elif not isinstance(event, Heartbeat):
+        elif not isinstance(event, ev.Heartbeat):
             self.last_progress = at if self.last_progress is None else max(self.last_progress, at)
 
-    def _start_collective(self, event: CollectiveStarted, at: float) -> None:
+    def _start_collective(self, event: ev.CollectiveStarted, at: float) -> None:
         """A collective entered: its group's count, its open record, its recent starts."""
         group = self.groups.setdefault(event.group, GroupTally(ranks=event.group_ranks))
         group.started = max(group.started, event.group_seq)
@@ -257,7 +207,7 @@ class RankFold:
             recent = self.recent_starts[event.group] = deque(maxlen=RECENT_STARTS)
         recent.append(RecentStart(seq=event.group_seq, at=at, signature=Signature.of(event)))
 
-    def _finish_collective(self, event: CollectiveFinished) -> None:
+    def _finish_collective(self, event: ev.CollectiveFinished) -> None:
         """A collective left: its group's progress, and its record closed if still open."""
         group = self.groups.setdefault(event.group, GroupTally(ranks=()))
         group.finished = max(group.finished, event.group_seq)
@@ -265,15 +215,15 @@ class RankFold:
         if opened is not None and opened.started.group_seq == event.group_seq:
             del self.open_collectives[event.group]
 
-    def _beat(self, event: Heartbeat, at: float) -> None:
+    def _beat(self, event: ev.Heartbeat, at: float) -> None:
         """A heartbeat: when it came, what it waited in, and its groups' progress."""
         self.heartbeats += 1
         self.last_heartbeat_wall = at
         self.last_heartbeat_pending = event.pending
         self.recent_heartbeats.append(at)
-        self._mark(event.groups)
+        merge_marks(self.groups, event.groups)
 
-    def _finish_action(self, event: ActionFinished, state: str, at: float) -> None:
+    def _finish_action(self, event: ev.ActionFinished, state: str, at: float) -> None:
         """An action done: timed while the startup lasts, and the rank idle again."""
         if not self.ready_action_done and len(self.actions_done) < MAX_ACTIONS:
             self.actions_done.append(
@@ -321,53 +271,6 @@ class RankFold:
         ]
         self.last_wall = before
 
-    def _mark(self, marks: tuple[GroupMark, ...]) -> None:
-        """Progress a heartbeat or a finished request reports, for collectives whose records
-        stay in the ring."""
-        for mark in marks:
-            group = self.groups.get(mark.group)
-            if group is None:
-                group = self.groups[mark.group] = GroupTally(ranks=mark.ranks)
-            group.ranks = group.ranks or mark.ranks
-            group.started = max(group.started, mark.started)
-            group.finished = max(group.finished, mark.finished)
-            group.count = max(group.count, mark.count)
-
-    def _pending(self) -> OpenCollective | None:
-        """The collective this rank waits in: its latest open record, else what its last
-        heartbeat says it waited in, when no record of it reached the journal."""
-        opened = (
-            max(self.open_collectives.values(), key=lambda o: o.at)
-            if self.open_collectives
-            else None
-        )
-        beat = self.last_heartbeat_pending
-        if beat is None or self.last_heartbeat_wall is None:
-            return opened
-        group = self.groups.get(beat.group)
-        recorded = self.open_collectives.get(beat.group)
-        if (recorded is not None and recorded.started.group_seq >= beat.group_seq) or (
-            group is not None and group.finished >= beat.group_seq
-        ):
-            return opened
-        if opened is not None and opened.at >= self.last_heartbeat_wall:
-            return opened
-        started = CollectiveStarted(
-            group=beat.group,
-            group_ranks=group.ranks if group is not None else (),
-            group_seq=beat.group_seq,
-            op=beat.op,
-            purpose=beat.purpose,
-            dtype="?",
-            shapes=(),
-            input_splits=None,
-            output_splits=None,
-            timeout_s=0.0,
-        )
-        return OpenCollective(
-            started=started, at=self.last_heartbeat_wall - beat.waiting_s, from_heartbeat=True
-        )
-
     def _enter(self, state: str, at: float) -> None:
         if state == self.state and self.path[-1] == state:
             return
@@ -384,7 +287,12 @@ class RankFold:
             **as_is,
             skip_reason=self.plan.skip_reason if self.plan else self.gate_skip_reason,
             groups=tuple(g.mark(name) for name, g in sorted(self.groups.items())),
-            pending=self._pending(),
+            pending=pending_collective(
+                self.open_collectives,
+                self.groups,
+                self.last_heartbeat_pending,
+                self.last_heartbeat_wall,
+            ),
             recent_starts=tuple(
                 (name, tuple(starts)) for name, starts in sorted(self.recent_starts.items())
             ),
@@ -410,7 +318,7 @@ def frozen(value: Any) -> Any:
     return tuple(value) if isinstance(value, list | deque) else value
 
 
-def fold_rank(events: Iterable[StoredEvent], *, run_id: str = "", rank: int = 0) -> RankView:
+def fold_rank(events: Iterable[ev.StoredEvent], *, run_id: str = "", rank: int = 0) -> RankView:
     """Fold one rank's events (in seq order) into its view."""
     acc: RankFold | None = None
     for stored in events:
@@ -420,7 +328,9 @@ def fold_rank(events: Iterable[StoredEvent], *, run_id: str = "", rank: int = 0)
     return (acc or RankFold(run_id=run_id, rank=rank)).view()
 
 
-def fold_run(events: Iterable[StoredEvent], *, until: float | None = None) -> dict[int, RankView]:
+def fold_run(
+    events: Iterable[ev.StoredEvent], *, until: float | None = None
+) -> dict[int, RankView]:
     """Fold a run's events, any rank order, into one view per rank.
 
     `until` keeps only the events written at or before that wall time: the state of every rank

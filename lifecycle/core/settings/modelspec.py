@@ -3,7 +3,7 @@ its shape rules, its backend, its memory estimate) and the built-in presets."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lifecycle.core.format.records import Shape
 
@@ -92,28 +92,28 @@ class ModelSpec:
 TINY_MEMORY = MemoryModel(fixed_bytes=96 * 2**20, bytes_per_token=4 * 2**10, bytes_per_pixel=3)
 
 
+# The field's video models default to 1280x720x81; tiny-video keeps that request shape and
+# compresses hard enough that a calibrated startup fits on two CPU cores.
+TINY_VIDEO = ModelSpec(
+    name="tiny-video",
+    task="text-to-video",
+    default_width=1280,
+    default_height=720,
+    default_frames=81,
+    default_steps=50,
+    declares_residency=True,
+    memory=TINY_MEMORY,
+)
+
 MODEL_PRESETS: dict[str, ModelSpec] = {
-    # The field's video models default to 1280x720x81; tiny-video keeps that request shape and
-    # compresses hard enough that a calibrated startup fits on two CPU cores.
-    "tiny-video": ModelSpec(
-        name="tiny-video",
-        task="text-to-video",
-        default_width=1280,
-        default_height=720,
-        default_frames=81,
-        default_steps=50,
-        declares_residency=True,
-        memory=TINY_MEMORY,
-    ),
+    "tiny-video": TINY_VIDEO,
     # The same architecture at a small default request, for quick multi-rank runs.
-    "micro-video": ModelSpec(
+    "micro-video": replace(
+        TINY_VIDEO,
         name="micro-video",
-        task="text-to-video",
         default_width=512,
         default_height=288,
         default_frames=33,
         default_steps=20,
-        declares_residency=True,
-        memory=TINY_MEMORY,
     ),
 }

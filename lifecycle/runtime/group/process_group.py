@@ -11,7 +11,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from traceback import extract_tb
 from typing import Any
 
@@ -177,34 +177,6 @@ def rendezvous_failure(exc: BaseException, env: Mapping[str, str]) -> Rendezvous
     return RendezvousFailed(
         address=env.get("MASTER_ADDR", "?"), port=env.get("MASTER_PORT", "?"), reason=reason[:200]
     )
-
-
-# Rounds of the clock exchange at the rendezvous; the one with the shortest round trip wins.
-CLOCK_ROUNDS = 8
-
-
-def measure_clock_offset(device: torch.device, wall: Callable[[], float]) -> tuple[float, float]:
-    """This rank's wall clock minus rank 0's, and the round trip it was measured within.
-
-    Each round: every rank at a barrier, rank 0 broadcasts its wall time, and each rank takes
-    its own time before and after; rank 0's reading falls between them, and the midpoint is
-    off by at most half the round trip.
-    """
-    best: tuple[float, float] | None = None
-    stamp = torch.zeros(1, dtype=torch.float64, device=device)
-    for _ in range(CLOCK_ROUNDS):
-        dist.barrier()
-        before = wall()
-        if dist.get_rank() == 0:
-            stamp.fill_(before)
-        dist.broadcast(stamp, src=0)
-        after = wall()
-        trip = after - before
-        offset = (before + after) / 2 - float(stamp.item())
-        if best is None or trip < best[1]:
-            best = (offset, trip)
-    assert best is not None
-    return (0.0, 0.0) if dist.get_rank() == 0 else best
 
 
 # Where each rank posts its shared settings, and their digest, in the rendezvous store.

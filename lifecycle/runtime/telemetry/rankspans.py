@@ -24,6 +24,7 @@ from lifecycle.runtime.telemetry.tracing import (
     Tracing,
     nanos,
     run_span_id_of,
+    set_failed,
     trace_id_of,
 )
 
@@ -185,7 +186,7 @@ class RankSpans:
         span = self._actions.pop(event.action, None)
         if span is not None:
             if not event.ok:
-                self._failed(span, f"{event.action} failed")
+                set_failed(span, f"{event.action} failed")
             span.end(end_time=nanos(wall))
         if event.action == "mark-ready":
             self._end_startup(wall, outcome="ready")
@@ -213,7 +214,7 @@ class RankSpans:
                 }
             )
             if not event.ok:
-                self._failed(span, f"loading {event.component} failed")
+                set_failed(span, f"loading {event.component} failed")
             span.end(end_time=nanos(wall))
 
     def _warmup(self, event: ev.WarmupRecord, wall: float) -> None:
@@ -276,7 +277,7 @@ class RankSpans:
             error = self._request_errors.pop(event.request_id, "")
             if span is not None:
                 if not event.ok:
-                    self._failed(span, error or f"request {event.request_id} failed")
+                    set_failed(span, error or f"request {event.request_id} failed")
                 span.end(end_time=nanos(wall))
         elif isinstance(event, ev.Error) and self._requests:
             request_id, span = next(reversed(self._requests.items()))
@@ -348,7 +349,7 @@ class RankSpans:
             self._state_span = None
         span.set_attribute(f"{ATTRIBUTE_PREFIX}outcome", outcome)
         if outcome != "ready":
-            self._failed(span, f"rank {self._rank} {outcome}")
+            set_failed(span, f"rank {self._rank} {outcome}")
         span.end(end_time=nanos(wall))
         self._rank_span = None
         if self._state_span is not None:  # ready goes on while the server serves
@@ -371,7 +372,7 @@ class RankSpans:
             )
         run.set_attribute(f"{ATTRIBUTE_PREFIX}outcome", outcome)
         if outcome != "ready":
-            self._failed(run, f"the startup {outcome}")
+            set_failed(run, f"the startup {outcome}")
         run.end(end_time=nanos(wall))
 
     def _innermost(self) -> Any:
@@ -395,9 +396,4 @@ class RankSpans:
         span = self._innermost() or self._rank_span
         span.add_event(name, attributes=attributes, timestamp=nanos(wall))
         if error:
-            self._failed(span, str(attributes.get("exception.message", name)))
-
-    def _failed(self, span: Any, description: str) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.set_status(Status(StatusCode.ERROR, description[:300]))
+            set_failed(span, str(attributes.get("exception.message", name)))

@@ -97,6 +97,13 @@ def nanos(wall: float) -> int:
     return int(wall * 1e9)
 
 
+def set_failed(span: Any, description: str) -> None:
+    """Mark `span` failed, with the start of `description` as its status message."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, description[:300]))
+
+
 def missing_package(names: tuple[str, ...]) -> str | None:
     """The first of `names` that cannot be imported, found without importing it."""
     for name in names:

@@ -18,6 +18,7 @@ from lifecycle.runtime.telemetry.tracing import (
     ATTRIBUTE_PREFIX,
     Tracing,
     run_span_id_of,
+    set_failed,
     trace_id_of,
 )
 
@@ -51,13 +52,11 @@ class GenerateSpan:
         if span is None:
             return
         with contextlib.suppress(Exception):  # instrumentation never raises into the server
-            from opentelemetry.trace import Status, StatusCode
-
             span.set_attribute("http.response.status_code", status)
             failure = self._failure or (f"HTTP {status}" if status >= 500 or not status else None)
             if failure is not None:
                 span.set_attribute("error.type", str(status) if status else "no response")
-                span.set_status(Status(StatusCode.ERROR, failure[:300]))
+                set_failed(span, failure)
             span.end()
 
     def _set(self, attributes: dict[str, Any]) -> None:

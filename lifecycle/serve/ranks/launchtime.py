@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,15 +21,20 @@ MAX_LAUNCH_S = 86_400.0
 # The launcher began before its ranks; /proc gives start times in clock ticks, so a value
 # this much after the rank's own start is still taken (two readings of one tick apart).
 START_SLACK_S = 0.05
-# A process that began longer than this before the lifecycle's entry ran another program
-# first, which exec'd this one (`bash -c "pip install . && lifecycle boot"` execs its last
-# command in its own process): its start is not this program's launch, and the entry is taken
-# instead. Starting Python and importing the command line, before torch, takes seconds.
+# A shell that runs other programs and then execs its last command in its own process
+# (`bash -c "pip install . && lifecycle boot"`, pyenv's shims) leaves this process the shell's
+# start in /proc: its start is not this program's launch, and the entry is taken instead. The
+# programs it waited for are this process's children in its resource usage, which an exec
+# keeps; a process that began longer than this before the entry is taken for such a one too
+# (an exec after the shell's builtins alone). Starting Python and importing the command line,
+# before torch, takes seconds.
 PRE_ENTRY_MAX_S = 30.0
 # How torchrun's agent appears in its command line: the console script, or the module.
 TORCHRUN_NAMES = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
+# Whether each process had waited for programs before the lifecycle first asked, as read then.
+_RAN_BEFORE: dict[int, bool] = {}
 # Each process's start as first read: a second reading could differ by a tick (the time
 # since boot is read again), and the run's start and its ranks' launch must be one number.
 _STARTED: dict[int, float] = {}
@@ -42,6 +48,16 @@ def process_started_wall(pid: int | None = None) -> float | None:
     if key not in _STARTED and (started := _read_started(key)) is not None:
         _STARTED[key] = started
     return _STARTED.get(key)
+
+
+def ran_programs_before() -> bool:
+    """Whether this process had waited for programs of its own when first asked (at the
+    entry, before the lifecycle starts any): a shell that ran others and exec'd into it."""
+    pid = os.getpid()
+    if pid not in _RAN_BEFORE:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        _RAN_BEFORE[pid] = children.ru_maxrss > 0 or children.ru_utime + children.ru_stime > 0
+    return _RAN_BEFORE[pid]
 
 
 def _read_started(pid: int) -> float | None:
@@ -78,7 +94,9 @@ def _launcher_from_env(env: Mapping[str, str], *, process: float) -> float | Non
     return launched if _launched_before(launched, process) else None
 
 
-def launch_walls(env: Mapping[str, str], *, entered_at: float) -> tuple[float, float]:
+def launch_walls(
+    env: Mapping[str, str], *, entered_at: float, ran_before: bool | None = None
+) -> tuple[float, float]:
     """(when the launch began, when this rank's process began), on this host's clock.
 
     The launch is the launcher's process start that LIFECYCLE_LAUNCHED_AT gives; under
@@ -86,10 +104,12 @@ def launch_walls(env: Mapping[str, str], *, entered_at: float) -> tuple[float, f
     group is a new run, launched when the agent started its processes again, which is this
     process's own start. Otherwise this process is its own launcher (`lifecycle boot` with
     one rank). `entered_at` (time.time() at the entry) stands in for a start /proc does not
-    give, or gives from before an exec (PRE_ENTRY_MAX_S).
+    give, or gives from before an exec: where this process had run programs before
+    (`ran_before`, read from its resource usage when None) or began over PRE_ENTRY_MAX_S ago.
     """
     process = process_started_wall() or entered_at
-    if entered_at - process > PRE_ENTRY_MAX_S:
+    ran_before = ran_programs_before() if ran_before is None else ran_before
+    if ran_before or entered_at - process > PRE_ENTRY_MAX_S:
         process = entered_at
     launcher = _launcher_from_env(env, process=process)
     if launcher is None and under_torchrun(env) and env.get(RESTART_COUNT_ENV, "0") == "0":

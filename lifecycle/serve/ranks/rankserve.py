@@ -4,6 +4,7 @@ a stop or the rank's failure."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
@@ -103,8 +104,8 @@ def _serve_request(
     stopped or failed)."""
     from lifecycle.runtime.actions import generate
 
-    rank = session.launch.rank
     request_id = message.request_id
+    reply = functools.partial(Result, request_id=request_id, rank=session.launch.rank)
     cancels.begin(request_id)
     after_step = _after_step(
         session, inbox, cancels, request_id=request_id, nth=nth, steps=message.request.steps
@@ -123,26 +124,11 @@ def _serve_request(
         )
         video = None if generated.video is None else generated.video.numpy()
         cancels.end(request_id)
-        inbox.send(
-            Result(
-                request_id=request_id,
-                rank=rank,
-                ok=True,
-                video=video,
-                **shared_fields(generated.result, Result),
-            )
-        )
+        inbox.send(reply(ok=True, video=video, **shared_fields(generated.result, Result)))
     except RequestCancelled as exc:  # journaled by generate; the rank serves on
         cancels.end(request_id)
         inbox.send(
-            Result(
-                request_id=request_id,
-                rank=rank,
-                ok=False,
-                error=str(exc),
-                error_kind=classify(exc),
-                cancelled_after=exc.step,
-            )
+            reply(ok=False, error=str(exc), error_kind=classify(exc), cancelled_after=exc.step)
         )
     except Exception as exc:  # the request failed on this rank: journal it, fail, report
         cancels.end(request_id)

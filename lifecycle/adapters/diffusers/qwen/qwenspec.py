@@ -9,8 +9,8 @@ import re
 from typing import Any
 
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
-from lifecycle.adapters.diffusers.specs import call_defaults, positive_int
-from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, ConfigError, MemoryModel, ModelSpec
+from lifecycle.adapters.diffusers.specs import call_defaults, components_memory, positive_int
+from lifecycle.pipelines import DIFFUSERS_COMPONENTS_BACKEND, ConfigError, ModelSpec
 
 # QwenImagePipeline's default image side: default_sample_size latent pixels at its VAE's scale.
 DEFAULT_SAMPLE_SIZE = 128
@@ -46,13 +46,8 @@ def qwen_image_spec(
         declares_residency=True,
         source=source,
         source_digest=digest,
-        memory=MemoryModel(
-            fixed_bytes=0,
-            # Activations of a token through a block: a few copies of its hidden state, float.
-            bytes_per_token=16 * inner * 4,
-            # The decoded image twice over, plus the decoder's full-size feature maps.
-            bytes_per_pixel=2 * 3 * 4 + 3 * vae_base_dim * 4,
-        ),
+        # The decoded image twice over, plus the decoder's full-size feature maps.
+        memory=components_memory(inner=inner, bytes_per_pixel=2 * 3 * 4 + 3 * vae_base_dim * 4),
     )
 
 

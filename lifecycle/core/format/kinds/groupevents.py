@@ -114,7 +114,7 @@ class ClockAligned(Event):
     different hosts order correctly; events before it keep the local clock."""
 
     kind: ClassVar[str] = "clock_aligned"
-    offset_s: float  # this rank's clock minus rank 0's
+    offset_s: float  # this rank's clock minus rank 0's: 0 where both read one kernel's clock
     round_trip_s: float  # of the exchange the offset was taken from: its uncertainty
     host: str
 
