@@ -9,7 +9,7 @@ from __future__ import annotations
 import structlog
 import torch
 
-from lifecycle.core.decisions.compiling import (
+from lifecycle.core.decisions.learnedshapes import (
     LEARNED_WARM_STEPS,
     LearnedShape,
     learned_shapes,

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from lifecycle.core.decisions.compiling import LearnedTraffic
+from lifecycle.core.decisions.learnedshapes import LearnedTraffic
 from lifecycle.core.errors import ErrorKind, JournalError
 from lifecycle.core.format.events import (
     Aborted,

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, select
 
-from lifecycle.core.decisions.compiling import LearnedTraffic
+from lifecycle.core.decisions.learnedshapes import LearnedTraffic
 from lifecycle.core.errors import JournalConflict, JournalError, JournalWriteFailed
 from lifecycle.core.format.codec import encode
 from lifecycle.core.format.events import CollectiveFinished, CollectiveStarted, Event, StoredEvent

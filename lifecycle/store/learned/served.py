@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, select
 
-from lifecycle.core.decisions.compiling import LEARN_REQUESTS_PER_RUN, LEARN_RUNS, Served
 from lifecycle.core.decisions.deadlines import StartupPath, history_key
+from lifecycle.core.decisions.learnedshapes import LEARN_REQUESTS_PER_RUN, LEARN_RUNS, Served
 from lifecycle.core.format.events import RequestFinished, RequestStarted
 from lifecycle.store.backends.schema import events, startup_history
 from lifecycle.store.decode import EVENT_ROW, decode_row
