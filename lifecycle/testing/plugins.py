@@ -7,11 +7,13 @@ at any number of ranks; `check_plugin(PLUGIN)` is what a plug-in's own test call
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from lifecycle.pipelines import (
     Comm,
@@ -145,8 +147,9 @@ def check_plugin(
 ) -> Generated:
     """Hold a plug-in's `(ModelSpec, factory)` pair to the pipeline protocol as `--pipeline`
     does, then run one request through the pipeline it builds, as one rank alone on CPU, and
-    check what it returned: `steps` calls of `on_step` and a uint8 (frames, height, width, 3)
-    video. Raises ConfigError naming what is wrong; returns the request's result and video.
+    check what it did: `steps` calls of `on_step`, made as the steps are done, and a uint8
+    (frames, height, width, 3) video. Raises ConfigError naming what is wrong; returns the
+    request's result and video.
     """
     spec, factory = plugin
     if not isinstance(spec, ModelSpec):
@@ -162,13 +165,65 @@ def check_plugin(
         guidance_scale=spec.default_guidance_scale,
         seed=0,
     )
-    generated = run_request(
-        pipeline, request, meter=memory_meter(device), device=device, decode=True, keep_video=True
-    )
-    wrong = _output_gaps(generated, request)
+    calls = TensorCalls()
+    steps_seen: list[tuple[int, float]] = []  # at each on_step: tensor calls so far, and when
+
+    def seen(_step: int) -> None:
+        steps_seen.append((calls.count, time.perf_counter()))
+
+    with calls:
+        generated = run_request(
+            pipeline, request, meter=memory_meter(device), device=device, decode=True,
+            keep_video=True, after_step=seen,
+        )  # fmt: skip
+    wrong = _output_gaps(generated, request) + _steps_together(steps_seen, generated)
     if wrong:
         raise ConfigError(PIPELINE, f" {spec.name}: {'; '.join(wrong)}")
     return generated
+
+
+class TensorCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods this thread calls while it is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+# The share of the request's time under which on_step calls with no tensor work between them
+# count as made together: an honest step is tensor work, however short; a step of other work
+# (numpy, an extension) is still a share of the request that a loop of calls is not.
+TOGETHER_SHARE = 0.05
+
+
+def _steps_together(steps_seen: list[tuple[int, float]], generated: Generated) -> list[str]:
+    """Whether denoise made its on_step calls together, before or after its work rather than
+    as each step was done, in words: from the tensor calls counted and the time passed at each
+    on_step. Time alone would take a long first step (a warm-up) for calls made together;
+    counted calls alone, a step done outside torch."""
+    if len(steps_seen) < 2:
+        return []
+    (first_calls, first_at), (last_calls, last_at) = steps_seen[0], steps_seen[-1]
+    between_s, total_s = last_at - first_at, generated.result.total_s
+    if last_calls > first_calls or between_s >= TOGETHER_SHARE * total_s:
+        return []
+    return [
+        f"denoise called on_step only before or after its work: its {len(steps_seen)} calls"
+        f" came together, {between_s * 1e3:.3f} ms from first to last in a request of"
+        f" {total_s * 1e3:.1f} ms, with no tensor operation between them; call on_step(step)"
+        " as each step is done: the server shows a request's progress, cancels it between"
+        " steps and finds it stalled by these calls"
+    ]
 
 
 def _output_gaps(generated: Generated, request: Generation) -> list[str]:

@@ -4,6 +4,8 @@ line naming it."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,8 +13,10 @@ import pytest
 
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.records import Shape
-from lifecycle.core.settings.modelspec import MODEL_PRESETS
+from lifecycle.core.settings.modelspec import MODEL_PRESETS, MemoryModel
+from lifecycle.pipelines import register_pipeline
 from lifecycle.runtime.pipeline.conformance import EarlierProtocol, conform
+from lifecycle.testing.plugins import MinimalPipeline
 from tests.conftest import Completed, one_clear_line
 from tests.support import EARLIER, plugin
 
@@ -144,3 +148,43 @@ def test_a_plugin_whose_import_raises_is_one_line_and_exit_2(
     assert result.returncode == 2
     line = one_clear_line(result)
     assert "earlier_plugin:PLUGIN" in line and "NameError" in line
+
+
+@pytest.mark.parametrize(
+    ("memory", "named"),
+    [
+        ("fixed_bytes=float('nan'), bytes_per_token=1024, bytes_per_pixel=3", "fixed_bytes"),
+        ("fixed_bytes=0, bytes_per_token=float('inf'), bytes_per_pixel=3", "bytes_per_token"),
+        ("fixed_bytes=16 * 2**20, bytes_per_token=1024, bytes_per_pixel=-3", "bytes_per_pixel"),
+    ],
+)
+def test_a_plugin_whose_memory_model_is_not_bytes_is_refused_when_loaded(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed], memory: str, named: str
+) -> None:
+    """A plug-in whose spec's MemoryModel holds NaN, infinity or a negative number is one line
+    naming the plug-in and the field, exit 2, before any rank starts (no journal)."""
+    source = EARLIER + (
+        "\nfrom lifecycle.pipelines import MemoryModel\n"
+        f"SPEC = dataclasses.replace(SPEC, memory=MemoryModel({memory}))\n"
+        "PLUGIN = (SPEC, EarlierPipeline)\n"
+    )
+    env = plugin(tmp_path, source)
+    result = lifecycle_cli("boot", "--pipeline", "earlier_plugin:PLUGIN", "--db", "j.db", env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = one_clear_line(result)
+    assert "earlier_plugin:PLUGIN" in line and f"memory.{named}" in line
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_registering_a_spec_whose_memory_model_is_nan_is_refused() -> None:
+    """`register_pipeline` refuses a spec whose memory estimate would be NaN, naming the field,
+    and registers nothing."""
+    spec = dataclasses.replace(
+        MODEL_PRESETS["micro-video"],
+        name="nan-memory-video",
+        memory=MemoryModel(fixed_bytes=0, bytes_per_token=math.nan, bytes_per_pixel=3),  # type: ignore[arg-type]
+    )
+    with pytest.raises(ConfigError) as refused:
+        register_pipeline(spec, MinimalPipeline)
+    assert "memory.bytes_per_token" in str(refused.value)
+    assert "nan-memory-video" not in MODEL_PRESETS

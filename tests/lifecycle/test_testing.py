@@ -3,6 +3,9 @@ names what a broken pipeline gets wrong, and every module imports without pytest
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,6 +74,21 @@ class Silent(MinimalPipeline):
         )
 
 
+class StepsAtTheEnd(MinimalPipeline):
+    """Does all its steps, then calls on_step once per step."""
+
+    def denoise(
+        self, embeds: torch.Tensor, shape: Shape, steps: int, *, seed: int,
+        guidance_scale: float, on_step: Callable[[int], None],
+    ) -> torch.Tensor:  # fmt: skip
+        latents = super().denoise(
+            embeds, shape, steps, seed=seed, guidance_scale=guidance_scale, on_step=lambda _: None
+        )
+        for step in range(steps):
+            on_step(step)
+        return latents
+
+
 class NoDecode:
     components = ("text_encoder", "denoiser", "decoder")
     parameter_bytes = 0
@@ -87,6 +105,7 @@ class NoDecode:
         (FloatFrames, "decode returned torch.float32, not torch.uint8"),
         (Transposed, "decode returned shape (5, 3, 64, 64), not (5, 64, 64, 3)"),
         (Silent, "denoise called on_step 0 times for 2 steps"),
+        (StepsAtTheEnd, "denoise called on_step only before or after its work"),
         (NoDecode, "decode(latents, shape)"),
     ],
 )
@@ -96,6 +115,43 @@ def test_check_plugin_names_what_a_pipeline_gets_wrong(pipeline: type, named: st
     with pytest.raises(ConfigError) as refused:
         check_plugin((SPEC, pipeline))
     assert named in str(refused.value)
+
+
+class SlowFirstStep(MinimalPipeline):
+    """Spends most of its denoise in the first step (a one-time warm-up), then steps quickly."""
+
+    def denoise(
+        self, embeds: torch.Tensor, shape: Shape, steps: int, *, seed: int,
+        guidance_scale: float, on_step: Callable[[int], None],
+    ) -> torch.Tensor:  # fmt: skip
+        def after(step: int) -> None:
+            if step == 0:
+                time.sleep(0.5)
+            on_step(step)
+
+        return super().denoise(
+            embeds, shape, steps, seed=seed, guidance_scale=guidance_scale, on_step=after
+        )
+
+
+def test_check_plugin_passes_a_pipeline_whose_first_step_takes_most_of_the_time() -> None:
+    """Steps of very uneven length are still steps: a pipeline whose first step holds a long
+    warm-up, with real work between its on_step calls, passes."""
+    generated = check_plugin((SPEC, SlowFirstStep), steps=3)
+    assert len(generated.result.step_s) == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("fixed_bytes", math.nan), ("bytes_per_token", math.inf), ("bytes_per_pixel", -1)],
+)
+def test_check_plugin_names_a_memory_model_that_is_not_bytes(field: str, value: float) -> None:
+    """A spec whose MemoryModel holds NaN, infinity or a negative number is a ConfigError
+    naming the field, as `--pipeline` refuses it."""
+    memory = dataclasses.replace(SPEC.memory, **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as refused:
+        check_plugin((dataclasses.replace(SPEC, memory=memory), MinimalPipeline))
+    assert f"memory.{field}" in str(refused.value)
 
 
 def test_every_testing_module_imports_without_pytest() -> None:

@@ -12,7 +12,7 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.records import ResidencyOption, Shape, StageRecord
 from lifecycle.core.settings.modelspec import MODEL_PRESETS, ModelSpec
 from lifecycle.runtime.group.comm import Comm
-from lifecycle.runtime.pipeline.conformance import PIPELINE, check_factory, conform
+from lifecycle.runtime.pipeline.conformance import PIPELINE, check_factory, check_memory, conform
 
 
 class Pipeline(Protocol):
@@ -104,7 +104,9 @@ _FACTORIES: dict[str, PipelineFactory] = {name: _tiny for name in MODEL_PRESETS}
 
 
 def register_pipeline(spec: ModelSpec, factory: PipelineFactory) -> None:
-    """Make `--model spec.name` build pipelines with `factory` in this process."""
+    """Make `--model spec.name` build pipelines with `factory` in this process; ConfigError
+    for a spec whose memory model is not bytes (NaN, infinite, negative)."""
+    check_memory(spec.name, spec)
     MODEL_PRESETS[spec.name] = spec
     _FACTORIES[spec.name] = factory
 

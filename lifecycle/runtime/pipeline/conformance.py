@@ -11,6 +11,7 @@ guidance, whatever the request says).
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,10 +125,39 @@ def refusal(what: str, gaps: Sequence[str]) -> ConfigError:
     )
 
 
+MEMORY_FIELDS = ("fixed_bytes", "bytes_per_token", "bytes_per_pixel")
+
+
+def memory_gaps(spec: ModelSpec) -> list[str]:
+    """Each field of the spec's memory model that is not a number of bytes (finite, 0 or
+    more), in words: an estimate made of it is NaN, infinite or negative, which admission can
+    neither compare with a budget nor count in bytes."""
+    gaps = []
+    for name in MEMORY_FIELDS:
+        value = getattr(spec.memory, name, None)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value >= 0):  # type: ignore[arg-type,operator]
+            gaps.append(f"memory.{name} is {str(value)[:40]}")
+    return gaps
+
+
+def check_memory(target: str, spec: ModelSpec) -> None:
+    """Refuse a spec whose memory model is not bytes, in one line naming each field."""
+    gaps = memory_gaps(spec)
+    if gaps:
+        raise ConfigError(
+            PIPELINE,
+            f" {target}: its ModelSpec's {'; '.join(gaps)}: a MemoryModel's fields are bytes,"
+            " finite and 0 or more (all 0 declares no estimate)",
+        )
+
+
 def check_factory(target: str, factory: Any, spec: ModelSpec) -> None:
-    """Refuse a plug-in when it is loaded, before any rank starts, when what its factory
-    builds can be known without building it (a class, or a function whose return annotation
-    is one); every rank checks the pipeline itself again once built (`conform`)."""
+    """Refuse a plug-in when it is loaded, before any rank starts: a memory model that is not
+    bytes, and what its factory builds when that can be known without building it (a class,
+    or a function whose return annotation is one); every rank checks the pipeline itself again
+    once built (`conform`)."""
+    check_memory(target, spec)
     if not callable(factory):
         raise ConfigError(PIPELINE, f" {target}: its factory is not callable")
     built = factory if isinstance(factory, type) else _returned_class(factory)
