@@ -1,7 +1,11 @@
-"""The launcher's summary of several ranks: exit statuses in words, and the boot's verdict."""
+"""The launcher's ranks and its summary of them: ranks run the launcher's lifecycle, never a
+folder's of the same name; exit statuses in words, and the boot's verdict."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +45,29 @@ def test_an_exit_status_reads_one_way(code: int | None, shown: str) -> None:
     """A rank's exit status reads as `exit N`, `killed by SIGNAL` (a signal it did not handle)
     or `stopped by SIGNAL (128+N)` (a stop it journaled), wherever it is shown."""
     assert exit_text(code) == shown
+
+
+@pytest.mark.ranks
+def test_ranks_never_import_a_lifecycle_folder_of_the_working_directory(tmp_path: Path) -> None:
+    """Booted from a directory holding a `lifecycle/` package of its own (a checkout), by a
+    launcher that runs the installed lifecycle, two ranks get to ready on the same lifecycle:
+    the folder's package is never imported (it would leave a marker and fail)."""
+    decoy = tmp_path / "lifecycle"
+    decoy.mkdir()
+    marker = tmp_path / "decoy-imported"
+    (decoy / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'a').write('imported\\n')\n"
+        "raise SystemExit('the working directory\\'s lifecycle was imported')\n"
+    )
+    launched = subprocess.run(
+        [sys.executable, "-P", "-m", "lifecycle", "boot", "--model", "micro-video",
+         "--num-ranks", "2", "--warmup-mode", "none", "--db", "j.db"],
+        cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
+    assert "startup to ready" in launched.stdout
+    assert not marker.exists()
 
 
 @pytest.mark.ranks

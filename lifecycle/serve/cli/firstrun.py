@@ -100,7 +100,7 @@ class FirstRun:
         with (self.out / f"{name}.log").open("w") as log:
             try:
                 done = subprocess.run(
-                    [sys.executable, "-m", module, *args],
+                    [sys.executable, "-P", "-m", module, *args],  # never OUT's own modules
                     cwd=self.out, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                     timeout=timeout, check=False,
                 )  # fmt: skip

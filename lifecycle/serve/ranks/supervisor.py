@@ -131,7 +131,9 @@ class RankGroup:
             stderr = stderr_of(rank) if stderr_of is not None else None
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "lifecycle.serve.ranks.worker"],
+                    # -P: the working directory is not on the rank's path, so that a folder
+                    # holding a `lifecycle/` (a checkout) never replaces the launcher's own.
+                    [sys.executable, "-P", "-m", "lifecycle.serve.ranks.worker"],
                     env=env,
                     pass_fds=steps.pass_fds(rank),
                     stderr=stderr,
