@@ -227,3 +227,20 @@ def test_the_http_fronts_sdk_is_configured_once_every_rank_is_ready_and_never_af
     finally:
         waiting.close()
         failing.close()
+
+
+def test_a_long_endpoint_is_cut_in_the_warning_that_echoes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 100 KB `OTEL_EXPORTER_OTLP_ENDPOINT` whose collector is down is echoed in its one
+    warning line cut to its first 200 characters and an ellipsis, not whole."""
+    endpoint = f"http://127.0.0.1:{closed_port()}/" + "v" * 100_000
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    said: list[str] = []
+    tracing = Tracing.start(os.environ, warn=said.append)
+    assert tracing is not None
+    tracing.tracer.start_span("lifecycle.test").end()
+    tracing.close(within_s=5.0)
+    (warning,) = said
+    assert warning.startswith(f"traces could not be sent to {endpoint[:199]}…"), warning[:400]
+    assert len(warning) < 600

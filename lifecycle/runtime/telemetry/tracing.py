@@ -41,7 +41,7 @@ Record = TypeVar("Record")
 class ExportSettings:
     """Where spans go, as the OTEL_* variables say it (the exporter reads the rest itself)."""
 
-    endpoint: str  # shown without credentials
+    endpoint: str  # as shown: no credentials, at most 200 characters
 
 
 def export_settings(env: Mapping[str, str]) -> tuple[ExportSettings | None, str | None]:
@@ -64,8 +64,14 @@ def export_settings(env: Mapping[str, str]) -> tuple[ExportSettings | None, str 
         or "http/protobuf"
     ).strip()
     if protocol not in PROTOCOLS:
-        return None, f"OTLP protocol {protocol!r} is not supported (use http/protobuf)"
-    return ExportSettings(endpoint=without_credentials(endpoint)), None
+        return None, f"OTLP protocol {protocol[:40]!r} is not supported (use http/protobuf)"
+    return ExportSettings(endpoint=shown_endpoint(endpoint)), None
+
+
+def shown_endpoint(url: str) -> str:
+    """An endpoint as a warning echoes it: no credentials, at most 200 characters."""
+    bare = without_credentials(url)
+    return bare if len(bare) <= 200 else bare[:199] + "…"
 
 
 def without_credentials(url: str) -> str:
