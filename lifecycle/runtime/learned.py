@@ -6,19 +6,23 @@ README's "Compile and shapes, paid once per fingerprint"."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import structlog
 import torch
 
 from lifecycle.core.decisions.learnedshapes import (
     LEARNED_WARM_STEPS,
     LearnedShape,
+    LearnedTraffic,
     learned_shapes,
     warm_budget,
     within_budget,
 )
 from lifecycle.core.decisions.warmupplan import bounded_shape
 from lifecycle.core.errors import ConfigError, JournalError
-from lifecycle.core.format.records import Shape
+from lifecycle.core.format.events import ShapesChosen
+from lifecycle.core.format.records import ChosenShape, Shape, SkippedShape
 from lifecycle.core.settings.config import MAX_LEARNED_SHAPES
 from lifecycle.core.settings.validation import validate_shape
 from lifecycle.runtime.rankruntime import RankRuntime
@@ -30,27 +34,46 @@ _COLUMNS = 4  # width, height, frames, steps
 
 def chosen_shapes(rt: RankRuntime) -> list[tuple[Shape, int]]:
     """This rank's choice of shapes to warm, with their steps: --warm-shape's first, then the
-    learned ones that fit the budget. A history that cannot be read teaches nothing."""
+    learned ones that fit the budget, journaled as `shapes_chosen` (budget, costs, and why
+    each learned shape left out was). A history that cannot be read teaches nothing."""
     args = rt.args
     steps = min(LEARNED_WARM_STEPS, args.model.default_steps)
-    given = [(shape, steps) for shape in args.warm_shapes]
+    given = [
+        ChosenShape(shape=shape, steps=steps, served=0, expected_s=None)
+        for shape in args.warm_shapes
+    ]
     assert rt.fingerprint is not None, "decide-path fingerprints the startup first"
     try:
         traffic = rt.recorder.served(rt.fingerprint.key)
     except JournalError as exc:
         log.warning("served_requests_unreadable", error=str(exc))
-        return given
+        traffic = LearnedTraffic(requests=[], ready_s=[])
     skip = [bounded_shape(args.model), *args.warm_shapes]
     learned: list[LearnedShape] = []
+    unrunnable: list[SkippedShape] = []
     for shape in learned_shapes(traffic.requests, skip=skip):
         try:
             validate_shape(args.model, shape.shape, 1)  # a journal's row is not trusted blindly
-        except ConfigError:  # a shape this model cannot run is not warmed
+        except ConfigError as exc:  # a shape this model cannot run is not warmed
+            unrunnable.append(SkippedShape(shape=shape.shape, why=f"not runnable: {exc}"))
             continue
         learned.append(shape)
     budget = warm_budget(args.warm_budget_s, traffic.ready_s)
-    fitting = within_budget(learned, budget_s=budget)
-    return (given + [(s.shape, min(steps, s.steps)) for s in fitting])[:MAX_LEARNED_SHAPES]
+    # Under --compile, a shape not run yet compiles again when it is warmed: it costs about
+    # what the startup's compile took, beside its steady-state time.
+    compile_s = (rt.compile_seconds or 0.0) if args.enable_torch_compile else 0.0
+    fitting, past = within_budget(learned, budget_s=budget.seconds, compile_s=compile_s)
+    chosen = given + [replace(c, steps=min(steps, c.steps)) for c in fitting]
+    if chosen or past or unrunnable or traffic.requests:
+        rt.recorder.record(
+            ShapesChosen(
+                budget_s=budget.seconds,
+                budget_basis=budget.basis,
+                chosen=tuple(chosen[:MAX_LEARNED_SHAPES]),
+                skipped=(*unrunnable, *past),
+            )
+        )
+    return [(c.shape, c.steps) for c in chosen][:MAX_LEARNED_SHAPES]
 
 
 def agreed_shapes(rt: RankRuntime, mine: list[tuple[Shape, int]]) -> list[tuple[Shape, int]]:

@@ -51,6 +51,7 @@ class RankRuntime:
     compile_cache: CacheUse = CacheUse.OFF
     compile_files: frozenset[tuple[str, int]] = frozenset()
     compile_replaces: bool = False  # the key's artifact is kept anew in its place
+    compile_seconds: float | None = None  # how long the compile action took
 
     @property
     def decodes(self) -> bool:

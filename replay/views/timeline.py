@@ -6,7 +6,7 @@ import dataclasses
 import textwrap
 from collections.abc import Sequence
 
-from lifecycle.core.decisions.compiling import compile_text
+from lifecycle.core.decisions.learnedshapes import paid_once_text
 from lifecycle.core.format.accounting import (
     StartupAccount,
     account,
@@ -205,7 +205,7 @@ def _setup_lines(view: RankView, analysis: RunAnalysis) -> list[str]:
     for at, state, step in view.residency:
         lines.append(f"  residency +{analysis.at(at):.2f} {state}: {clean(residency_text(step))}")
     for at, state, compiling in view.compiles:
-        lines.append(f"  compile +{analysis.at(at):.2f} {state}: {compile_text(compiling)}")
+        lines.append(f"  compile +{analysis.at(at):.2f} {state}: {paid_once_text(compiling)}")
     for at, state, drop in view.buffer_drops:
         lines.append(
             f"  buffers dropped {drop.buffers} ({mib(drop.bytes_freed)}) in {state}"

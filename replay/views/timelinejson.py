@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lifecycle.core.decisions.compiling import compile_text
+from lifecycle.core.decisions.learnedshapes import paid_once_text
 from lifecycle.core.format.accounting import (
     account,
     account_json,
@@ -119,7 +119,7 @@ def _compile_json(view: RankView, analysis: RunAnalysis) -> list[dict[str, Any]]
             "state": s,
             "at_s": analysis.at(t),
             **dataclasses.asdict(e),
-            "text": compile_text(e),
+            "text": paid_once_text(e),
         }
         for t, s, e in view.compiles
     ]

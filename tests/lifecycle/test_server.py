@@ -164,3 +164,25 @@ def test_generate_refuses_numbers_that_are_not_plain_integers_with_422_naming_th
         assert "Traceback" not in added
         assert len(added.splitlines()) <= 1, added
         assert served.stop() == 0
+
+
+def test_generate_names_every_invalid_field_in_one_list(tmp_path: Path) -> None:
+    """A body with a width the model cannot run (not a multiple of 16), frames it cannot make
+    (not 1 + 4k) and steps out of range is one 422 whose detail lists all three fields, each
+    with why, in FastAPI's shape; a body whose only fault is the model's gets the same shape."""
+    with serve(tmp_path, "--num-ranks", "1", "--warmup-mode", "none") as served:
+        served.wait_for_health(200, within=120)
+        body = {"prompt": "a lighthouse", "width": 200, "frames": 4, "steps": 0}
+        response = served.client.post("/generate", json=body)
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        assert sorted(tuple(e["loc"]) for e in detail) == [
+            ("body", "frames"),
+            ("body", "steps"),
+            ("body", "width"),
+        ], detail
+        assert all(e["msg"] and e["type"] for e in detail)
+        model_only = served.client.post("/generate", json={**body, "steps": 4})
+        assert model_only.status_code == 422
+        assert sorted(e["loc"][1] for e in model_only.json()["detail"]) == ["frames", "width"]
+        assert served.stop() == 0

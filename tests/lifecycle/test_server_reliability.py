@@ -152,11 +152,13 @@ def stop_within(served: Served, seconds: float) -> int:
 def test_a_stuck_rank_fails_the_request_and_no_later_request_gets_its_reply(
     tmp_path: Path,
 ) -> None:
-    """When rank 1 freezes mid-request, the request is answered 500 as soon as rank 0's
-    collective times out, without waiting for rank 1; the ranks are then unhealthy (503), and
+    """When rank 1 freezes mid-request and no restart is left (--max-restarts 0), the request
+    is answered 500 as soon as rank 0's collective times out, without waiting for rank 1; the
+    ranks are then unhealthy (503), and
     neither a request sent while rank 1 is still in the abandoned request nor one sent after
     its late reply is answered with that reply."""
-    with serve(tmp_path, "--num-ranks", "2", "--dist-timeout", "3", *FAST) as served:
+    extra = ("--num-ranks", "2", "--dist-timeout", "3", "--max-restarts", "0")
+    with serve(tmp_path, *extra, *FAST) as served:
         served.wait_for_health(200, within=120)
         pids = rank_pids(served.db)
         with ThreadPoolExecutor(1) as pool:
@@ -203,7 +205,8 @@ def test_a_failed_request_names_its_culprit_its_id_and_the_diagnose_command(
     collective: the 500 names rank 1 and its error (not rank 0, which failed waiting), the
     request id every rank journaled it under (as sent in X-Request-ID, and echoed), and the
     `replay diagnose` command, which run as given names rank 1 too."""
-    with serve(tmp_path, "--num-ranks", "2", *FAST, "--fault", "1:request:exit") as served:
+    extra = ("--num-ranks", "2", "--max-restarts", "0", *FAST)
+    with serve(tmp_path, *extra, "--fault", "1:request:exit") as served:
         served.wait_for_health(200, within=120)
         answered = served.client.post(
             "/generate", json={**BODY, "steps": 4}, headers={"X-Request-ID": "req-7.a"}

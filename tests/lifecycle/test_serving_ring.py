@@ -85,12 +85,13 @@ def test_healthy_requests_journal_their_summaries_not_their_collectives(tmp_path
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_a_hang_after_ready_is_diagnosed_from_the_dumped_ring(tmp_path: Path, ranks: int) -> None:
-    """Rank 1 hangs half-way through the first request: its peers time out in the next
+    """Rank 1 hangs half-way through the first request, with no restart left (--max-restarts
+    0): its peers time out in the next
     all-to-all, write their rings, and the diagnosis names rank 1 in ready, the group and
     the sequence number the peers waited in; the 500 and serve's failure line name rank 1
     and where it hung as the diagnosis does, not the peer that failed first nor a process
     that went away (rank 1 leaves through the agreed abort)."""
-    extra = ("--num-ranks", str(ranks), "--dist-timeout", "5", *FAST)
+    extra = ("--num-ranks", str(ranks), "--dist-timeout", "5", "--max-restarts", "0", *FAST)
     with serve(tmp_path, *extra, "--fault", "1:request:hang") as served:
         served.wait_for_health(200, within=180)
         response = served.client.post("/generate", json={**BODY, "steps": 4})
@@ -213,11 +214,12 @@ def test_dumps_on_request_write_every_rank_ring(tmp_path: Path) -> None:
 # stuck rank failing its request is tests/lifecycle/test_server_reliability.py's.
 @pytest.mark.slow
 def test_a_request_given_up_for_silence_fails_the_server_and_the_verdict(tmp_path: Path) -> None:
-    """One rank hangs in a request outside any collective: the server gives the request up
-    once the rank has made no step for --request-silence, the rank journals why (its reader
-    thread, since its main thread is stuck), serve exits 1 after --linger, and `replay
+    """One rank hangs in a request outside any collective, and no restart is left
+    (--max-restarts 0): the server gives the request up once the rank has made no step for
+    --request-silence, the rank journals why (its reader thread, since its main thread is
+    stuck), serve exits 1 after --linger, and `replay
     diagnose` says failed, naming the request given up, where it said ready."""
-    extra = ("--request-silence", "4", "--linger", "1", *FAST)
+    extra = ("--request-silence", "4", "--linger", "1", "--max-restarts", "0", *FAST)
     with serve(tmp_path, *extra, "--fault", "0:request:hang") as served:
         served.wait_for_health(200, within=180)
         response = served.client.post("/generate", json={**BODY, "steps": 4}, timeout=120)

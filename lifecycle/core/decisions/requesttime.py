@@ -23,6 +23,9 @@ DEADLINE_SLACK_S = TIME_SLACK_S
 # The newest measurements of one shape that its prediction reads: recent enough to follow a
 # machine that got slower, enough that one fast request does not set the bar.
 RECENT = 8
+# --request-timeout's default: no request runs longer, and one predicted to take longer is
+# refused before it reaches the ranks (a video of a large model on one GPU takes tens of minutes).
+DEFAULT_REQUEST_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,11 +55,18 @@ class Prediction:
     """A request's predicted time, what it was predicted from, and its deadline."""
 
     seconds: float
+    step_s: float  # one denoising step's share of it
     basis: str  # which measurements, in words
 
     @property
     def deadline_s(self) -> float:
         return DEADLINE_MARGIN * self.seconds + DEADLINE_SLACK_S
+
+    @property
+    def stop_s(self) -> float:
+        """How long a rank may take to reach the step every rank stops after, once cancelled:
+        its step's allowance, as its deadline allows for the whole request."""
+        return DEADLINE_MARGIN * self.step_s + DEADLINE_SLACK_S
 
     def rule(self) -> str:
         """The deadline as the answer to a request past it says it."""
@@ -103,7 +113,50 @@ def _prediction(
 ) -> Prediction:
     step_s = max(t.step_s for t in timings) * step_scale
     other_s = max(t.other_s for t in timings) * other_scale
-    return Prediction(seconds=steps * step_s + other_s, basis=basis)
+    return Prediction(seconds=steps * step_s + other_s, step_s=step_s, basis=basis)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeBound:
+    """How long a request may run: its prediction's deadline, no longer than the operator's
+    limit (--request-timeout); the limit alone when nothing was measured to predict from."""
+
+    seconds: float
+    limit_s: float
+    prediction: Prediction | None
+
+    @classmethod
+    def of(cls, prediction: Prediction | None, *, limit_s: float) -> TimeBound:
+        if prediction is None:
+            return cls(seconds=limit_s, limit_s=limit_s, prediction=None)
+        return cls(
+            seconds=min(prediction.deadline_s, limit_s), limit_s=limit_s, prediction=prediction
+        )
+
+    def rule(self) -> str:
+        """The bound as the answer to a request past it says it."""
+        limit = f"--request-timeout {self.limit_s:g} s"
+        if self.prediction is None:
+            return f"{self.seconds:.1f} s ({limit}; nothing measured to predict from)"
+        if self.seconds >= self.limit_s:
+            return f"{self.seconds:.1f} s ({limit}; {self.prediction.rule()} is longer)"
+        return self.prediction.rule()
+
+    def stop_s(self, silence_s: float) -> float:
+        """How long the ranks get to stop once cancelled, before the request is taken for
+        stalled: a predicted step's allowance, else their silence bound."""
+        return silence_s if self.prediction is None else self.prediction.stop_s
+
+
+def over_limit(prediction: Prediction | None, *, limit_s: float) -> str | None:
+    """Why a request is refused before it reaches the ranks: its predicted time is over the
+    operator's limit (--request-timeout); None when it is within it, or nothing predicts it."""
+    if prediction is None or prediction.seconds <= limit_s:
+        return None
+    return (
+        f"refused: predicted to take {prediction.seconds:,.1f} s (from {prediction.basis}),"
+        f" over --request-timeout {limit_s:g} s"
+    )
 
 
 class RequestCancelled(LifecycleError):

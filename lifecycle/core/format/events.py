@@ -6,10 +6,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lifecycle.core.errors import classify
-from lifecycle.core.format.kinds.eventkind import Event
 
 # The process group's kinds and the residency planner's live in modules of their own
 # (lifecycle.core.format.kinds) and are listed here with the rest.
+from lifecycle.core.format.kinds.compileevents import (
+    Compiled,
+    CompileEvent,
+    CompileKept,
+    ShapesChosen,
+)
+from lifecycle.core.format.kinds.eventkind import Event
 from lifecycle.core.format.kinds.groupevents import (
     Aborted,
     BuffersAllocated,
@@ -75,6 +81,7 @@ __all__ = [
     "ResidencyRolledBack",
     "ResidencyVerified",
     "RunStarted",
+    "ShapesChosen",
     "Shutdown",
     "Stalled",
     "StoredEvent",
@@ -205,42 +212,6 @@ class LoadFinished(LoadEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CompileEvent(Event):
-    """A step of the compile paid once per fingerprint: compiled, or its artifact kept."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Compiled(CompileEvent):
-    """The denoiser's repeated block compiled (torch.compile), or why not (`cache` "off"):
-    how long compiling took (a one-step request at the bounded shape that runs it), and what
-    the journal's artifacts did for it: loaded (hit), none of its key (miss), or found and not
-    used (rejected, `reason` says why)."""
-
-    kind: ClassVar[str] = "compiled"
-    key: str | None  # the compile key (None: nothing compiled)
-    blocks: int  # the blocks compiled
-    backend: str
-    mode: str
-    seconds: float
-    cache: str  # a CacheUse
-    reason: str | None
-    artifact_bytes: int  # the artifact loaded (hit), else 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CompileKept(CompileEvent):
-    """After the warmups, the compiler's artifacts kept in the journal for the next startup of
-    the key, or why not (`kept` false: too large, another pod kept one first, a write that
-    failed)."""
-
-    kind: ClassVar[str] = "compile_kept"
-    key: str
-    bytes: int
-    kept: bool
-    reason: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class WarmupRecord(Event, RequestResult):
     """One warmup request's result, with its role in the plan and its tokens. Version 2 nests
     the shape (version 1 flattened it)."""
@@ -352,6 +323,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         LoadFinished,
         Compiled,
         CompileKept,
+        ShapesChosen,
         WarmupRecord,
         CollectiveStarted,
         CollectiveFinished,

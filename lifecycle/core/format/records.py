@@ -331,3 +331,24 @@ class ReuseDecision:
     lifecycle: str = ""  # the lifecycle version that made the plan
     own_lifecycle: str = ""  # and this startup's, where they differ
     differs: tuple[str, ...] = ()  # the fingerprint's fields that differ
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChosenShape:
+    """A shape a startup warms after the bounded warmup: at how many steps, how many served
+    requests used it (0 for one --warm-shape names), and what warming it is expected to cost
+    (None: --warm-shape's, outside the budget), a compile included under --compile."""
+
+    shape: Shape
+    steps: int
+    served: int
+    expected_s: float | None
+    compile_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SkippedShape:
+    """A learned shape not warmed, and why (past the budget, no known cost, not runnable)."""
+
+    shape: Shape
+    why: str

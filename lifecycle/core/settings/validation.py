@@ -29,17 +29,30 @@ CFG, ULYSSES, RANKS = Setting("cfg_parallel"), Setting("ulysses"), Setting("num_
 
 
 def validate_shape(model: ModelSpec, shape: Shape, steps: int) -> None:
-    """Raise ConfigError unless a request of this shape and steps is one the model can run."""
+    """Raise ConfigError unless a request of this shape and steps is one the model can run
+    (naming its first field that is not)."""
+    for field, why in shape_problems(model, shape, steps):
+        raise ConfigError(why, field=field)
+
+
+def shape_problems(model: ModelSpec, shape: Shape, steps: int) -> list[tuple[str, str]]:
+    """Every field of a request's shape and steps the model cannot run, with why (none: it
+    can run it)."""
+    problems = []
     m = model.spatial_multiple
     for name, side in (("width", shape.width), ("height", shape.height)):
         if not m <= side <= MAX_SIDE or side % m:
-            raise ConfigError(
-                f"{name} must be a multiple of {m} in {m}..{MAX_SIDE}, not {side}", field=name
+            problems.append(
+                (name, f"{name} must be a multiple of {m} in {m}..{MAX_SIDE}, not {side}")
             )
     if not 1 <= shape.frames <= MAX_FRAMES or (shape.frames - 1) % model.frame_multiple:
-        raise ConfigError(
-            f"frames must be 1 + {model.frame_multiple}k in 1..{MAX_FRAMES}, not {shape.frames}",
-            field="frames",
+        problems.append(
+            (
+                "frames",
+                f"frames must be 1 + {model.frame_multiple}k in 1..{MAX_FRAMES}, not"
+                f" {shape.frames}",
+            )
         )
     if not 1 <= steps <= MAX_STEPS:
-        raise ConfigError(f"steps must be in 1..{MAX_STEPS}, not {steps}", field="steps")
+        problems.append(("steps", f"steps must be in 1..{MAX_STEPS}, not {steps}"))
+    return problems

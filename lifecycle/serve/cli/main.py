@@ -299,7 +299,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.command == "serve":
             front = FrontOptions(
-                host=ns.host, port=ns.port, linger_s=ns.linger, access_log=ns.access_log
+                host=ns.host,
+                port=ns.port,
+                linger_s=ns.linger,
+                access_log=ns.access_log,
+                request_timeout_s=ns.request_timeout,
+                max_restarts=ns.max_restarts,
             )
             return serve(args, created_at=created_at, options=options, front=front)
         return boot(args, created_at=created_at, options=options)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lifecycle.core.command import DEFAULT_JOURNAL_HELP, JOURNAL_ENV, default_journal
+from lifecycle.core.decisions.requesttime import DEFAULT_REQUEST_TIMEOUT_S
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.settings.config import (
     COMPILE_MODES,
@@ -31,8 +32,10 @@ from lifecycle.serve.cli.optiontypes import (
     linger_seconds,
     shape_arg,
     size_text,
+    timeout_seconds,
 )
 from lifecycle.serve.cli.spelling import ConfigFile
+from lifecycle.serve.http.restarts import DEFAULT_MAX_RESTARTS
 from lifecycle.serve.logs import LEVELS
 from lifecycle.serve.ranks.models import DEFAULT_MODEL
 
@@ -68,7 +71,15 @@ def environment_epilog() -> str:
 
 
 # The settings only `serve` has: a config file of boot that names one is told so.
-SERVE_ONLY = ("host", "port", "linger", "request-silence", "access-log")
+SERVE_ONLY = (
+    "host",
+    "port",
+    "linger",
+    "request-silence",
+    "request-timeout",
+    "max-restarts",
+    "access-log",
+)
 
 # The help of each option, by its first flag; every one says its default.
 HELP = {
@@ -126,7 +137,13 @@ HELP = {
     "--host": "address to bind (default: %(default)s)",
     "--port": "port to bind (default: %(default)s)",
     "--request-silence": "a request that makes no denoising step on some rank for this long is"
-    " given up, and the server fails (default: --dist-timeout + 120)",
+    " given up, and its ranks are restarted (default: --dist-timeout + 120)",
+    "--request-timeout": "the longest a request may run: it is cancelled between denoising steps"
+    " at its deadline (3x its predicted time + 5 s) or at this, whichever comes first, and one"
+    " predicted to take longer is refused (default: %(default)g)",
+    "--max-restarts": "how many times the ranks are replaced by a new group (a new run) after a"
+    " request failed or stalled in them, before the server fails for good; under torchrun,"
+    " torchrun's own --max-restarts (default: %(default)s)",
     "--linger": "after a fatal startup failure, or a rank that fails or dies while serving,"
     " keep serving /liveness (503), /metrics and /lifecycle this long, then exit 1"
     " (default: %(default)g)",
@@ -202,6 +219,20 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
         add(server, "--port", type=int, default=8000)
         add(server, "--linger", type=linger_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS")
         add(server, "--request-silence", type=float, metavar="SECONDS")
+        add(
+            server,
+            "--request-timeout",
+            type=timeout_seconds,
+            default=DEFAULT_REQUEST_TIMEOUT_S,
+            metavar="SECONDS",
+        )
+        add(
+            server,
+            "--max-restarts",
+            type=BoundedInt(0, 1000),
+            default=DEFAULT_MAX_RESTARTS,
+            metavar="N",
+        )
         add(server, "--access-log", action="store_true")
 
     logging = p.add_argument_group("logging")

@@ -83,6 +83,17 @@ def linger_seconds(text: str) -> float:
     return seconds
 
 
+def timeout_seconds(text: str) -> float:
+    """--request-timeout: a positive number of seconds, at most a week."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(seconds) and 0 < seconds <= 7 * 86400):
+        raise argparse.ArgumentTypeError(f"must be in (0, 604800] seconds, not {text}")
+    return seconds
+
+
 class BoundedInt:
     """An integer option's type, within bounds: text on the command line, an integer in a
     config file; a value past them is refused where it is given (one line, exit 2), not

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lifecycle.core.decisions.compiling import compiled_text, kept_text
+from lifecycle.core.decisions.learnedshapes import chosen_text
 from lifecycle.core.format.accounting import account, total_text
 from lifecycle.core.format.events import (
     ActionFinished,
@@ -25,6 +26,7 @@ from lifecycle.core.format.events import (
     ResidencyRolledBack,
     ResidencyVerified,
     RunStarted,
+    ShapesChosen,
     StoredEvent,
     Transition,
     WarmupRecord,
@@ -163,6 +165,8 @@ def detail_text(event: Event, fold: RankFold) -> str | None:
             return compiled_text(event)
         case CompileKept():
             return kept_text(event)
+        case ShapesChosen():
+            return chosen_text(event)
         case ResidencyPlanned():
             plan = event.plan
             verdict = "plan" if plan.fits else "no plan applied"

@@ -18,14 +18,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.records import Generation, Shape
 from lifecycle.core.requestid import REQUEST_ID_RULE, request_id_of
-from lifecycle.core.settings.validation import validate_shape as check_shape
 from lifecycle.runtime.telemetry.tracing import Tracing
 from lifecycle.serve.http.accesslog import AccessLog
 from lifecycle.serve.http.bodies import (
     MAX_BODY_BYTES,
     BodyLimit,
     GenerateBody,
-    model_refusal,
+    field_refusals,
     refuse_body,
 )
 from lifecycle.serve.http.bounds import BoundsMetrics, refusal_answer
@@ -36,8 +35,8 @@ from lifecycle.serve.http.httpspans import (
 )
 from lifecycle.serve.http.media import ENCODERS, MEDIA_TYPES
 from lifecycle.serve.http.metrics import Metrics
-from lifecycle.serve.http.service import Reply, Service
-from lifecycle.serve.ranks.cancel import RequestPastDeadline
+from lifecycle.serve.http.service import RETRY_AFTER_S, Reply, Service
+from lifecycle.serve.ranks.cancel import RequestPastDeadline, RequestWithdrawn
 from lifecycle.serve.ranks.control import (
     ServiceUnavailable,
 )
@@ -82,7 +81,9 @@ def create_app(
     )
     if access_log:
         app.add_middleware(AccessLog)  # outermost: it sees refusals by the body limit too
-    app.add_exception_handler(RequestValidationError, refuse_body)
+    app.add_exception_handler(
+        RequestValidationError, partial(refuse_body, model=service.args.model)
+    )
     _add_probes(app, service, metrics)
     _add_generate(app, service, metrics)
     return app
@@ -145,6 +146,17 @@ def _add_generate(app: FastAPI, service: Service, metrics: Metrics) -> None:
             return JSONResponse(
                 status_code=422, content=refusal_answer(refusal, request_id), headers=named
             )
+        too_long = service.bounds.time_refusal(
+            service.views_now(), request, limit_s=service.request_timeout_s
+        )
+        if too_long is not None:
+            bounds.refuse_time(too_long, request_id=request_id)
+            span.fail(too_long)
+            return JSONResponse(
+                status_code=422,
+                content={"detail": too_long, "request_id": request_id},
+                headers=named,
+            )
         media = body.response_format != "json"
         run = partial(
             service.generate,
@@ -154,7 +166,12 @@ def _add_generate(app: FastAPI, service: Service, metrics: Metrics) -> None:
             traceparent=span.traceparent,
         )
         try:
-            reply = await _in_line(service, metrics, run)
+            reply = await _in_line(service, metrics, run, http=http, request_id=request_id)
+        except RequestWithdrawn as exc:
+            bounds.cancel(request_id=request_id, why=str(exc), reason="client")
+            span.fail(str(exc))
+            # Nobody reads it: the client left. nginx's code for it, in the access log.
+            return JSONResponse(status_code=499, content={"detail": str(exc)}, headers=named)
         except ServiceUnavailable as exc:
             raise _unavailable(exc) from None
         except RequestFailed as exc:
@@ -192,22 +209,20 @@ def _generation(body: GenerateBody, service: Service) -> Generation:
     """The request the ranks run, the model's defaults filled in; 422 for one the model cannot
     make, 503 before ready."""
     model = service.args.model
-    refused = model_refusal(body, model)
-    if refused is not None:
+    refused = field_refusals(body.model_dump(exclude_unset=True), model)
+    if refused:
         raise HTTPException(status_code=422, detail=refused)
     ok, status = service.health()
     if not ok:
-        raise HTTPException(status_code=503, detail=f"not ready: {status}")
+        # A restart takes a startup: come back then.
+        again = {"Retry-After": str(RETRY_AFTER_S)} if status == "restarting" else None
+        raise HTTPException(status_code=503, detail=f"not ready: {status}", headers=again)
     shape = Shape(
         width=body.width or model.default_width,
         height=body.height or model.default_height,
         frames=body.frames or model.default_frames,
     )
     steps = body.steps or model.default_steps
-    try:
-        check_shape(model, shape, steps)
-    except ConfigError as exc:
-        raise HTTPException(status_code=422, detail=str(exc)) from None
     return Generation(
         prompt=body.prompt,
         negative_prompt=body.negative_prompt,
@@ -220,19 +235,42 @@ def _generation(body: GenerateBody, service: Service) -> Generation:
     )
 
 
-async def _in_line(service: Service, metrics: Metrics, run: Callable[[], Reply]) -> Reply:
+async def _in_line(
+    service: Service, metrics: Metrics, run: Callable[[], Reply], *, http: Request, request_id: str
+) -> Reply:
     """`run` in a worker thread once the request's place in line comes, its seconds observed
-    by outcome."""
+    by outcome; withdrawn (cancelled at the next denoising step, or never run) once its client
+    is gone."""
     with service.place_in_line():
         began = time.monotonic()
-        try:
-            reply = await anyio.to_thread.run_sync(run)
-        except (RequestFailed, RequestPastDeadline) as exc:
-            outcome = "failed" if isinstance(exc, RequestFailed) else "cancelled"
-            metrics.request_seconds.labels(outcome).observe(time.monotonic() - began)
-            raise
+        failed: Exception | None = None
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(_withdraw_when_gone, service, http, request_id)
+            try:
+                reply = await anyio.to_thread.run_sync(run)
+            except Exception as exc:  # raised below, outside the task group (no group of one)
+                failed = exc
+            finally:
+                watching.cancel_scope.cancel()
+        if failed is not None:
+            if isinstance(failed, RequestFailed | RequestPastDeadline | RequestWithdrawn):
+                outcome = "failed" if isinstance(failed, RequestFailed) else "cancelled"
+                metrics.request_seconds.labels(outcome).observe(time.monotonic() - began)
+            raise failed
         metrics.request_seconds.labels("ok").observe(time.monotonic() - began)
     return reply
+
+
+# How often a request's client is checked for still being there (it is cancelled at the next
+# denoising step after it left).
+CLIENT_POLL_S = 0.25
+CLIENT_GONE = "its client disconnected"
+
+
+async def _withdraw_when_gone(service: Service, http: Request, request_id: str) -> None:
+    while not await http.is_disconnected():
+        await anyio.sleep(CLIENT_POLL_S)
+    service.withdraw(request_id, CLIENT_GONE)
 
 
 def is_loopback(host: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from fastapi import Request
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lifecycle.core.errors import LifecycleError
+from lifecycle.core.format.records import Shape
 from lifecycle.core.settings.modelspec import ModelSpec
 from lifecycle.core.settings.validation import (
     MAX_FRAMES,
@@ -21,6 +23,7 @@ from lifecycle.core.settings.validation import (
     MAX_SEED,
     MAX_SIDE,
     MAX_STEPS,
+    shape_problems,
 )
 from lifecycle.serve.http.media import format_refusal, makes_images
 
@@ -55,21 +58,49 @@ class GenerateBody(BaseModel):
     response_format: Literal["json", "npy", "mp4", "png"] = "json"
 
 
-def model_refusal(body: GenerateBody, model: ModelSpec) -> list[dict[str, Any]] | None:
-    """What of `body` the model cannot make, as a 422's detail naming the field (as a refused
-    body's): an image model makes one frame, and png is an image model's format. None when
-    the model can make it all."""
-    if makes_images(model) and body.frames not in (None, 1):
-        field = "frames"
-        why: str | None = (
-            f"frames must be 1 or left out for {model.name}, an image model, not {body.frames}"
+def field_refusals(values: Mapping[str, Any], model: ModelSpec) -> list[dict[str, Any]]:
+    """Every field of a body (its values, the model's defaults for those left out) that the
+    model cannot make, as a 422's detail items: an image model makes one frame, png is an
+    image model's format, and the shape and steps are the model's to allow. A value of the
+    wrong type is left to the body's own check."""
+
+    def given(name: str, default: int) -> int | None:
+        value = values.get(name)
+        if value is None:
+            return default
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    problems: list[tuple[str, str]] = []
+    frames = values.get("frames")
+    if makes_images(model) and frames not in (None, 1):
+        problems.append(
+            (
+                "frames",
+                f"frames must be 1 or left out for {model.name}, an image model, not {frames}",
+            )
         )
-    else:
-        field = "response_format"
-        why = format_refusal(model, body.response_format)
-    if why is None:
-        return None
-    return [{"loc": ["body", field], "msg": why, "type": "value_error"}]
+    response_format = values.get("response_format", "json")
+    if isinstance(response_format, str):
+        refused = format_refusal(model, response_format)
+        if refused is not None:
+            problems.append(("response_format", refused))
+    sides = [
+        given("width", model.default_width),
+        given("height", model.default_height),
+        given("frames", model.default_frames),
+        given("steps", model.default_steps),
+    ]
+    if all(side is not None for side in sides):
+        width, height, count, steps = (int(side) for side in sides if side is not None)
+        named = {name for name, _ in problems}
+        problems += [
+            (name, why)
+            for name, why in shape_problems(
+                model, Shape(width=width, height=height, frames=count), steps
+            )
+            if name not in named and name in values
+        ]
+    return [{"loc": ["body", name], "msg": why, "type": "value_error"} for name, why in problems]
 
 
 class BodyLimit:
@@ -134,12 +165,26 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-async def refuse_body(_request: Request, exc: Exception) -> JSONResponse:
-    """422 naming each field that was refused, and why, without the value sent: NaN or an
-    infinity (which Python's JSON reader accepts) cannot be written back as JSON."""
-    assert isinstance(exc, RequestValidationError)
+def body_refusal(exc: RequestValidationError, model: ModelSpec | None) -> list[dict[str, Any]]:
+    """Every field of a refused body, and why, without the value sent (NaN or an infinity,
+    which Python's JSON reader accepts, cannot be written back as JSON): the body's own check
+    first, then what `model` cannot make of the fields it passed."""
     detail = [
         {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
         for error in exc.errors()
     ]
-    return JSONResponse(status_code=422, content={"detail": detail})
+    if model is not None and isinstance(exc.body, dict):
+        refused = {tuple(item["loc"]) for item in detail}
+        passed = {k: v for k, v in exc.body.items() if ("body", k) not in refused}
+        detail += [
+            item for item in field_refusals(passed, model) if tuple(item["loc"]) not in refused
+        ]
+    return detail
+
+
+async def refuse_body(
+    _request: Request, exc: Exception, *, model: ModelSpec | None = None
+) -> JSONResponse:
+    """422 naming every field that was refused, and why, in one list (FastAPI's shape)."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(status_code=422, content={"detail": body_refusal(exc, model)})

@@ -19,6 +19,7 @@ from lifecycle.core.decisions.requesttime import (
     DEADLINE_SLACK_S,
     Prediction,
     Timing,
+    over_limit,
     predict,
     timing_of,
 )
@@ -46,6 +47,12 @@ class RequestBounds:
     def refusal(self, views: Mapping[int, RankView], shape: Shape) -> Refusal | None:
         """Why `shape` is refused by memory, or None when it is admitted."""
         return admit(self.args, memory_rule(self.args, views), shape)
+
+    def time_refusal(
+        self, views: Mapping[int, RankView], request: Generation, *, limit_s: float
+    ) -> str | None:
+        """Why `request` is refused by time (predicted over `limit_s`), or None."""
+        return over_limit(self.prediction(views, request), limit_s=limit_s)
 
     def prediction(self, views: Mapping[int, RankView], request: Generation) -> Prediction | None:
         """The request's predicted time (its deadline with it); None before anything was
@@ -156,19 +163,23 @@ class BoundsMetrics:
         self.refused = Counter(
             "lifecycle_requests_refused",
             "/generate requests refused before they reached the ranks, by reason (memory: the"
-            " predicted peak over a rank's budget).",
+            " predicted peak over a rank's budget; time: the predicted time over"
+            " --request-timeout).",
             ["reason"],
             registry=registry,
         )
         self.refused.labels("memory")  # served as 0 before the first refusal
+        self.refused.labels("time")
         self.cancelled = Counter(
             "lifecycle_requests_cancelled",
             "/generate requests every rank stopped between denoising steps, by reason"
-            " (deadline: past the time predicted for them).",
+            " (deadline: past the time predicted for them, or --request-timeout; client: its"
+            " client disconnected).",
             ["reason"],
             registry=registry,
         )
         self.cancelled.labels("deadline")
+        self.cancelled.labels("client")
 
     def refuse(self, refusal: Refusal, *, request_id: str) -> None:
         self.refused.labels("memory").inc()
@@ -183,8 +194,12 @@ class BoundsMetrics:
             largest=None if refusal.largest is None else str(refusal.largest),
         )
 
-    def cancel(self, *, request_id: str, why: str) -> None:
-        self.cancelled.labels("deadline").inc()
+    def refuse_time(self, why: str, *, request_id: str) -> None:
+        self.refused.labels("time").inc()
+        log.info("request_refused", request_id=request_id, why=why)
+
+    def cancel(self, *, request_id: str, why: str, reason: str = "deadline") -> None:
+        self.cancelled.labels(reason).inc()
         log.warning("request_cancelled", request_id=request_id, why=why)
 
 

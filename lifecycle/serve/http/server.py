@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import cast
 
 import uvicorn
 
@@ -24,6 +25,7 @@ from lifecycle.serve.http.httpspans import (
     configure_once_ready,
 )
 from lifecycle.serve.http.metrics import Metrics
+from lifecycle.serve.http.restarts import Relaunch
 from lifecycle.serve.http.service import Service
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.control import ControlChannel
@@ -114,28 +116,50 @@ def serve_http(
     """Start the ranks, serve HTTP until SIGTERM or SIGINT, then stop the ranks."""
     sock = listening(front.host, front.port)
     bound_port = sock.getsockname()[1]
-    control = ControlChannel()
-    spec = options.worker_spec(
-        args,
-        mode="serve",
-        control_host=control.host,
-        control_port=control.port,
-        control_authkey=control.authkey.hex(),
-    )
     metrics = Metrics()
-    group = RankGroup(args, created_at=created_at, spec=spec, env=metrics.rank_env())
+
+    def spawned(launched_at: float) -> tuple[RankGroup, ControlChannel]:
+        """A group of ranks and the control channel they connect to, not started yet."""
+        control = ControlChannel()
+        spec = options.worker_spec(
+            args,
+            mode="serve",
+            control_host=control.host,
+            control_port=control.port,
+            control_authkey=control.authkey.hex(),
+        )
+        group = RankGroup(args, created_at=launched_at, spec=spec, env=metrics.rank_env())
+        return group, control
+
+    def start(group: RankGroup, control: ControlChannel) -> None:
+        threading.Thread(
+            target=control.accept, args=(args.num_ranks,), name="control-accept", daemon=True
+        ).start()
+        group.start()
+
+    def restarted() -> tuple[RankGroup, ControlChannel]:
+        group, control = spawned(time.time())
+        start(group, control)
+        return group, control
+
+    group, control = spawned(created_at)
     announce_run(args, group.run_id, host=front.host, port=bound_port)
     # The ranks warn of a collector in trouble (rank 0 once for the run); the front's spans go
     # to the same collector and say nothing more.
     tracing = Tracing.deferred(os.environ, warn=lambda _text: None)
-    service = Service(args, group, control)
+    relaunch = Relaunch(end=RankGroup.end, close=_closed, start=restarted)
+    service = Service(
+        args,
+        group,
+        control,
+        request_timeout_s=front.request_timeout_s,
+        relaunch=relaunch,
+        max_restarts=front.max_restarts,
+    )
     if tracing is not None:
         trace_once_ready(tracing, service)
     metrics.add(service.metrics, queue_depth=service.queue_depth)
-    threading.Thread(
-        target=control.accept, args=(args.num_ranks,), name="control-accept", daemon=True
-    ).start()
-    group.start()
+    start(group, control)
     follower = threading.Thread(target=service.follow, name="journal-follower", daemon=True)
     follower.start()
     server = http_server(service, metrics, front=front, tracing=tracing)
@@ -144,6 +168,8 @@ def serve_http(
     finally:
         reason, signal_name = server.stop_reason()
         service.begin_stop(reason)
+        ranks, control = service.ranks_to_stop()
+        group = cast(RankGroup, ranks)  # this launcher's, first or restarted
         stop_ranks(control, group, Stop(reason=reason, signal=signal_name))
         service.stop_following()
         follower.join(timeout=5.0)
@@ -158,6 +184,11 @@ def serve_http(
     # A rank that died or failed while serving (not because the server stopped) fails the run.
     failed = service.failed or any(v.state == "failed" for v in group.views().values())
     return 1 if failed else 0
+
+
+def _closed(group: RankGroup, control: ControlChannel) -> None:
+    control.close()
+    group.close()
 
 
 def announce_run(args: ServerArgs, run_id: str, *, host: str, port: int) -> None:

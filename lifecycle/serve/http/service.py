@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from lifecycle.core.decisions.requesttime import Prediction
+from lifecycle.core.decisions.requesttime import DEFAULT_REQUEST_TIMEOUT_S, TimeBound
 from lifecycle.core.format.events import StoredEvent
 from lifecycle.core.format.records import Generation
 from lifecycle.core.format.view import RankView
@@ -24,8 +24,9 @@ from lifecycle.serve.http.bounds import RequestBounds
 from lifecycle.serve.http.failure import RunFailure
 from lifecycle.serve.http.metrics import JournalMetrics
 from lifecycle.serve.http.rankjson import at, rank_json
+from lifecycle.serve.http.restarts import Relaunch, Restarts
 from lifecycle.serve.logs import say
-from lifecycle.serve.ranks.cancel import wait_within
+from lifecycle.serve.ranks.cancel import RequestWithdrawn, wait_within
 from lifecycle.serve.ranks.control import ControlChannel, RankLink, ServiceUnavailable
 from lifecycle.serve.ranks.inflight import RequestFailed, RequestInFlight
 from lifecycle.serve.ranks.messages import Generate, GivenUp, Result
@@ -75,12 +76,23 @@ class Reply:
 
 
 class Service:
-    """What the endpoints read and do: the ranks, their folded journal, their control links."""
+    """What the endpoints read and do: the ranks, their folded journal, their control links;
+    with `relaunch`, ranks started anew in place of a group a request failed in."""
 
-    def __init__(self, args: ServerArgs, group: Ranks, control: ControlChannel) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        group: Ranks,
+        control: ControlChannel,
+        *,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        relaunch: Relaunch | None = None,
+        max_restarts: int = 0,
+    ) -> None:
         self.args = args
         self.group = group
         self.control = control
+        self.request_timeout_s = request_timeout_s
         self.views: dict[int, RankView] = {}
         self.exit_codes: list[int | None] = []
         self.steps: dict[int, StepMark] = {}  # each rank's latest denoising step
@@ -89,63 +101,90 @@ class Service:
         self._line = threading.Condition()  # /generate: the request running and those waiting
         self._in_line = 0
         self._running: RequestInFlight | None = None
+        self._waiting: dict[str, int] = {}  # request ids running or waiting: how many of each
+        self._withdrawn: dict[str, str] = {}  # requests withdrawn while waiting in line: why
         self._stop = threading.Event()
-        self.printer = ProgressPrinter(run_created_at=group.created_at, ranks=args.num_ranks)
-        self.console = PlainConsole(self.printer)
+        # Held while the journal is followed, and while the ranks are replaced.
+        self._following = threading.Lock()
+        self.restarts = Restarts(relaunch=relaunch, allowed=max_restarts)
         self.metrics = JournalMetrics(
             views=self.views_now,
             ended=self.ended_ranks,
             created_at=group.created_at,
-            hosts=group.hosts,
-            lost=lambda: set(group.lost()),
-            rejected=control.rejected,
+            hosts=self._hosts,
+            lost=self._lost,
+            rejected=self._rejected,
         )
-        self.run_failure = RunFailure(
-            LaunchedRun.of(args, run_id=group.run_id, created_at=group.created_at)
-        )
+        self._new_run(group)
         self.bounds = RequestBounds(args)
+
+    # What /metrics reads of the ranks, from whichever group serves when it is scraped.
+    def _hosts(self) -> dict[int, str]:
+        return self.group.hosts()
+
+    def _lost(self) -> set[int]:
+        return set(self.group.lost())
+
+    def _rejected(self) -> dict[tuple[int, str], int]:
+        return self.control.rejected()
+
+    def _new_run(self, group: Ranks) -> None:
+        """What is kept of one group of ranks: its console and its failure."""
+        self.printer = ProgressPrinter(run_created_at=group.created_at, ranks=self.args.num_ranks)
+        self.console = PlainConsole(self.printer)
+        self.metrics.created_at = group.created_at
+        self.run_failure = RunFailure(
+            LaunchedRun.of(self.args, run_id=group.run_id, created_at=group.created_at)
+        )
 
     @property
     def failed(self) -> bool:
-        return self.failure is not None
+        """The ranks failed for good (not while they are being replaced)."""
+        return self.failure is not None and self.restarts.pending is None
 
     @property
     def failure(self) -> str | None:
-        """Why the ranks failed for good: the first sign, then the run's verdict."""
+        """Why the ranks failed: the first sign, then the run's verdict."""
         return self.run_failure.reason
 
     @property
     def failed_at(self) -> float | None:
-        return self.run_failure.at  # monotonic
+        """When the ranks failed for good (monotonic); None while they are being replaced."""
+        return None if self.restarts.pending is not None else self.run_failure.at
 
     def follow(self) -> None:
         """Fold the journal every poll interval until told to stop; once the ranks failed and
         their ends settled, say why, as the run's verdict names its culprit."""
         while not self._stop.is_set():
-            # The exit statuses first: a rank that had ended by then has committed everything
-            # it will, and the poll after reads it, so that a rank that journaled its end is
-            # never shown as one that ended without it.
-            codes = self.group.exit_codes()
-            events = self.group.poll()
-            self.group.announce_ended()
-            self._print(events)
-            self.metrics.feed(events)
-            views = self.group.views()
-            steps = self.group.steps()
-            self.console.steps(steps)
-            with self._lock:
-                self.views, self.exit_codes, self.steps = views, codes, steps
-            failed = [v for v in views.values() if v.state == "failed"]
-            if failed:
-                self.fail(f"rank {failed[0].rank} failed")
-            self._check_ranks()
-            if self.run_failure.settled(codes, self.group.lost()):
-                # Judged and printed here, not where the failure is seen: the probes must not
-                # wait on the verdict or on I/O.
-                self._judge(views, codes)
+            with self._following:
+                self._follow_once()
             self._stop.wait(POLL_S)
         if self.failed and not self.run_failure.judged:  # stopped before the ends settled
             self._judge(self.views_now(), list(self.exit_codes))
+
+    def _follow_once(self) -> None:
+        """One poll of the ranks: fold their new events, and fail or judge the run."""
+        # The exit statuses first: a rank that had ended by then has committed everything
+        # it will, and the poll after reads it, so that a rank that journaled its end is
+        # never shown as one that ended without it.
+        codes = self.group.exit_codes()
+        events = self.group.poll()
+        self.group.announce_ended()
+        self._print(events)
+        self.metrics.feed(events)
+        views = self.group.views()
+        steps = self.group.steps()
+        self.console.steps(steps)
+        with self._lock:
+            self.views, self.exit_codes, self.steps = views, codes, steps
+        failed = [v for v in views.values() if v.state == "failed"]
+        if failed:
+            self.fail(f"rank {failed[0].rank} failed")
+        self._check_ranks()
+        if self.run_failure.settled(codes, self.group.lost()):
+            # Judged and printed here, not where the failure is seen: the probes must not
+            # wait on the verdict or on I/O.
+            self._judge(views, codes)
 
     def _judge(self, views: dict[int, RankView], codes: list[int | None]) -> None:
         why = self.run_failure.judge(views, codes, self.group.lost())
@@ -186,10 +225,60 @@ class Service:
         if running is not None:
             running.abandon(f"server stopping ({reason})")
 
+    def ranks_to_stop(self) -> tuple[Ranks, ControlChannel]:
+        """The ranks and control channel to stop once the server stops (after begin_stop): a
+        restart under way is over first, with new ranks started or not."""
+        with self._following:
+            return self.group, self.control
+
+    def _restart(self) -> None:
+        """Replace the ranks a request failed in: end them (their journal says how the run
+        ended), then start a new group, unless the server stops first."""
+        why = self.restarts.pending
+        relaunch = self.restarts.relaunch
+        assert why is not None and relaunch is not None
+        old = self.group
+        began = time.monotonic()
+        left = self.restarts.allowed - self.restarts.count() - 1
+        say(
+            f"restarting the ranks of run {old.run_id}: {why} ({left} restart(s) left after)",
+            event="serve-restarting",
+            run_id=old.run_id,
+            why=why,
+        )
+        relaunch.end(old)
+        with self._following:
+            self._follow_once()  # the old run's last events: its verdict is made
+            if self.run_failure.reason is not None and not self.run_failure.judged:
+                self._judge(self.views_now(), list(self.exit_codes))
+            relaunch.close(old, self.control)
+            if self.stopping is not None:
+                self.restarts.ended(None)
+                return
+            group, control = relaunch.start()
+            with self._lock:
+                self.group, self.control = group, control
+                self.views, self.exit_codes, self.steps = {}, [], {}
+            self._new_run(group)
+            done = self.restarts.record(
+                ended_run=old.run_id, new_run=group.run_id, why=why, began=began
+            )
+            self.restarts.ended(done)
+        with self._line:
+            self._line.notify_all()
+        say(
+            f"restarted: run {group.run_id} replaces run {old.run_id}",
+            event="serve-restarted",
+            run_id=group.run_id,
+            replaces=old.run_id,
+        )
+
     def _check_ranks(self) -> None:
         """A rank process that ended, or whose control connection closed, while the server
         was not stopping has failed, whatever its journal last said (SIGKILL leaves nothing)."""
         if self.stopping is not None or self.failure is not None:
+            return
+        if self.restarts.pending is not None:
             return
         for rank, why in sorted(self.group.lost().items()):
             self.fail(f"rank {rank} lost: {why}")
@@ -210,10 +299,12 @@ class Service:
     def health(self) -> tuple[bool, str]:
         self._check_ranks()
         with self._lock:
-            if self.failure is not None:
-                return False, "failed"
             if self.stopping is not None:
                 return False, "stopping"
+            if self.restarts.pending is not None:
+                return False, "restarting"
+            if self.failure is not None:
+                return False, "failed"
             views = self.views
         links = self.control.snapshot()
         ready = (
@@ -255,10 +346,15 @@ class Service:
                 for r, view in views.items()
             ],
             "admission": self.bounds.describe(views),
+            "restarts": self.restarts.describe(),
         }
 
     def _refusal(self) -> ServiceUnavailable | None:
+        """Why a request waiting in line is refused now; None while it may wait (a restart
+        under way included)."""
         with self._lock:
+            if self.restarts.pending is not None and self.stopping is None:
+                return None
             if self.failure is not None:
                 return ServiceUnavailable(status="failed", detail=f"failed: {self.failure}")
             if self.stopping is not None:
@@ -271,7 +367,8 @@ class Service:
         """A failed request's answer: the culprit rank and its error, the ranks that failed
         waiting on it, and the command that explains the run."""
         journal = shlex.quote(shown_location(self.args.db))
-        return exc.answer(diagnose=f"replay diagnose {self.group.run_id} {journal}")
+        run_id = exc.run_id or self.group.run_id
+        return exc.answer(diagnose=f"replay diagnose {run_id} {journal}")
 
     def queue_depth(self) -> int:
         """The requests running or waiting for the ranks."""
@@ -305,17 +402,44 @@ class Service:
         traceparent: str | None = None,
     ) -> Reply:
         """Run one request on every rank once the one running now is done, under
-        `request_id` (a new one when None), within the deadline its prediction sets
-        (RequestPastDeadline past it); rank 0's result (it decodes) is the answer.
-        `traceparent` is the server's span of it, which the ranks' spans join."""
+        `request_id` (a new one when None), within its time bound (RequestPastDeadline past
+        it) unless withdrawn first (RequestWithdrawn); rank 0's result (it decodes) is the
+        answer. `traceparent` is the server's span of it, which the ranks' spans join."""
+        named = request_id_of(request_id)
         with self._line:
-            while self._running is not None and self._refusal() is None:
+            self._waiting[named] = self._waiting.get(named, 0) + 1
+        try:
+            return self._generate(
+                request,
+                named=named,
+                return_video=return_video,
+                traceparent=traceparent,
+            )
+        finally:
+            with self._line:
+                self._waiting[named] -= 1
+                if not self._waiting[named]:
+                    del self._waiting[named]
+                    self._withdrawn.pop(named, None)
+
+    def _generate(
+        self, request: Generation, *, named: str, return_video: bool, traceparent: str | None
+    ) -> Reply:
+        with self._line:
+            while (
+                self._running is not None or self.restarts.pending is not None
+            ) and self._refusal() is None:
+                if named in self._withdrawn:
+                    break
                 self._line.wait()
+            why = self._withdrawn.pop(named, None)
+            if why is not None:
+                raise RequestWithdrawn(request_id=named, reason=why, step=None, steps=request.steps)
             refusal = self._refusal()
             if refusal is not None:
                 raise refusal
             links = self.control.snapshot()
-            running = RequestInFlight(request_id=request_id_of(request_id), ranks=links)
+            running = RequestInFlight(request_id=named, ranks=links)
             self._running = running
         try:
             message = Generate(
@@ -325,7 +449,8 @@ class Service:
                 traceparent=traceparent,
             )
             prediction = self.bounds.prediction(self.views_now(), request)
-            replies = self._run(running, links, message, prediction)
+            bound = TimeBound.of(prediction, limit_s=self.request_timeout_s)
+            replies = self._run(running, links, message, bound)
             self.bounds.served(request, replies)
         finally:
             with self._line:
@@ -355,7 +480,7 @@ class Service:
         request: RequestInFlight,
         links: dict[int, RankLink],
         message: Generate,
-        prediction: Prediction | None,
+        bound: TimeBound,
     ) -> dict[int, Result]:
         self.control.begin(request)
         try:
@@ -367,17 +492,42 @@ class Service:
                     request,
                     links,
                     silence_s=self.args.request_silence_limit_s,
-                    prediction=prediction,
+                    bound=bound,
                     steps=message.request.steps,
                 )
             except RequestFailed as exc:
-                # A rank that fails a request has failed (it journals so and leaves), and one
-                # that went silent is stuck in it: neither can serve the next request. A
-                # silent rank is told, so that it journals why the server gave it up (its
-                # reader thread answers; its main thread is stuck).
-                for rank, silent_s in exc.silent.items():
-                    links[rank].send(GivenUp(request_id=request.request_id, silent_s=silent_s))
-                self.fail(f"request {request.request_id} failed: {exc}")
-                raise self.run_failure.named(exc) from None
+                raise self._request_failed(request, links, exc) from None
         finally:
             self.control.end(request)
+
+    def _request_failed(
+        self, request: RequestInFlight, links: dict[int, RankLink], exc: RequestFailed
+    ) -> RequestFailed:
+        """A request that failed: its answer, named as the run's verdict names its culprit.
+        A rank that fails a request has failed (it journals so and leaves), and one that went
+        silent is stuck in it: neither can serve the next request, so the ranks are replaced
+        (a restart), or the server fails for good when none is left."""
+        # A silent rank is told, so that it journals why the server gave it up (its reader
+        # thread answers; its main thread is stuck).
+        for rank, silent_s in exc.silent.items():
+            links[rank].send(GivenUp(request_id=request.request_id, silent_s=silent_s))
+        why = f"request {request.request_id} failed: {exc}"
+        restart = self.restarts.begin(why)
+        self.fail(why)
+        named = self.run_failure.named(exc)
+        named.run_id = self.group.run_id
+        if restart:
+            threading.Thread(target=self._restart, name="ranks-restart", daemon=True).start()
+        return named
+
+    def withdraw(self, request_id: str, reason: str) -> None:
+        """Cancel a request from outside (its client gone, its job deleted): the one running
+        stops between steps on every rank; one waiting in line is never run."""
+        with self._line:
+            running = self._running
+            if running is not None and running.request_id == request_id:
+                running.withdraw(reason)
+                return
+            if request_id in self._waiting:
+                self._withdrawn[request_id] = reason
+                self._line.notify_all()

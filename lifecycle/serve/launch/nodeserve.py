@@ -196,7 +196,11 @@ class Front:
         self._read_ranks(world, ranks, trust)
         recorder.subscribe(self.bridge.record)
         self.bridge.hello()
-        service = self.service = Service(self.args, ranks, control)
+        # No restart here: rank 0 cannot start the other nodes' ranks again; serve fails and
+        # torchrun's agent restarts the group (its own --max-restarts).
+        service = self.service = Service(
+            self.args, ranks, control, request_timeout_s=self.options.request_timeout_s
+        )
         metrics = self.metrics = Metrics()
         metrics.add(service.metrics, queue_depth=service.queue_depth)
         threading.Thread(target=service.follow, name="journal-follower", daemon=True).start()

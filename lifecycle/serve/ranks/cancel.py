@@ -12,10 +12,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lifecycle.core.decisions.requesttime import Prediction, RequestCancelled
+from lifecycle.core.decisions.requesttime import RequestCancelled, TimeBound
 from lifecycle.core.errors import LifecycleError, RequestAborted
 from lifecycle.serve.ranks.control import RankLink
-from lifecycle.serve.ranks.inflight import PastDeadline, RequestInFlight
+from lifecycle.serve.ranks.inflight import PastDeadline, RequestInFlight, Withdrawn
 from lifecycle.serve.ranks.messages import Cancel, CancelAt, CancelPoint, Result
 
 # How long the server waits for every rank's CancelPoint (each rank's reader thread answers at
@@ -33,32 +33,47 @@ class RequestPastDeadline(LifecycleError):
     step (the answer is a 504)."""
 
     def __init__(
-        self, *, request_id: str, prediction: Prediction, step: int, steps: int, after_s: float
+        self, *, request_id: str, bound: TimeBound, step: int, steps: int, after_s: float
     ) -> None:
         self.request_id = request_id
-        self.prediction = prediction
+        self.bound = bound
         self.step = step  # the last step every rank made, from 0
         self.steps = steps
         self.after_s = after_s
         super().__init__(
             f"request {request_id} cancelled after step {step + 1} of {steps}, {after_s:.1f} s"
-            f" in: past its deadline of {prediction.rule()}"
+            f" in: past its deadline of {bound.rule()}"
         )
 
     def answer(self) -> dict[str, Any]:
+        prediction = self.bound.prediction
         return {
             "detail": str(self),
             "request_id": self.request_id,
-            "deadline_s": round(self.prediction.deadline_s, 3),
-            "predicted_s": round(self.prediction.seconds, 3),
+            "deadline_s": round(self.bound.seconds, 3),
+            "predicted_s": None if prediction is None else round(prediction.seconds, 3),
+            "request_timeout_s": self.bound.limit_s,
             "steps_done": self.step + 1,
             "steps": self.steps,
         }
 
 
-def deadline_reason(prediction: Prediction) -> str:
+class RequestWithdrawn(LifecycleError):
+    """A request cancelled from outside (its client gone, its job deleted): every rank stopped
+    after the same step, or it ended before it could."""
+
+    def __init__(self, *, request_id: str, reason: str, step: int | None, steps: int) -> None:
+        self.request_id = request_id
+        self.reason = reason
+        self.step = step  # the last step every rank made (from 0); None: none stopped early
+        self.steps = steps
+        done = "" if step is None else f" after step {step + 1} of {steps}"
+        super().__init__(f"request {request_id} cancelled{done}: {reason}")
+
+
+def deadline_reason(bound: TimeBound) -> str:
     """Why the ranks cancel, as each journals it."""
-    return f"past its deadline of {prediction.rule()}"
+    return f"past its deadline of {bound.rule()}"
 
 
 def wait_within(
@@ -66,32 +81,46 @@ def wait_within(
     links: Mapping[int, RankLink],
     *,
     silence_s: float,
-    prediction: Prediction | None,
+    bound: TimeBound,
     steps: int,
 ) -> dict[int, Result]:
-    """Every rank's result, as `request.wait` gives it, within the request's deadline
-    (`prediction`; none: no bound but its silence); past it, the agreed cancel, and
-    RequestPastDeadline once every rank stopped after the same step."""
-    if prediction is None:
-        return request.wait(silence_s=silence_s)
+    """Every rank's result, as `request.wait` gives it, within the request's time `bound`.
+    Past it, or once the request is withdrawn (`request.withdraw`), the agreed cancel:
+    RequestPastDeadline (or RequestWithdrawn) once every rank stopped after the same step, and
+    RequestFailed, the ranks taken for stalled, when they do not stop within the bound's
+    allowance for a step (a step that never ends)."""
     try:
-        return request.wait(silence_s=silence_s, until=request.started_at + prediction.deadline_s)
+        return request.wait(silence_s=silence_s, until=request.started_at + bound.seconds)
     except PastDeadline:
-        pass
-    reason = deadline_reason(prediction)
+        reason = deadline_reason(bound)
+    except Withdrawn as exc:
+        reason = exc.reason
+    request.cancelling()
     for link in links.values():
         link.send(Cancel(request_id=request.request_id, reason=reason))
     points = request.wait_for_points(silence_s=silence_s, within_s=AGREE_S, answered=steps)
     step = None if points is None else max(points.values(), default=steps)
     for link in links.values():
         link.send(CancelAt(request_id=request.request_id, step=step, reason=reason))
-    results = request.wait(silence_s=silence_s)
+    stop_s = bound.stop_s(silence_s)
+    try:
+        results = request.wait(silence_s=silence_s, until=time.monotonic() + stop_s)
+    except PastDeadline:
+        raise request.stalled(f"it did not stop within {stop_s:.1f} s of its cancel") from None
     stopped = [r.cancelled_after for r in results.values() if r.cancelled_after is not None]
+    withdrawn = request.withdrawn
+    if withdrawn is not None:
+        raise RequestWithdrawn(
+            request_id=request.request_id,
+            reason=withdrawn,
+            step=max(stopped) if stopped else None,
+            steps=steps,
+        )
     if not stopped:
         return results  # every rank made its last step before it could stop
     raise RequestPastDeadline(
         request_id=request.request_id,
-        prediction=prediction,
+        bound=bound,
         step=max(stopped),
         steps=steps,
         after_s=time.monotonic() - request.started_at,

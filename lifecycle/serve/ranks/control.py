@@ -42,7 +42,7 @@ class InFlight(Protocol):
 
     request_id: str
 
-    def progress(self, rank: int) -> None: ...
+    def progress(self, rank: int, step: int | None = None) -> None: ...
 
     def cancel_point(self, rank: int, step: int) -> None: ...
 
@@ -223,7 +223,7 @@ class ControlChannel:
             if message.request_id != request.request_id:
                 continue
             if isinstance(message, Progress):
-                request.progress(rank)
+                request.progress(rank, message.step)
             elif isinstance(message, CancelPoint):
                 request.cancel_point(rank, message.step)
             else:

@@ -32,8 +32,10 @@ class RequestFailed(LifecycleError):
         error: str,
         waited: dict[int, str] | None = None,
         silent: dict[int, float] | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.run_id = run_id  # the run it failed in, once the server knows it
         self.culprit = culprit
         self.error = error
         self.waited = waited or {}  # rank: its error, failed waiting on the culprit
@@ -63,11 +65,20 @@ class RequestFailed(LifecycleError):
             error=error,
             waited={rank: e for rank, e in self.waited.items() if rank != culprit},
             silent=self.silent,
+            run_id=self.run_id,
         )
 
 
 class PastDeadline(LifecycleError):
     """A request's deadline passed before every rank answered it."""
+
+
+class Withdrawn(LifecycleError):
+    """A request was withdrawn (its client gone, its job deleted) before every rank answered."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class RequestInFlight:
@@ -78,16 +89,21 @@ class RequestInFlight:
         self.request_id = request_id
         now = self.started_at = time.monotonic()
         self._last_progress = dict.fromkeys(ranks, now)
+        self._steps_made = dict.fromkeys(ranks, 0)  # denoising steps each rank reported
         self._results: dict[int, Result] = {}  # in the order they came
         self._points: dict[int, int] = {}  # rank: the step after which it waits, cancelled
         self._first_failure_at: float | None = None
         self._abandoned: str | None = None
+        self._withdrawn: str | None = None
+        self._withdrawal_seen = False
         self._changed = threading.Condition()
 
-    def progress(self, rank: int) -> None:
+    def progress(self, rank: int, step: int | None = None) -> None:
         with self._changed:
             if rank in self._last_progress:
                 self._last_progress[rank] = time.monotonic()
+                if step is not None:
+                    self._steps_made[rank] = max(self._steps_made[rank], step + 1)
 
     def deliver(self, result: Result) -> None:
         with self._changed:
@@ -112,11 +128,39 @@ class RequestInFlight:
             self._abandoned = reason
             self._changed.notify_all()
 
+    def withdraw(self, reason: str) -> None:
+        """Cancel the request from outside (its client gone, its job deleted): the wait in
+        progress raises Withdrawn, once, and the ranks are cancelled between steps."""
+        with self._changed:
+            if self._withdrawn is None:
+                self._withdrawn = reason
+                self._changed.notify_all()
+
+    def cancelling(self) -> None:
+        """The request is being cancelled: a withdrawal from now on interrupts no wait."""
+        with self._changed:
+            self._withdrawal_seen = True
+
+    @property
+    def withdrawn(self) -> str | None:
+        with self._changed:
+            return self._withdrawn
+
+    def stalled(self, why: str) -> RequestFailed:
+        """The request given up: the ranks yet to answer are stuck in it (`why`), the one
+        silent for longest its culprit."""
+        now = time.monotonic()
+        with self._changed:
+            waiting = {r: now - t for r, t in self._last_progress.items() if r not in self._results}
+        culprit = max(waiting, key=lambda r: waiting[r]) if waiting else 0
+        return RequestFailed(request_id=self.request_id, culprit=culprit, error=why, silent=waiting)
+
     def wait(self, *, silence_s: float, until: float | None = None) -> dict[int, Result]:
         """Every rank's result (a rank's cancelled result included); raise RequestFailed once
         a rank failed of itself (or, when every failure so far is a wait on a peer,
         CULPRIT_GRACE_S after the first), at the first rank silent for `silence_s`,
-        ServiceUnavailable when abandoned, or PastDeadline at `until` (monotonic)."""
+        ServiceUnavailable when abandoned, Withdrawn once withdrawn, or PastDeadline at
+        `until` (monotonic)."""
         if not self._wait_for(lambda waiting: not waiting, silence_s=silence_s, until=until):
             raise PastDeadline(f"request {self.request_id} past its deadline")
         with self._changed:
@@ -148,6 +192,9 @@ class RequestInFlight:
             while True:
                 if self._abandoned is not None:
                     raise ServiceUnavailable(status="stopping", detail=self._abandoned)
+                if self._withdrawn is not None and not self._withdrawal_seen:
+                    self._withdrawal_seen = True
+                    raise Withdrawn(self._withdrawn)
                 now = time.monotonic()
                 waiting = {r: t for r, t in self._last_progress.items() if r not in self._results}
                 failed = [

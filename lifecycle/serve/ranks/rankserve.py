@@ -10,7 +10,13 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from lifecycle.core.decisions.requesttime import RequestCancelled
-from lifecycle.core.errors import PeerGone, RequestAborted, RequestStalled, classify
+from lifecycle.core.errors import (
+    CollectiveError,
+    PeerGone,
+    RequestAborted,
+    RequestStalled,
+    classify,
+)
 from lifecycle.core.format.records import shared_fields
 from lifecycle.core.settings.validation import validate_shape
 from lifecycle.serve.ranks.cancel import StepCancels
@@ -19,6 +25,7 @@ from lifecycle.serve.ranks.crossnode import RankBridge
 from lifecycle.serve.ranks.messages import (
     CancelPoint,
     Generate,
+    GivenUp,
     Lost,
     Progress,
     Ready,
@@ -46,6 +53,23 @@ def fail_on_lost(session: RankSession, lost: Lost) -> None:
     session.abort(rank_lost(lost.rank, lost.why, state=state, announced_by="rank"))
 
 
+def _given_up(runtime: RankRuntime, given: GivenUp) -> Exception:
+    """Why this rank failed once the server gave its request up: stuck in its own work
+    (RequestStalled), or waiting in a collective for a peer that is (a wait, as the verdict
+    reads it: the peer is the culprit)."""
+    pending = runtime.comm.pending.snapshot()
+    if pending is None:
+        return RequestStalled(request_id=given.request_id, silent_s=given.silent_s)
+    return CollectiveError(
+        f"request {given.request_id} given up by the server while this rank waited"
+        f" {pending.waiting_s:.0f} s in {pending.group} #{pending.group_seq} {pending.op}"
+        f" ({pending.purpose}) for a peer",
+        group=pending.group,
+        group_seq=pending.group_seq,
+        op=pending.op,
+    )
+
+
 # A peer that gave up a request for a stop hangs up on the collective this rank waits in;
 # the same stop reaches this rank at about the same time, and is waited for this long before
 # the hang-up is taken for a failure.
@@ -66,8 +90,7 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
         control,
         on_dump=session.dump_ring,
         on_given_up=lambda given: session.fail(
-            RequestStalled(request_id=given.request_id, silent_s=given.silent_s),
-            where=f"the server gave request {given.request_id} up",
+            _given_up(runtime, given), where=f"the server gave request {given.request_id} up"
         ),
         on_lost=lambda lost: fail_on_lost(session, lost),
         on_cancel=cancels.on_message,

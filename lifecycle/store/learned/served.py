@@ -33,8 +33,9 @@ def fingerprint_runs(conn: Connection, fingerprint_key: str) -> list[tuple[str, 
 
 
 def served_requests(conn: Connection, run_ids: list[str], location: str) -> list[Served]:
-    """The requests rank 0 of each run served over HTTP (the newest LEARN_REQUESTS_PER_RUN of
-    each), with the seconds of those that finished well; rows that do not decode are left out."""
+    """The requests rank 0 of each run served over HTTP and finished well (of the newest
+    LEARN_REQUESTS_PER_RUN of each), with their seconds: one that never finished (it stalled,
+    failed or was cancelled) is not learned. Rows that do not decode are left out."""
     served: list[Served] = []
     for run_id in run_ids:
         stmt = (
@@ -56,7 +57,8 @@ def served_requests(conn: Connection, run_ids: list[str], location: str) -> list
             elif isinstance(event, RequestFinished) and event.ok:
                 seconds[event.request_id] = event.total_s
         served += [
-            Served(shape=e.shape, steps=e.steps, seconds=seconds.get(request_id))
+            Served(shape=e.shape, steps=e.steps, seconds=seconds[request_id])
             for request_id, e in started.items()
+            if request_id in seconds
         ]
     return served
