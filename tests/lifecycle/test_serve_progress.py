@@ -23,7 +23,7 @@ from lifecycle.core.format.events import (
 from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.records import StateExpectation
 from lifecycle.core.format.view import RankView
-from lifecycle.serve.http.service import rank_json
+from lifecycle.serve.http.rankjson import rank_json
 from tests.support import BODY, scrape, serve, value
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]

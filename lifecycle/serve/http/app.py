@@ -35,7 +35,9 @@ from lifecycle.serve.http.httpspans import (
 )
 from lifecycle.serve.http.media import ENCODERS, MEDIA_TYPES
 from lifecycle.serve.http.metrics import Metrics
-from lifecycle.serve.http.service import RETRY_AFTER_S, Reply, Service
+from lifecycle.serve.http.requestline import RETRY_AFTER_S
+from lifecycle.serve.http.served import Reply
+from lifecycle.serve.http.service import Service
 from lifecycle.serve.ranks.cancel import RequestPastDeadline, RequestWithdrawn
 from lifecycle.serve.ranks.control import (
     ServiceUnavailable,

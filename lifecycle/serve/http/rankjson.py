@@ -87,3 +87,26 @@ def _first_error_json(view: RankView) -> dict[str, Any] | None:
         return None
     _, state, error = view.errors[0]
     return {"state": state, "type": error.error_type, "message": error.message}
+
+
+def ranks_json(
+    views: dict[int, RankView],
+    *,
+    codes: list[int | None],
+    steps: dict[int, StepMark],
+    hosts: dict[int, str],
+    lost: dict[int, str],
+    now: float,
+) -> list[dict[str, Any]]:
+    """Every rank as /lifecycle shows it, with its host and whether it was lost."""
+    return [
+        {
+            **rank_json(view, now=now, exit_code=at(codes, r), step=steps.get(r)),
+            "host": hosts.get(r),
+            "lost": lost.get(r),
+            # A rank lost (its host gone, its process stopped) is in no state its journal
+            # can say: what it last said stays in journaled_state.
+            **({"state": "lost", "healthy": False} if r in lost else {}),
+        }
+        for r, view in views.items()
+    ]

@@ -10,7 +10,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from lifecycle.serve.logs import say
+
+if TYPE_CHECKING:
+    from lifecycle.serve.http.service import Service
 
 # serve's default --max-restarts: a request that fails every group it runs in (a shape that
 # always stalls, a fault) is not served for ever; a server replaced that often is failing.
@@ -91,3 +96,38 @@ class Restarts:
             at=time.time(),
             stopped_s=round(time.monotonic() - began, 3),
         )
+
+
+def replace_ranks(service: Service) -> None:
+    """Replace the ranks a request failed in: end them (their journal says how the run
+    ended), then start a new group, unless the server stops first."""
+    restarts = service.restarts
+    why, relaunch = restarts.pending, restarts.relaunch
+    assert why is not None and relaunch is not None
+    old = service.group
+    began = time.monotonic()
+    left = restarts.allowed - restarts.count() - 1
+    say(
+        f"restarting the ranks of run {old.run_id}: {why} ({left} restart(s) left after)",
+        event="serve-restarting",
+        run_id=old.run_id,
+        why=why,
+    )
+    relaunch.end(old)
+    with service.following_paused():
+        service.settle()  # the old run's last events: its verdict is made
+        relaunch.close(old, service.control)
+        if service.stopping is not None:
+            restarts.ended(None)
+            return
+        group, control = relaunch.start()
+        service.swap(group, control)
+        restarts.ended(restarts.record(ended_run=old.run_id, new_run=group.run_id, why=why,
+                                       began=began))  # fmt: skip
+    service.line.wake()
+    say(
+        f"restarted: run {group.run_id} replaces run {old.run_id}",
+        event="serve-restarted",
+        run_id=group.run_id,
+        replaces=old.run_id,
+    )

@@ -4,12 +4,11 @@ health, and one request at a time sent to every rank."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shlex
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from lifecycle.core.decisions.requesttime import DEFAULT_REQUEST_TIMEOUT_S, TimeBound
 from lifecycle.core.format.events import StoredEvent
@@ -23,56 +22,18 @@ from lifecycle.serve.console.terminal import PlainConsole
 from lifecycle.serve.http.bounds import RequestBounds
 from lifecycle.serve.http.failure import RunFailure
 from lifecycle.serve.http.metrics import JournalMetrics
-from lifecycle.serve.http.rankjson import at, rank_json
-from lifecycle.serve.http.restarts import Relaunch, Restarts
+from lifecycle.serve.http.rankjson import ranks_json
+from lifecycle.serve.http.requestline import RequestLine
+from lifecycle.serve.http.restarts import Relaunch, Restarts, replace_ranks
+from lifecycle.serve.http.served import Ranks, Reply
 from lifecycle.serve.logs import say
-from lifecycle.serve.ranks.cancel import RequestWithdrawn, wait_within
+from lifecycle.serve.ranks.cancel import wait_within
 from lifecycle.serve.ranks.control import ControlChannel, RankLink, ServiceUnavailable
 from lifecycle.serve.ranks.inflight import RequestFailed, RequestInFlight
 from lifecycle.serve.ranks.messages import Generate, GivenUp, Result
 from lifecycle.serve.ranks.supervisor import POLL_S
 from lifecycle.store import shown_location
 from lifecycle.verdict.launched import LaunchedRun, exit_text
-
-# /generate requests that may wait behind the running one; more are refused with 503 at once,
-# so that waiting requests cannot take every worker thread.
-MAX_QUEUED_REQUESTS = 8
-RETRY_AFTER_S = 5
-# Every collective is bounded by the process-group timeout, so a rank that has shown no
-# progress (a denoising step, its reply) for that long plus this margin is stuck in its own
-# compute. The bound is on silence, not on the request's length: a large request that keeps
-# stepping is never cut short.
-
-
-class Ranks(Protocol):
-    """The ranks a Service serves with: spawned here (RankGroup), or under torchrun on any
-    number of hosts (lifecycle.serve.launch.nodeserve.NodeRanks)."""
-
-    run_id: str
-    created_at: float
-    store_authenticated: bool  # whether what the ranks read from the store is sealed
-
-    def poll(self) -> list[StoredEvent]: ...
-
-    def views(self) -> dict[int, RankView]: ...
-
-    def steps(self) -> dict[int, StepMark]: ...
-
-    def exit_codes(self) -> list[int | None]: ...
-
-    def announce_ended(self) -> None: ...
-
-    def lost(self) -> dict[int, str]: ...
-
-    def hosts(self) -> dict[int, str]: ...
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Reply:
-    """A request's answer: rank 0's timings and checksum, and its video when asked for."""
-
-    summary: dict[str, Any]
-    video: Any = None  # uint8 (frames, height, width, 3)
 
 
 class Service:
@@ -98,11 +59,7 @@ class Service:
         self.steps: dict[int, StepMark] = {}  # each rank's latest denoising step
         self.stopping: str | None = None
         self._lock = threading.Lock()  # the fields above; never held across a request
-        self._line = threading.Condition()  # /generate: the request running and those waiting
-        self._in_line = 0
-        self._running: RequestInFlight | None = None
-        self._waiting: dict[str, int] = {}  # request ids running or waiting: how many of each
-        self._withdrawn: dict[str, str] = {}  # requests withdrawn while waiting in line: why
+        self.line = RequestLine()  # /generate: the request running and those waiting
         self._stop = threading.Event()
         # Held while the journal is followed, and while the ranks are replaced.
         self._following = threading.Lock()
@@ -211,17 +168,15 @@ class Service:
         names the culprit); refuse waiting requests."""
         if not self.run_failure.seen(reason):
             return
-        with self._line:
-            self._line.notify_all()
+        self.line.wake()
 
     def begin_stop(self, reason: str) -> None:
         """Refuse new requests and answer the running and waiting ones: the server stops."""
         with self._lock:
             if self.stopping is None:
                 self.stopping = reason
-        with self._line:
-            running = self._running
-            self._line.notify_all()
+        self.line.wake()
+        running = self.line.running()
         if running is not None:
             running.abandon(f"server stopping ({reason})")
 
@@ -232,46 +187,26 @@ class Service:
             return self.group, self.control
 
     def _restart(self) -> None:
-        """Replace the ranks a request failed in: end them (their journal says how the run
-        ended), then start a new group, unless the server stops first."""
-        why = self.restarts.pending
-        relaunch = self.restarts.relaunch
-        assert why is not None and relaunch is not None
-        old = self.group
-        began = time.monotonic()
-        left = self.restarts.allowed - self.restarts.count() - 1
-        say(
-            f"restarting the ranks of run {old.run_id}: {why} ({left} restart(s) left after)",
-            event="serve-restarting",
-            run_id=old.run_id,
-            why=why,
-        )
-        relaunch.end(old)
+        replace_ranks(self)
+
+    def swap(self, group: Ranks, control: ControlChannel) -> None:
+        """Serve with a new group of ranks (a restart), its run's console and failure anew."""
+        with self._lock:
+            self.group, self.control = group, control
+            self.views, self.exit_codes, self.steps = {}, [], {}
+        self._new_run(group)
+
+    @contextlib.contextmanager
+    def following_paused(self) -> Iterator[None]:
+        """No poll of the ranks while this holds (the ranks are being replaced)."""
         with self._following:
-            self._follow_once()  # the old run's last events: its verdict is made
-            if self.run_failure.reason is not None and not self.run_failure.judged:
-                self._judge(self.views_now(), list(self.exit_codes))
-            relaunch.close(old, self.control)
-            if self.stopping is not None:
-                self.restarts.ended(None)
-                return
-            group, control = relaunch.start()
-            with self._lock:
-                self.group, self.control = group, control
-                self.views, self.exit_codes, self.steps = {}, [], {}
-            self._new_run(group)
-            done = self.restarts.record(
-                ended_run=old.run_id, new_run=group.run_id, why=why, began=began
-            )
-            self.restarts.ended(done)
-        with self._line:
-            self._line.notify_all()
-        say(
-            f"restarted: run {group.run_id} replaces run {old.run_id}",
-            event="serve-restarted",
-            run_id=group.run_id,
-            replaces=old.run_id,
-        )
+            yield
+
+    def settle(self) -> None:
+        """The ranks' last events folded, and their run judged if it failed."""
+        self._follow_once()
+        if self.run_failure.reason is not None and not self.run_failure.judged:
+            self._judge(self.views_now(), list(self.exit_codes))
 
     def _check_ranks(self) -> None:
         """A rank process that ended, or whose control connection closed, while the server
@@ -334,17 +269,7 @@ class Service:
                 "authenticated": self.group.store_authenticated,
                 "rejected": sum(self.control.rejected().values()),
             },
-            "ranks": [
-                {
-                    **rank_json(view, now=now, exit_code=at(codes, r), step=steps.get(r)),
-                    "host": hosts.get(r),
-                    "lost": lost.get(r),
-                    # A rank lost (its host gone, its process stopped) is in no state its
-                    # journal can say: what it last said stays in journaled_state.
-                    **({"state": "lost", "healthy": False} if r in lost else {}),
-                }
-                for r, view in views.items()
-            ],
+            "ranks": ranks_json(views, codes=codes, steps=steps, hosts=hosts, lost=lost, now=now),
             "admission": self.bounds.describe(views),
             "restarts": self.restarts.describe(),
         }
@@ -372,26 +297,12 @@ class Service:
 
     def queue_depth(self) -> int:
         """The requests running or waiting for the ranks."""
-        with self._line:
-            return self._in_line
+        return self.line.depth()
 
-    @contextlib.contextmanager
-    def place_in_line(self) -> Iterator[None]:
+    def place_in_line(self) -> contextlib.AbstractContextManager[None]:
         """Hold a place among the requests running or waiting; refuse at once when the line
         is full."""
-        with self._line:
-            if self._in_line > MAX_QUEUED_REQUESTS:
-                raise ServiceUnavailable(
-                    status="busy",
-                    detail=f"busy: {self._in_line} requests running or waiting",
-                    retry_after_s=RETRY_AFTER_S,
-                )
-            self._in_line += 1
-        try:
-            yield
-        finally:
-            with self._line:
-                self._in_line -= 1
+        return self.line.place()
 
     def generate(
         self,
@@ -406,41 +317,31 @@ class Service:
         it) unless withdrawn first (RequestWithdrawn); rank 0's result (it decodes) is the
         answer. `traceparent` is the server's span of it, which the ranks' spans join."""
         named = request_id_of(request_id)
-        with self._line:
-            self._waiting[named] = self._waiting.get(named, 0) + 1
-        try:
+        with self.line.named(named):
+            running, links = self.line.turn(
+                named,
+                steps=request.steps,
+                held=lambda: self.restarts.pending is not None,
+                refusal=self._refusal,
+                links=self.control.snapshot,
+            )
             return self._generate(
                 request,
-                named=named,
+                running=running,
+                links=links,
                 return_video=return_video,
                 traceparent=traceparent,
             )
-        finally:
-            with self._line:
-                self._waiting[named] -= 1
-                if not self._waiting[named]:
-                    del self._waiting[named]
-                    self._withdrawn.pop(named, None)
 
     def _generate(
-        self, request: Generation, *, named: str, return_video: bool, traceparent: str | None
+        self,
+        request: Generation,
+        *,
+        running: RequestInFlight,
+        links: dict[int, RankLink],
+        return_video: bool,
+        traceparent: str | None,
     ) -> Reply:
-        with self._line:
-            while (
-                self._running is not None or self.restarts.pending is not None
-            ) and self._refusal() is None:
-                if named in self._withdrawn:
-                    break
-                self._line.wait()
-            why = self._withdrawn.pop(named, None)
-            if why is not None:
-                raise RequestWithdrawn(request_id=named, reason=why, step=None, steps=request.steps)
-            refusal = self._refusal()
-            if refusal is not None:
-                raise refusal
-            links = self.control.snapshot()
-            running = RequestInFlight(request_id=named, ranks=links)
-            self._running = running
         try:
             message = Generate(
                 request_id=running.request_id,
@@ -453,27 +354,8 @@ class Service:
             replies = self._run(running, links, message, bound)
             self.bounds.served(request, replies)
         finally:
-            with self._line:
-                self._running = None
-                self._line.notify_all()
-        lead = replies[0]
-        shape = request.shape
-        summary = {
-            "request_id": running.request_id,
-            "checksum": lead.checksum,
-            "total_s": lead.total_s,
-            "step_s": list(lead.step_s),
-            "stages": [dataclasses.asdict(stage) for stage in lead.stages],
-            "peak_bytes": lead.peak_bytes,
-            "memory_source": lead.memory_source,
-            "width": shape.width,
-            "height": shape.height,
-            "frames": shape.frames,
-            "steps": request.steps,
-            "guidance_scale": request.guidance_scale,
-            "seed": request.seed,
-        }
-        return Reply(summary=summary, video=lead.video)
+            self.line.done()
+        return Reply.of(running.request_id, request, replies[0])
 
     def _run(
         self,
@@ -523,11 +405,4 @@ class Service:
     def withdraw(self, request_id: str, reason: str) -> None:
         """Cancel a request from outside (its client gone, its job deleted): the one running
         stops between steps on every rank; one waiting in line is never run."""
-        with self._line:
-            running = self._running
-            if running is not None and running.request_id == request_id:
-                running.withdraw(reason)
-                return
-            if request_id in self._waiting:
-                self._withdrawn[request_id] = reason
-                self._line.notify_all()
+        self.line.withdraw(request_id, reason)
