@@ -71,10 +71,10 @@ def test_generate_is_a_server_span_that_the_ranks_request_spans_join(
 ) -> None:
     """With traces sent: a /generate with a client's traceparent is a SERVER span under the
     client's span, carrying the HTTP method, path, status and request id; one without is under
-    the run's root span; each rank's request span is a child of the server span; a request
-    refused by memory (422) and one cancelled past its deadline (504) have an error status and
-    reach no rank span of their own beyond the cancelled one's; no span holds the prompt or the
-    client's password."""
+    the run's root span; the X-Request-ID header is an attribute only when the client sent it;
+    each rank's request span is a child of the server span; a request refused by memory (422)
+    and one cancelled past its deadline (504) have an error status and reach no rank span of
+    their own beyond the cancelled one's; no span holds the prompt or the client's password."""
     received, kinds = receiver
     env = {**ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": received.endpoint, "OTEL_SERVICE_NAME": "front"}
     extra = ("--pipeline", "tests.plugins:SLOWING", "--model", "slow-video")
@@ -94,14 +94,17 @@ def test_generate_is_a_server_span_that_the_ranks_request_spans_join(
         assert traced.status_code == 200, traced.text[:300]
         untraced = client.post("/generate", json=SMALL, headers={"X-Request-ID": "untraced-1"})
         assert untraced.status_code == 200, untraced.text[:300]
+        anonymous = client.post("/generate", json=SMALL)
+        assert anonymous.status_code == 200, anonymous.text[:300]
+        anonymous_id = anonymous.headers["X-Request-ID"]
         refused = client.post("/generate", json=OVER, headers={"X-Request-ID": "refused-1"})
         assert refused.status_code == 422, refused.text[:300]
         cancelled = client.post("/generate", json=SLOW, headers={"X-Request-ID": "slow-1"})
         assert cancelled.status_code == 504, cancelled.text[:300]
         assert served.stop() == 0
     run_id = (tmp_path / "serve.log").read_text().split()[1]
-    received.wait_for(4, name="POST /generate")
-    received.wait_for(3 * ranks, name="lifecycle.request")
+    received.wait_for(5, name="POST /generate")
+    received.wait_for(4 * ranks, name="lifecycle.request")
     spans = list(received.spans)
 
     (front,) = one(spans, "POST /generate", "traced-1")
@@ -122,6 +125,9 @@ def test_generate_is_a_server_span_that_the_ranks_request_spans_join(
     assert alone.parent_span_id == f"{run_span_id_of(run_id):016x}"
     under = one(spans, "lifecycle.request", "untraced-1")
     assert len(under) == ranks and all(s.parent_span_id == alone.span_id for s in under)
+
+    (unnamed,) = one(spans, "POST /generate", anonymous_id)
+    assert "http.request.header.x-request-id" not in unnamed.attributes  # the client sent none
 
     (refusal,) = one(spans, "POST /generate", "refused-1")
     assert refusal.status_code == 2 and refusal.attributes["http.response.status_code"] == 422

@@ -29,18 +29,21 @@ STATE_KEY = "lifecycle_span"  # where the handler finds the request's span (scop
 class GenerateSpan:
     """One /generate's span: the traceparent the ranks join, and what the handler says of it."""
 
-    def __init__(self, span: Any = None, traceparent: str | None = None) -> None:
+    def __init__(
+        self, span: Any = None, traceparent: str | None = None, *, client_named: bool = False
+    ) -> None:
         self._span = span
         self.traceparent = traceparent  # None: no span (traces are not sent)
+        self._client_named = client_named  # whether the client sent an X-Request-ID
         self._failure: str | None = None
 
     def name_request(self, request_id: str) -> None:
-        self._set(
-            {
-                f"{ATTRIBUTE_PREFIX}request_id": request_id,
-                "http.request.header.x-request-id": (request_id,),
-            }
-        )
+        """The request's id, under the lifecycle's attribute; as the X-Request-ID header's
+        only when the client sent one (an id made here is no header of the request)."""
+        attributes: dict[str, Any] = {f"{ATTRIBUTE_PREFIX}request_id": request_id}
+        if self._client_named:
+            attributes["http.request.header.x-request-id"] = (request_id,)
+        self._set(attributes)
 
     def fail(self, description: str) -> None:
         """The request was refused or cut short although its answer is not a 5xx (an
@@ -178,6 +181,7 @@ class GenerateSpans:
             )
             down: dict[str, str] = {}
             propagator.inject(down, context=trace.set_span_in_context(span))
-            return GenerateSpan(span, down.get("traceparent"))
+            named = b"x-request-id" in headers
+            return GenerateSpan(span, down.get("traceparent"), client_named=named)
         except Exception:  # a span that cannot be made is one the trace lacks
             return GenerateSpan()
