@@ -45,12 +45,15 @@ def default_journal(env: Mapping[str, str]) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (no usage dump) and exits with the
-    command's usage status."""
+    command's usage status. The line starts `lifecycle: error: ` (`replay: error: `) whichever
+    subcommand refused it, as every other refusal of the command does, where argparse would
+    say `lifecycle boot: error: `."""
 
     usage_status: ClassVar[int] = Exit.USAGE
 
     def error(self, message: str) -> NoReturn:
-        self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
+        command = self.prog.split(" ", 1)[0]
+        self.exit(self.usage_status, f"{command}: error: {message}\n")
 
 
 SHELLS = ("bash", "zsh", "tcsh")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +115,30 @@ def test_no_two_modules_of_lifecycle_share_a_name() -> None:
         if path.name != "__init__.py":
             seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_every_refusal_of_lifecycle_starts_with_one_prefix(tmp_path: Path) -> None:
+    """A flag argparse refuses (of `boot`, of `db copy`), a --db URL of no installed database
+    and a journal of a newer schema are each one line starting `lifecycle: error: `, the form
+    of every other refusal, never `lifecycle boot: error: `."""
+    newer = tmp_path / "newer.db"
+    with sqlite3.connect(newer) as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        conn.execute("INSERT INTO alembic_version VALUES ('9999')")
+    conn.close()
+    refusals = {
+        "a bad flag value": ["boot", "--model", "micro-video", "--num-ranks", "x"],
+        "a missing flag": ["db", "copy", "--db", "j.db"],
+        "a bad --db URL": ["boot", "--model", "micro-video", "--db", "nosuch://x"],
+        "a newer journal": ["boot", "--model", "micro-video", "--db", str(newer)],
+    }
+    lines = {}
+    for what, args in refusals.items():
+        result = run_cli("lifecycle", args, cwd=tmp_path, timeout=60)
+        assert result.returncode == Exit.USAGE, (what, result.stderr)
+        lines[what] = one_clear_line(result)
+    assert {what: line.split(": error: ")[0] for what, line in lines.items()} == dict.fromkeys(
+        refusals, "lifecycle"
+    ), lines
+    assert "argument --num-ranks/--num-gpus: invalid int value: 'x'" in lines["a bad flag value"]
+    assert "newer lifecycle" in lines["a newer journal"]
