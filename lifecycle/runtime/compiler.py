@@ -1,51 +1,44 @@
 """`--compile`: the denoiser's repeated block compiled once per fingerprint. A rank compiles in
-a compiler cache folder of its own, first filled from the artifact the journal keeps for the
-compile key (so that a pod on a fresh machine compiles from what another pod compiled); after
-the warmups rank 0 keeps what the folder holds, when it holds more than was loaded. See the
-README's "Compile and shapes, paid once per fingerprint"."""
+compiler folders of its own, its cache first filled from the artifact the journal keeps for the
+compile key when the operator's key signed it (so that a pod on a fresh machine compiles from
+what another pod compiled); after the warmups rank 0 keeps what the cache holds, signed, when it
+holds more than was loaded. See the README's "Compile and shapes, paid once per fingerprint"."""
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import io
+import hashlib
 import os
 import platform
-import shutil
-import tarfile
-import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-import structlog
 import torch
 
 from lifecycle.core.decisions.compiling import (
     MAX_ARTIFACT_BYTES,
     CacheUse,
     CompileKey,
-    stale_reason,
 )
 from lifecycle.core.decisions.warmupplan import bounded_shape
-from lifecycle.core.errors import JournalError
+from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.events import Compiled, CompileKept
 from lifecycle.core.format.records import Generation
+from lifecycle.runtime.artifactkey import artifact_key
+from lifecycle.runtime.cachearchive import pack
+from lifecycle.runtime.compilecache import (
+    JOURNAL_ERRORS,
+    load_artifact,
+    private_compiler_folders,
+    use_cache_folder,
+)
 from lifecycle.runtime.group.comm import run_eagerly_under_compile
-from lifecycle.runtime.group.signals import before_leaving
-from lifecycle.runtime.pipeline import repeated_blocks
+from lifecycle.runtime.pipeline import Pipeline
 from lifecycle.runtime.rankruntime import RankRuntime
 from lifecycle.runtime.request import run_request
-from lifecycle.store.backends.dberrors import DATABASE_ERRORS
-from lifecycle.store.learned.artifacts import ArtifactUnusable
-
-log = structlog.get_logger("lifecycle.runtime")
 
 BACKEND = "inductor"
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-TRITON_ENV = "TRITON_CACHE_DIR"
 NO_BLOCKS = "the pipeline declares no repeated blocks (repeated_blocks): it runs eager"
-# A journal that cannot be read or written costs the cache, never the startup.
-_JOURNAL_ERRORS: tuple[type[Exception], ...] = (JournalError, *DATABASE_ERRORS)
 # What the compile runs to compile: one denoising step at the bounded shape (the blocks see the
 # shapes the bounded warmup will; other shapes compile when first run, and are kept with them).
 COMPILE_STEPS = 1
@@ -75,12 +68,35 @@ def compile_key(rt: RankRuntime) -> CompileKey:
     )
 
 
+def declared_blocks(pipeline: Pipeline) -> tuple[tuple[torch.nn.Module, ...] | None, str]:
+    """The pipeline's repeated blocks, or None and why not in words: it declares none, or
+    what it returned is not blocks (a plug-in's mistake, said as such)."""
+    declared = getattr(pipeline, "repeated_blocks", None)
+    if not callable(declared):
+        return None, NO_BLOCKS
+    returned = declared()
+    if not isinstance(returned, Iterable) or isinstance(returned, str | bytes):
+        kind = type(returned).__name__
+        return None, f"repeated_blocks() returned a {kind}, not torch modules: it runs eager"
+    blocks = tuple(returned)
+    if not blocks:
+        return None, "repeated_blocks() returned no blocks: it runs eager"
+    others = [block for block in blocks if not isinstance(block, torch.nn.Module)]
+    if others:
+        return None, (
+            f"repeated_blocks() returned {len(others)} of {len(blocks)} that are not torch"
+            f" modules (the first a {type(others[0]).__name__}): it runs eager"
+        )
+    return blocks, ""
+
+
 def compile_denoiser(rt: RankRuntime) -> None:
-    """The `compile` action (gate-check, with --compile): load the key's artifact, compile the
-    repeated blocks and run them once; journal what the cache did and how long it all took."""
+    """The `compile` action (gate-check, with --compile): load the key's artifact when the
+    operator's key signed it, compile the repeated blocks and run them once; journal what the
+    cache did and how long it all took. A key that cannot be used refuses the startup."""
     args = rt.args
     assert rt.pipeline is not None
-    blocks = repeated_blocks(rt.pipeline)
+    blocks, why_not = declared_blocks(rt.pipeline)
     if blocks is None:
         rt.recorder.record(
             Compiled(
@@ -90,17 +106,23 @@ def compile_denoiser(rt: RankRuntime) -> None:
                 mode=args.compile_mode,
                 seconds=0.0,
                 cache=CacheUse.OFF.value,
-                reason=NO_BLOCKS,
+                reason=why_not,
                 artifact_bytes=0,
             )
         )
         return
+    signer = artifact_key(os.environ, journal=args.db)
     key = rt.compile_key = compile_key(rt)
-    folder = rt.compile_folder = _private_cache_folder()
+    folders = private_compiler_folders()
     started = time.perf_counter()
-    cache, reason, loaded = _load_artifact(rt, key, folder)
-    rt.compile_cache = cache
-    rt.compile_files = _files(folder)
+    loaded = load_artifact(
+        rt.recorder.artifacts, key, signer, root=folders.root, run_id=rt.recorder.run_id
+    )
+    use_cache_folder(loaded.folder)
+    rt.compile_folder = loaded.folder
+    rt.compile_cache = loaded.cache
+    rt.compile_replaces = loaded.replaces
+    rt.compile_files = _files(loaded.folder)
     run_eagerly_under_compile()
     for block in blocks:
         block.compile(backend=BACKEND, mode=args.compile_mode)
@@ -125,70 +147,11 @@ def compile_denoiser(rt: RankRuntime) -> None:
             backend=BACKEND,
             mode=args.compile_mode,
             seconds=time.perf_counter() - started,
-            cache=cache.value,
-            reason=reason,
-            artifact_bytes=loaded,
+            cache=loaded.cache.value,
+            reason=loaded.reason,
+            artifact_bytes=loaded.artifact_bytes,
         )
     )
-
-
-def _private_cache_folder() -> Path:
-    """A compiler cache folder of this process's own, used from now on: what it holds after
-    the compile is what this startup compiled (or loaded), and nothing another process wrote."""
-    folder = Path(tempfile.mkdtemp(prefix="lifecycle-compile-"))
-    os.environ[CACHE_ENV] = str(folder)
-    os.environ[TRITON_ENV] = str(folder / "triton")
-    remove = lambda: shutil.rmtree(folder, ignore_errors=True)  # noqa: E731
-    before_leaving(remove)  # a process that ends through leave_process
-    atexit.register(remove)  # and one that returns
-    return folder
-
-
-def _load_artifact(
-    rt: RankRuntime, key: CompileKey, folder: Path
-) -> tuple[CacheUse, str | None, int]:
-    """Fill `folder` from the journal's artifact of `key`: what the cache did, why, and the
-    bytes loaded. An artifact that is stale, corrupt or unreadable is never unpacked."""
-    try:
-        store = rt.recorder.artifacts()
-        found = store.candidates(key.model)
-    except _JOURNAL_ERRORS as exc:
-        return CacheUse.MISS, f"the journal's artifacts could not be read: {exc}", 0
-    exact = next((a for a in found if a.key == key.key), None)
-    if exact is None:
-        if not found:
-            return CacheUse.MISS, None, 0
-        newest = found[0]
-        why = f"the journal's artifact of {key.model} is not this key's: "
-        return CacheUse.REJECTED, why + stale_reason(key, newest.compile_key), 0
-    if exact.compile_key != key:  # a row under this key that says it was compiled otherwise
-        rt.compile_replaces = True
-        why = "the artifact of this key is not used: "
-        return CacheUse.REJECTED, why + stale_reason(key, exact.compile_key), 0
-    try:
-        data = store.read(exact)
-        _unpack(data, folder)
-    except ArtifactUnusable as exc:
-        rt.compile_replaces = True  # kept anew, in its place, after the compile
-        return CacheUse.REJECTED, f"the artifact of this key is not used: {exc}", 0
-    except _JOURNAL_ERRORS as exc:
-        return CacheUse.MISS, f"the artifact could not be read: {exc}", 0
-    with contextlib.suppress(*_JOURNAL_ERRORS):
-        store.mark_used(exact.key, run_id=rt.recorder.run_id)
-    rt.compile_replaces = True  # what compiles past it is kept with it, in its place
-    return CacheUse.HIT, None, len(data)
-
-
-def _unpack(data: bytes, folder: Path) -> None:
-    """Unpack an artifact into `folder`: regular files and folders only, inside it (the data
-    filter refuses links, devices and paths that leave it); ArtifactUnusable otherwise."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-            archive.extractall(folder, filter="data")
-    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        raise ArtifactUnusable(f"it does not unpack: {exc}") from None
 
 
 def _files(folder: Path) -> frozenset[tuple[str, int]]:
@@ -201,34 +164,48 @@ def _files(folder: Path) -> frozenset[tuple[str, int]]:
     )
 
 
-def _pack(folder: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and not path.name.endswith(".lock"):
-                archive.add(path, arcname=str(path.relative_to(folder)), recursive=False)
-    return buffer.getvalue()
-
-
 def keep_compiled(rt: RankRuntime) -> None:
     """The `keep-compiled` action (ready, with --compile): rank 0 keeps what its compiler cache
-    holds in the journal, when the compile did not load it all (a miss, a rejection, or shapes
-    compiled after a hit); any failure to keep it is journaled and the startup goes on."""
+    holds in the journal, signed with the artifact key, when the compile did not load it all (a
+    miss, a rejection, or shapes compiled after a hit); any failure to keep it (a journal or a
+    folder that cannot be written, a key that cannot be read now) is journaled and the startup
+    goes on."""
     key, folder = rt.compile_key, rt.compile_folder
     if key is None or folder is None or rt.layout.rank != 0:
         return
-    if rt.compile_cache is CacheUse.HIT and _files(folder) == rt.compile_files:
-        return  # everything compiled came from the artifact loaded
-    data = _pack(folder)
-    if len(data) > MAX_ARTIFACT_BYTES:
-        why: str | None = (
-            f"{len(data):,} bytes is more than the {MAX_ARTIFACT_BYTES:,} kept at most"
-        )
-    else:
-        try:
-            why = rt.recorder.artifacts().keep(
-                key, data, run_id=rt.recorder.run_id, replace=rt.compile_replaces
-            )
-        except _JOURNAL_ERRORS as exc:
-            why = f"the journal could not be written: {exc}"
+    try:
+        if rt.compile_cache is CacheUse.HIT and _files(folder) == rt.compile_files:
+            return  # everything compiled came from the artifact loaded
+        data = pack(folder)
+    except OSError as exc:
+        rt.recorder.record(CompileKept(key=key.key, bytes=0, kept=False, reason=_unkept(exc)))
+        return
+    why = _keep(rt, key, data)
     rt.recorder.record(CompileKept(key=key.key, bytes=len(data), kept=why is None, reason=why))
+
+
+def _keep(rt: RankRuntime, key: CompileKey, data: bytes) -> str | None:
+    """Keep `data`, signed; None when kept, else why not."""
+    if len(data) > MAX_ARTIFACT_BYTES:
+        return f"{len(data):,} bytes is more than the {MAX_ARTIFACT_BYTES:,} kept at most"
+    try:
+        signer = artifact_key(os.environ, journal=rt.args.db)
+        digest = hashlib.sha256(data).hexdigest()
+        return rt.recorder.artifacts().keep(
+            key,
+            data,
+            run_id=rt.recorder.run_id,
+            signature=signer.sign(digest=digest, key=key.key),
+            replace=rt.compile_replaces,
+        )
+    except ConfigError as exc:
+        return f"the artifact key could not be read: {exc}"
+    except JOURNAL_ERRORS as exc:
+        return f"the journal could not be written: {exc}"
+    except OSError as exc:
+        return _unkept(exc)
+
+
+def _unkept(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"the compiler's folder could not be packed: {where}{exc.strerror or exc}"

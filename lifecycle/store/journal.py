@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Engine, Text, func, null, select, type_coerce
+from sqlalchemy import Engine, Text, cast, func, null, select, type_coerce
 from sqlalchemy.pool import PoolProxiedConnection
 
 from lifecycle.core.errors import JournalError, NotAJournal
@@ -314,6 +314,10 @@ class Journal:
             if indexed
             else EVENT_ROW
         )
+        if self.engine.dialect.name != "sqlite":  # a server's driver decodes JSON (a dict)
+            columns = list(stmt.selected_columns)
+            columns[8] = cast(events.c.data, Text)  # the text its writer stored
+            stmt = stmt.with_only_columns(*columns)
         stmt = stmt.where(events.c.run_id == run_id, events.c.rank == rank).order_by(events.c.seq)
         if from_seq:
             stmt = stmt.where(events.c.seq >= from_seq)

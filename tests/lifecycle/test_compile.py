@@ -1,15 +1,21 @@
 """`--compile` and the shapes traffic used, paid once per fingerprint (README: "Compile and
 shapes, paid once per fingerprint"): a second boot compiles from the artifact the first kept
-in the journal, a stale or corrupt one is never loaded, a pipeline that declares no repeated
-blocks runs eager and says so, compiled output equals eager, and a boot after serving warms
-the shapes its traffic used. Real boots and a real server on 127.0.0.1; torch.compile on the
-CPU (inductor, g++)."""
+in the journal, one the operator's key did not sign or a stale or corrupt one is never loaded,
+nothing another user left in the shared temporary folder is compiled in, a pipeline that
+declares no repeated blocks runs eager and says so, compiled output equals eager, and a boot
+after serving warms the shapes its traffic used. Real boots and a real server on 127.0.0.1;
+torch.compile on the CPU (inductor, g++)."""
 
 from __future__ import annotations
 
+import getpass
+import hashlib
 import json
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -18,12 +24,25 @@ from typing import Any
 import pytest
 import torch
 
+from lifecycle.runtime.cachearchive import pack, unpack
 from tests.conftest import Completed, run_cli
 from tests.support import BODY, EARLIER, plugin, serve
 
 pytestmark = pytest.mark.ranks
 
 COMPILE_S = 900  # a cold compile on two loaded cores, with its boot
+OPERATOR_KEY = "operator-" + "4" * 40
+ANOTHER_KEY = "another-" + "6" * 40
+
+
+@pytest.fixture(autouse=True)
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The boots' own config folder (where the artifact key file is made), not the user's."""
+    folder = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder))
+    for name in ("LIFECYCLE_ARTIFACT_KEY", "LIFECYCLE_ARTIFACT_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return folder
 
 
 def events(db: Path, kind: str) -> list[tuple[str, dict[str, Any]]]:
@@ -34,9 +53,11 @@ def events(db: Path, kind: str) -> list[tuple[str, dict[str, Any]]]:
     return [(run_id, json.loads(data)) for run_id, data in rows]
 
 
-def boot(lifecycle_cli: Callable[..., Completed], *args: str) -> Completed:
+def boot(
+    lifecycle_cli: Callable[..., Completed], *args: str, env: dict[str, str] | None = None
+) -> Completed:
     result = lifecycle_cli(
-        "boot", "--model", "micro-video", "--db", "j.db", *args, timeout=COMPILE_S
+        "boot", "--model", "micro-video", "--db", "j.db", *args, timeout=COMPILE_S, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -95,6 +116,39 @@ def test_a_plugin_that_declares_no_blocks_runs_eager_under_compile(
     ((_, compiled),) = events(tmp_path / "j.db", "compiled")
     assert (compiled["cache"], compiled["key"], compiled["blocks"]) == ("off", None, 0)
     assert events(tmp_path / "j.db", "compile_kept") == []
+
+
+NOT_MODULES = (
+    EARLIER
+    + """
+
+class NamedBlocksPipeline(EarlierPipeline):
+    def repeated_blocks(self):
+        return ["block_0", "block_1"]
+
+
+PLUGIN = (SPEC, NamedBlocksPipeline)
+"""
+)
+
+
+def test_a_plugin_whose_blocks_are_not_modules_is_told_what_it_returned(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A plug-in whose `repeated_blocks()` returns names instead of modules boots eager under
+    --compile, and its gate-check says what it returned, not that it declares none."""
+    env = plugin(tmp_path, NOT_MODULES)
+    result = lifecycle_cli(
+        "boot", "--pipeline", "earlier_plugin:PLUGIN", "--db", "j.db", "--compile", env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ((_, compiled),) = events(tmp_path / "j.db", "compiled")
+    assert compiled["cache"] == "off"
+    assert compiled["reason"] == (
+        "repeated_blocks() returned 2 of 2 that are not torch modules (the first a str):"
+        " it runs eager"
+    )
+    assert "declares no repeated blocks" not in result.stdout
 
 
 def test_a_boot_after_serving_warms_the_shapes_its_traffic_used(tmp_path: Path) -> None:
@@ -217,3 +271,91 @@ def test_warm_shapes_and_budget_are_checked_before_any_rank_starts(
     )
     budget = lifecycle_cli("boot", "--model", "micro-video", "--warm-budget", "-1")
     assert budget.returncode == 2 and "--warm-budget" in budget.stderr
+
+
+PLANTED = 'open({marker!r}, "w").write("ran")\n'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(5 * COMPILE_S)
+def test_only_an_artifact_the_operators_key_signed_is_loaded(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A database writer appends code to the kept artifact's modules and sets its digest and
+    size to match: the next boot rejects it (its signature), none of that code runs, and the
+    boot's own signed artifact replaces it; a boot with the same key loads that one (hit), a
+    boot with another key rejects it. The key is in no output and no row."""
+    operator = {"LIFECYCLE_ARTIFACT_KEY": OPERATOR_KEY}
+    first = boot(lifecycle_cli, "--compile", env=operator)
+    db, folder = tmp_path / "j.db", tmp_path / "j.db.compile-cache"
+    ((digest, signature),) = (
+        sqlite3.connect(db).execute("SELECT digest, signature FROM compile_artifacts").fetchall()
+    )
+    assert signature is not None and len(signature) == 64
+    marker = tmp_path / "their-code-ran"
+    theirs_folder = unpack((folder / digest).read_bytes(), parent=tmp_path)
+    modules = list(theirs_folder.rglob("*.py"))
+    assert modules
+    for module in modules:
+        module.write_text(module.read_text() + PLANTED.format(marker=str(marker)))
+    theirs = pack(theirs_folder)
+    theirs_digest = hashlib.sha256(theirs).hexdigest()
+    (folder / theirs_digest).write_bytes(theirs)
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE compile_artifacts SET digest = ?, size_bytes = ?", (theirs_digest, len(theirs))
+        )
+    second = boot(lifecycle_cli, "--compile", env=operator)
+    assert not marker.exists()
+    rejected = events(db, "compiled")[-1][1]
+    assert rejected["cache"] == "rejected", rejected
+    assert "signature does not verify" in rejected["reason"], rejected
+    assert events(db, "compile_kept")[-1][1]["kept"] is True
+    third = boot(lifecycle_cli, "--compile", env=operator)
+    assert events(db, "compiled")[-1][1]["cache"] == "hit"
+    assert "from the journal's artifact" in third.stdout
+    fourth = boot(lifecycle_cli, "--compile", env={"LIFECYCLE_ARTIFACT_KEY": ANOTHER_KEY})
+    other = events(db, "compiled")[-1][1]
+    assert other["cache"] == "rejected" and "signature does not verify" in other["reason"]
+    assert not marker.exists()
+    said = "".join(r.stdout + r.stderr for r in (first, second, third, fourth))
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("j.db*") if p.is_file())
+    for key in (OPERATOR_KEY, ANOTHER_KEY):
+        assert key not in said and key.encode() not in stored
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * COMPILE_S)
+def test_a_header_planted_in_the_shared_temporary_folder_is_not_compiled_in(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """Inductor precompiles its headers into $TMPDIR/torchinductor_$USER/precompiled_headers,
+    shared by every process of the user: a header there given a constructor (and its compiled
+    form removed, so that it is compiled again) ran in every rank that compiled kernels. A
+    `--compile` boot compiles its headers in its own private folder: it neither builds nor
+    uses the planted header, and the constructor never runs."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    plain = subprocess.run(
+        [sys.executable, "-c", "import torch\n"
+         "f = torch.compile(lambda x: (x * 2).sin().sum(-1))\nf(torch.randn(8, 8))\n"],
+        env={**os.environ, "TMPDIR": str(shared),
+             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "plain-cache")},
+        capture_output=True, text=True, timeout=COMPILE_S, check=False,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    headers = shared / f"torchinductor_{getpass.getuser()}" / "precompiled_headers"
+    planted = list(headers.glob("*.h"))
+    assert planted, "torch precompiled no header into the shared folder"
+    marker = tmp_path / "constructor-ran"
+    for header in planted:
+        header.write_text(
+            header.read_text() + "#include <cstdio>\n"
+            "__attribute__((constructor)) static void planted() {"
+            f' FILE* f = std::fopen("{marker}", "w"); if (f) std::fclose(f); }}\n'
+        )
+        Path(f"{header}.gch").unlink()
+    boot(lifecycle_cli, "--compile", env={"TMPDIR": str(shared)})
+    assert events(tmp_path / "j.db", "compiled")[-1][1]["cache"] == "miss"
+    assert not marker.exists()
+    assert [p for p in headers.iterdir() if p.suffix == ".gch"] == []

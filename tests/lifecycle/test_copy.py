@@ -1,9 +1,12 @@
-"""`lifecycle db copy` between SQLite files: rows kept as their writer wrote them, a second copy
-adds nothing, and a copy that cannot finish says how far it got."""
+"""`lifecycle db copy` between journals, SQLite files and PostgreSQL databases: rows kept as
+their writer wrote them, a second copy adds nothing, a copy that cannot finish says how far it
+got, and one that leaves rows out fails saying so."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import sqlite3
 from collections.abc import Callable
@@ -12,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from lifecycle.core.decisions.compiling import CompileKey
 from lifecycle.core.format.events import Heartbeat
 from lifecycle.store import Journal, RunRow
+from lifecycle.store.learned.artifacts import ArtifactStore
 from tests.conftest import Completed, one_clear_line, run_cli
 from tests.replay.conftest import copy_journal
 
@@ -264,3 +269,137 @@ def test_every_name_of_the_source_is_refused_as_the_destination(
         assert "is the journal being copied" in one_clear_line(done), why
     assert not Path(f"{source}-journal").exists()
     assert event_rows(source) == before
+
+
+# -- every direction, PostgreSQL included ---------------------------------------------------------
+
+ARTIFACT_KEY = CompileKey(
+    fingerprint="f" * 16, model="micro-video", torch="2.13.0+cpu", python="3.11.2",
+    machine="x86_64", backend="inductor", mode="default",
+)  # fmt: skip
+SIGNATURE = "5" * 64  # carried as it is: a copy never signs, nor checks a signature
+
+
+def decoded(location: str) -> tuple[list[RunRow], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """A journal's runs, its events as read back (run, rank, seq, kind, version, state and the
+    decoded payload) and its artifacts (key, digest, signature, the run that used it)."""
+    with Journal.open_for_read(location) as journal:
+        runs = journal.runs()
+        read = [
+            (r.stored.run_id, r.stored.rank, r.stored.seq, r.kind, r.version, r.stored.state,
+             r.stored.event)
+            for run in runs
+            for rank in journal.ranks(run.run_id)
+            for r in journal.read_rows(run_id=run.run_id, rank=rank)
+        ]  # fmt: skip
+        store = ArtifactStore(journal.engine, journal.backend.url)
+        artifacts = [
+            (a.key, a.digest, a.signature, a.used_run, store.read(a)) for a in store.every()
+        ]
+    return runs, read, artifacts
+
+
+@pytest.fixture
+def node_with_artifact(node: Path, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the node's journal with a compile artifact its run kept; its run id."""
+    source = tmp_path / "node.db"
+    copy_journal(node, source)
+    with Journal.open_for_write(str(source)) as journal:
+        (run,) = journal.runs()
+        store = ArtifactStore(journal.engine, journal.backend.url)
+        assert store.keep(ARTIFACT_KEY, b"artifact", run_id=run.run_id, signature=SIGNATURE) is None
+    settle(source)
+    return source, run.run_id
+
+
+def test_a_copy_in_every_direction_holds_every_event_of_the_source(
+    node_with_artifact: tuple[Path, str],
+    tmp_path: Path,
+    postgres: Any,
+    lifecycle_cli: Callable[..., Completed],
+) -> None:
+    """SQLite to SQLite, SQLite to PostgreSQL, PostgreSQL to SQLite and PostgreSQL to
+    PostgreSQL: each copy exits 0 and reads back event for event as the source (runs, ranks,
+    seq, kinds, versions, states and decoded payloads), its artifact carried with its
+    signature as it is. (A copy out of PostgreSQL wrote nothing: its payloads arrived decoded.)"""
+    source, _ = node_with_artifact
+    expected = decoded(str(source))
+    assert len(expected[1]) > 50 and expected[2][0][2] == SIGNATURE
+    first_pg = postgres.create_database("copy_from_sqlite")
+    second_pg = postgres.create_database("copy_from_postgres")
+    steps = [
+        (str(source), str(tmp_path / "fleet.db")),
+        (str(source), first_pg),
+        (first_pg, str(tmp_path / "from-pg.db")),
+        (first_pg, second_pg),
+    ]
+    for origin, into in steps:
+        done = lifecycle_cli("db", "copy", "--db", origin, "--to", into, timeout=180)
+        assert done.returncode == 0, (origin, into, done.stdout, done.stderr)
+        assert "1 compile artifact(s) carried" in done.stdout, done.stdout
+        assert decoded(into) == expected, (origin, into)
+
+
+def test_a_copy_that_leaves_rows_out_says_how_many_and_why_and_fails(
+    node: Path, tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A source row whose payload is not text (a BLOB): the copy writes every other row, and
+    exits 2 in one line saying how many rows it left out and why."""
+    source = tmp_path / "node.db"
+    copy_journal(node, source)
+    with sqlite3.connect(source) as conn:
+        ((run_id, last),) = conn.execute(
+            "SELECT run_id, max(seq) FROM events WHERE rank = 1 GROUP BY run_id"
+        ).fetchall()
+        conn.execute(
+            "UPDATE events SET data = ? WHERE run_id = ? AND rank = 1 AND seq = ?",
+            (b"\x00\xff", run_id, last // 2),
+        )
+    settle(source)
+    fleet = tmp_path / "fleet.db"
+    done = copy(lifecycle_cli, source, fleet)
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = one_clear_line(done)
+    assert "1 malformed row(s) left out" in line and "payload is not JSON text" in line, line
+    assert done.stdout == ""
+    assert len(event_rows(fleet)) == len(event_rows(source)) - 1
+
+
+def test_a_fifo_at_an_artifacts_name_costs_the_copy_that_artifact_only(
+    node_with_artifact: tuple[Path, str], tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A FIFO where the source's artifact file belongs: the copy finishes (it waited forever
+    for a writer), carries every event and says which artifact it left and why."""
+    source, _ = node_with_artifact
+    folder = Path(f"{source}.compile-cache")
+    (path,) = list(folder.iterdir())
+    path.unlink()
+    os.mkfifo(path)
+    fleet = tmp_path / "fleet.db"
+    done = copy(lifecycle_cli, source, fleet)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 compile artifact(s) not carried" in done.stdout and "a FIFO" in done.stdout
+    assert event_rows(fleet) == event_rows(source)
+
+
+def test_copying_a_run_that_only_loaded_an_artifact_carries_it(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """`db copy --run R` of a run that loaded an artifact another run kept: the artifact is
+    carried, marked as used by R, so that the fleet's `db prune` keeps it while it keeps R."""
+    source = tmp_path / "node.db"
+    first, second = journal_of_runs(source, runs=2, events=3)
+    with Journal.open_for_write(str(source)) as journal:
+        store = ArtifactStore(journal.engine, journal.backend.url)
+        assert store.keep(ARTIFACT_KEY, b"artifact", run_id=first, signature=SIGNATURE) is None
+        store.mark_used(ARTIFACT_KEY.key, run_id=second)
+    fleet = tmp_path / "fleet.db"
+    done = copy(lifecycle_cli, source, fleet, "--run", second)
+    assert done.returncode == 0, done.stderr
+    assert "1 compile artifact(s) carried" in done.stdout, done.stdout
+    _, _, artifacts = decoded(str(fleet))
+    assert artifacts == [(ARTIFACT_KEY.key, hashlib.sha256(b"artifact").hexdigest(), SIGNATURE,
+                          second, b"artifact")]  # fmt: skip
+    pruned = lifecycle_cli("db", "prune", "--db", str(fleet), "--keep-runs", "1", timeout=120)
+    assert pruned.returncode == 0, pruned.stderr
+    assert len(decoded(str(fleet))[2]) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import sqlite3
@@ -19,10 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Table, create_engine
 
+from lifecycle.core.decisions.compiling import CompileKey
 from lifecycle.core.errors import ConfigError
 from lifecycle.store import Journal, RunRow, to_url
 from lifecycle.store.backends.revisions import alembic_config
 from lifecycle.store.backends.schema import events, metadata, runs
+from lifecycle.store.learned.artifacts import ArtifactStore
 from lifecycle.store.upkeep.prune import (
     ACTIVE_MARGIN_S,
     EVENTS_PER_TRANSACTION,
@@ -31,7 +35,15 @@ from lifecycle.store.upkeep.prune import (
     parse_duration,
     plan_prune,
 )
-from tests.conftest import Completed, file_digest, one_clear_line, reaped, wait_until
+from tests.conftest import (
+    Completed,
+    as_unprivileged,
+    file_digest,
+    one_clear_line,
+    reaped,
+    run_cli,
+    wait_until,
+)
 
 NOW = 1_900_000_000.0
 DAY = 86_400.0
@@ -455,3 +467,96 @@ def test_a_journal_with_a_corrupt_page_is_one_line_and_exit_2(
     assert one_clear_line(result).startswith(
         f"lifecycle: error: {db}: not a lifecycle journal: corrupt database"
     )
+
+
+# -- the compile artifacts' files beside the journal ---------------------------------------------
+
+ARTIFACT = CompileKey(
+    fingerprint="f" * 16, model="micro-video", torch="2.13.0+cpu", python="3.11.2",
+    machine="x86_64", backend="inductor", mode="default",
+)  # fmt: skip
+LONG_AGO = time.time() - 2 * DAY
+
+
+def with_artifacts(db: Path, *kept: tuple[str, bytes]) -> list[Path]:
+    """Artifacts kept in `db` by the runs named (each under a key of its own), their files
+    dated two days back; the files."""
+    with Journal.open_for_write(str(db)) as journal:
+        store = ArtifactStore(journal.engine, journal.backend.url)
+        for n, (run_id, data) in enumerate(kept):
+            key = dataclasses.replace(ARTIFACT, fingerprint=f"{n:016x}")
+            assert store.keep(key, data, run_id=run_id, signature=None) is None
+    files = [Path(f"{db}.compile-cache") / hashlib.sha256(d).hexdigest() for _, d in kept]
+    for path in files:
+        os.utime(path, (LONG_AGO, LONG_AGO))
+    settle(db)
+    return files
+
+
+def test_prune_removes_artifact_files_no_row_names_and_stale_temporary_files(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """Files named like a digest that no row names, and temporary files a keep left, are
+    removed once older than the margin; a file a row names, a newer one (a keep may be
+    committing it) and anything not named like an artifact stay."""
+    db = build_journal(tmp_path / "j.db", aged("a", 1))
+    (named,) = with_artifacts(db, ("a", b"named"))
+    folder = named.parent
+    unnamed, fresh = folder / ("1" * 64), folder / ("2" * 64)
+    stale_part, fresh_part, notes = folder / ".part-abc", folder / ".part-def", folder / "notes"
+    for path in (unnamed, fresh, stale_part, fresh_part, notes):
+        path.write_bytes(b"left over")
+    for path in (unnamed, stale_part, notes):
+        os.utime(path, (LONG_AGO, LONG_AGO))
+    result = prune(lifecycle_cli, db, "--keep-runs", "5")
+    assert result.returncode == 0, result.stderr
+    assert "removed 2 compile artifact file(s) that no row names" in result.stdout, result.stdout
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [named.name, fresh.name, fresh_part.name, notes.name]
+    )
+
+
+def test_prune_meeting_a_directory_at_an_artifacts_name_says_so_in_its_line(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """An old run's artifact whose file is a directory: its rows go with the run, the prune
+    says in its one line that the directory was left (no traceback), exit 0, and the other
+    artifact's file is removed."""
+    db = build_journal(tmp_path / "j.db", aged("old", 40), aged("new", 1))
+    odd, plain = with_artifacts(db, ("old", b"odd"), ("old", b"plain"))
+    odd.unlink()
+    odd.mkdir()
+    result = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stdout.splitlines()) == 1
+    assert "removed 2 compile artifact(s) no kept run used" in result.stdout
+    assert f"1 file(s) not removed ({odd}: a directory, not a regular file)" in result.stdout
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM compile_artifacts").fetchone() == (0,)
+    assert odd.is_dir() and not plain.exists()
+
+
+def test_prune_meeting_a_file_it_may_not_remove_says_so_and_a_later_prune_removes_it(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """The artifacts' folder made read-only: the prune removes the old run and its artifact's
+    row, says in one line that the file could not be removed, exit 0; once the folder is
+    writable again, the next prune removes the file that no row names."""
+    db = build_journal(tmp_path / "j.db", aged("old", 40), aged("new", 1))
+    (old,) = with_artifacts(db, ("old", b"old"))
+    old.parent.chmod(0o500)
+    try:
+        result = run_cli(
+            "lifecycle", ["db", "prune", "--db", str(db), "--keep-runs", "1", "--now", str(NOW)],
+            cwd=tmp_path, timeout=120, prefix=as_unprivileged(),
+        )  # fmt: skip
+    finally:
+        old.parent.chmod(0o700)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stdout.splitlines()) == 1
+    assert f"1 file(s) not removed ({old}: Permission denied)" in result.stdout, result.stdout
+    assert run_ids_in(db) == {"new"} and old.exists()
+    again = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
+    assert again.returncode == 0, again.stderr
+    assert "removed 1 compile artifact file(s) that no row names" in again.stdout
+    assert not old.exists()

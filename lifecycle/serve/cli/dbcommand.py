@@ -129,7 +129,12 @@ def _copy(ns: argparse.Namespace) -> int:
                 sys.stdout.flush()
                 print(f"lifecycle: error: {exc}", file=sys.stderr)
                 return Exit.UNJOURNALED if exc.unjournaled else Exit.USAGE
-        print(copied.line(source.location, into.location))
+        line = copied.line(source.location, into.location)
+        if copied.left_out:
+            # What was copied stays copied; the rows left out are the source's fault.
+            print(f"lifecycle: error: {line}", file=sys.stderr)
+            return Exit.USAGE
+        print(line)
     return 0
 
 

@@ -15,6 +15,7 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.events import StoredEvent
 from lifecycle.core.format.states import State
 from lifecycle.core.settings.config import ServerArgs
+from lifecycle.runtime.artifactkey import artifact_key
 from lifecycle.runtime.group.signals import leave_process, watch_shutdown_signals
 from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL, mark
 from lifecycle.runtime.recorder import Recorder
@@ -44,6 +45,8 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     Under torchrun this process is one rank of the group; otherwise one rank runs here and
     several run as spawned processes.
     """
+    if args.enable_torch_compile:  # an artifact key that cannot be used: refused before a rank
+        artifact_key(os.environ, journal=args.db)
     if under_torchrun(os.environ):
         from lifecycle.serve.ranks.worker import RankEnv, run_rank_process
 

@@ -18,6 +18,7 @@ from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.states import State
 from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.config import PeerFailure, ServerArgs, args_to_json
+from lifecycle.runtime.artifactkey import ARTIFACT_KEY_ENV, ARTIFACT_KEY_FILE_ENV, artifact_key
 from lifecycle.runtime.group.storetrust import (
     STORE_KEY_ENV,
     STORE_KEY_FILE_ENV,
@@ -150,6 +151,12 @@ class RankGroup:
         the run's store key, settings and id, and where the rendezvous is."""
         inherited = {**os.environ, **self.env}
         inherited.pop(STORE_KEY_FILE_ENV, None)  # this run's own key replaces an operator's
+        if self.args.enable_torch_compile:
+            # The ranks sign and check artifacts with the key this process resolves, never
+            # with one derived from the run's own store key.
+            signer = artifact_key(inherited, journal=self.args.db)
+            inherited.pop(ARTIFACT_KEY_FILE_ENV, None)
+            inherited[ARTIFACT_KEY_ENV] = signer.text
         base = {
             **inherited,
             STORE_KEY_ENV: secret,

@@ -24,7 +24,7 @@ from sqlalchemy.schema import SchemaItem
 # Every Alembic revision of the journal, oldest first; the last is head. Readers check a
 # journal's revision against this without importing Alembic; a test keeps it equal to the
 # scripts in migrations/versions.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -138,8 +138,10 @@ startup_history = _per_rank(
 )
 
 # The compiler's artifacts, one row per compile key (revision 0005): its parts, the artifact's
-# digest and size, who stored it and who last used it. The bytes are in `data` on a server, and
-# beside a SQLite journal in files named by their digest (`data` NULL).
+# digest and size, who stored it and who last used it, and (revision 0006) its signature, an
+# HMAC-SHA256 of the operator's key over the digest and the key (NULL: not signed, never
+# loaded). The bytes are in `data` on a server, and beside a SQLite journal in files named by
+# their digest (`data` NULL).
 compile_artifacts = Table(
     "compile_artifacts",
     metadata,
@@ -158,5 +160,6 @@ compile_artifacts = Table(
     Column("used_run", String(64), nullable=True),
     Column("used_at", Float, nullable=True),
     Column("data", LargeBinary, nullable=True),
+    Column("signature", String(64), nullable=True),
     Index(None, "model", "stored_at"),
 )

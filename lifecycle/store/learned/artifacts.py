@@ -1,20 +1,19 @@
-"""The compiler's artifacts kept with the journal (revision 0005), so that every pod of a fleet
-compiles from what one pod compiled: a row per compile key, the bytes in the row on a database
-server and beside a SQLite journal in a folder of files named by their digest. Nothing is
-loaded unless its digest matches; nothing half-written is ever found (a file is renamed into
-place before its row commits, and a row commits whole)."""
+"""The compiler's artifacts kept with the journal (revision 0005, signed from 0006), so that
+every pod of a fleet compiles from what one pod compiled: a row per compile key, the bytes in
+the row on a database server and beside a SQLite journal in a folder of files named by their
+digest. Nothing is read unless it is a regular file whose digest matches (its signature is the
+loader's to check: lifecycle.runtime.compilecache); nothing half-written is ever found (a file
+is renamed into place before its row commits, and a row commits whole)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, delete, exists, inspect, select, update
+from sqlalchemy import Connection, Engine, delete, exists, inspect, null, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
@@ -26,6 +25,13 @@ from lifecycle.core.decisions.compiling import (
 )
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS
 from lifecycle.store.backends.schema import compile_artifacts, runs
+from lifecycle.store.learned.artifactfiles import (
+    ArtifactUnusable,
+    read_file,
+    remove_named,
+    stale_files,
+    write_file,
+)
 from lifecycle.store.location import sqlite_file
 
 ARTIFACTS_REVISION = "0005"
@@ -34,10 +40,6 @@ FOLDER_SUFFIX = ".compile-cache"
 # written by many versions at once.
 READ_ROWS = 4 * KEPT_PER_MODEL
 FIRST_KEPT = "another startup of this key kept its artifact first"
-
-
-class ArtifactUnusable(Exception):
-    """A stored artifact that is not loaded, and why (one line)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +51,7 @@ class StoredArtifact:
     stored_run: str
     stored_at: float
     used_run: str | None = None
+    signature: str | None = None  # HMAC-SHA256 of the operator's key; None: not signed
 
 
 def artifact_folder(url: str) -> Path | None:
@@ -67,6 +70,11 @@ def has_artifacts(conn: Connection) -> bool:
     return inspect(conn).has_table(compile_artifacts.name)
 
 
+def _has_signatures(conn: Connection) -> bool:
+    columns = inspect(conn).get_columns(compile_artifacts.name)
+    return any(column["name"] == "signature" for column in columns)
+
+
 class ArtifactStore:
     """The artifacts of one journal, read and written on connections of their own."""
 
@@ -80,6 +88,7 @@ class ArtifactStore:
         with self._engine.connect() as conn:
             if not has_artifacts(conn):
                 return []
+            signature = c.signature if _has_signatures(conn) else null().label("signature")
             rows = conn.execute(
                 select(
                     c.key,
@@ -95,6 +104,7 @@ class ArtifactStore:
                     c.stored_run,
                     c.stored_at,
                     c.used_run,
+                    signature,
                 )
                 .where(c.model == model)
                 .order_by(c.stored_at.desc())
@@ -116,6 +126,7 @@ class ArtifactStore:
                     stored_run=str(row.stored_run),
                     stored_at=float(row.stored_at),
                     used_run=None if row.used_run is None else str(row.used_run),
+                    signature=None if row.signature is None else str(row.signature),
                 )
             )
         return found
@@ -142,14 +153,7 @@ class ArtifactStore:
                 raise ArtifactUnusable("its row holds no bytes")
             data = bytes(data)
         else:
-            path = self._folder / artifact.digest
-            try:
-                with path.open("rb") as file:
-                    if not os.path.isfile(path):
-                        raise ArtifactUnusable(f"{path} is not a regular file")
-                    data = file.read(MAX_ARTIFACT_BYTES + 1)
-            except OSError as exc:
-                raise ArtifactUnusable(f"{path}: {exc.strerror or exc}") from None
+            data = read_file(self._folder / artifact.digest)
         if len(data) != artifact.size_bytes:
             raise ArtifactUnusable(
                 f"it holds {len(data)} bytes, its row says {artifact.size_bytes} (truncated?)"
@@ -159,18 +163,26 @@ class ArtifactStore:
         return data
 
     def keep(
-        self, key: CompileKey, data: bytes, *, run_id: str, replace: bool = False
+        self,
+        key: CompileKey,
+        data: bytes,
+        *,
+        run_id: str,
+        signature: str | None,
+        replace: bool = False,
     ) -> str | None:
-        """Keep `data` under `key`; None when kept, else why not (another pod kept the key
-        first, it is too large, the journal could not be written). `replace`: in place of the
-        key's artifact (one this startup loaded and compiled more to). The oldest keys of the
-        model past KEPT_PER_MODEL are removed with their bytes."""
+        """Keep `data` under `key` with its `signature` (None: unsigned, never loaded); None
+        when kept, else why not (another pod kept the key first, it is too large, the journal
+        could not be written). `replace`: in place of the key's artifact (one this startup
+        loaded and compiled more to, or rejected). The oldest keys of the model past
+        KEPT_PER_MODEL are removed with their bytes; a file that cannot be removed is left for
+        `db prune`, and never costs the keep."""
         if len(data) > MAX_ARTIFACT_BYTES:
             return f"{len(data):,} bytes is more than the {MAX_ARTIFACT_BYTES:,} kept at most"
         digest = hashlib.sha256(data).hexdigest()
         if self._folder is not None:
             try:
-                self._write_file(digest, data)
+                write_file(self._folder, digest, data)
             except OSError as exc:
                 return f"{self._folder}: {exc.strerror or exc}"
         values = {
@@ -178,7 +190,7 @@ class ArtifactStore:
             "torch": key.torch, "python": key.python, "machine": key.machine,
             "backend": key.backend, "mode": key.mode, "digest": digest,
             "size_bytes": len(data), "stored_run": run_id, "stored_at": time.time(),
-            "data": data if self._folder is None else None,
+            "data": data if self._folder is None else None, "signature": signature,
         }  # fmt: skip
         c = compile_artifacts.c
         why: str | None = None
@@ -230,24 +242,6 @@ class ArtifactStore:
                 .values(used_run=run_id, used_at=time.time())
             )
 
-    def _write_file(self, digest: str, data: bytes) -> None:
-        assert self._folder is not None
-        self._folder.mkdir(mode=0o700, exist_ok=True)
-        target = self._folder / digest
-        if target.is_file() and target.stat().st_size == len(data):
-            return  # the same bytes, by their digest
-        fd, temporary = tempfile.mkstemp(dir=self._folder, prefix=".part-")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-
     def _trim(self, conn: Connection, model: str) -> list[str]:
         """Remove the model's oldest keys past KEPT_PER_MODEL; the digests no row names now."""
         c = compile_artifacts.c
@@ -262,17 +256,28 @@ class ArtifactStore:
         conn.execute(delete(compile_artifacts).where(c.key.in_([row.key for row in old])))
         return _unnamed(conn, [str(row.digest) for row in old])
 
-    def remove_files(self, digests: list[str]) -> int:
-        """Remove the files of `digests` beside a SQLite journal; how many went."""
+    def remove_files(self, digests: list[str]) -> tuple[int, list[str]]:
+        """Remove the files of `digests` beside a SQLite journal: how many went, and a line for
+        each that could not (a directory at its name, a folder this process may not write)."""
         if self._folder is None:
-            return 0
-        removed = 0
-        for digest in digests:
-            if is_digest(digest):
-                with contextlib.suppress(FileNotFoundError):
-                    (self._folder / digest).unlink()
-                    removed += 1
-        return removed
+            return 0, []
+        return remove_named(self._folder, [d for d in digests if is_digest(d)])
+
+    def remove_unnamed_files(self, *, before: float) -> tuple[int, list[str]]:
+        """Remove the regular files beside a SQLite journal named like a digest that no row
+        names, and the temporary files a keep left, each last written before `before` (a newer
+        one may be a keep's, its row not yet committed): how many went, and a line for each
+        that could not."""
+        if self._folder is None:
+            return 0, []
+        stale, left = stale_files(self._folder, before=before)
+        digests = [name for name in stale if is_digest(name)]
+        with self._engine.connect() as conn:
+            unnamed = set(_unnamed(conn, digests)) if has_artifacts(conn) else set(digests)
+        removed, more = remove_named(
+            self._folder, [n for n in stale if n in unnamed or not is_digest(n)]
+        )
+        return removed, left + more
 
 
 def _unnamed(conn: Connection, digests: list[str]) -> list[str]:

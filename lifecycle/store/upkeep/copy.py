@@ -19,7 +19,8 @@ from lifecycle.core.format.events import UnknownEvent
 from lifecycle.core.format.runid import checked_run_id
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS
 from lifecycle.store.journal import Journal
-from lifecycle.store.learned.artifacts import FIRST_KEPT, ArtifactStore, ArtifactUnusable
+from lifecycle.store.learned.artifactfiles import ArtifactUnusable
+from lifecycle.store.learned.artifacts import FIRST_KEPT, ArtifactStore
 from lifecycle.store.rows import RunRow
 from lifecycle.store.writer import RankWriter, StoredRow
 
@@ -37,6 +38,7 @@ class Copied:
     completed: int = 0  # ranks it held the start of, completed
     undecodable: int = 0  # rows this lifecycle cannot read, written as they are
     left_out: int = 0  # rows that cannot be written as they are (a malformed row): seq gaps
+    left_out_why: str | None = None  # what the first row left out is, in words
     artifacts: int = 0  # compile artifacts of the runs copied, carried with them
     artifacts_left: list[str] = field(default_factory=list)  # why each one was not
 
@@ -55,7 +57,8 @@ class Copied:
         if self.present:
             text += f"; {self.present} rank(s) already there, left as they are"
         if self.left_out:
-            text += f"; {self.left_out} malformed row(s) left out (a gap in their rank's seq)"
+            text += f"; {self.left_out} malformed row(s) left out (a gap in their rank's seq"
+            text += f"; the first: {self.left_out_why})" if self.left_out_why else ")"
         if self.artifacts:
             text += f"; {self.artifacts} compile artifact(s) carried with them"
         if self.artifacts_left:
@@ -126,27 +129,40 @@ def copy_journal(source: Journal, destination: Journal, *, run_ids: Sequence[str
 
 def _copy_artifacts(source: Journal, destination: Journal, run_ids: set[str], done: Copied) -> None:
     """Carry the compile artifacts that the copied runs stored or used, each checked against
-    its digest; one the destination has (by key) is left as it is there."""
+    its digest, with its signature as it is (a copy never signs: a startup checks it), and the
+    copied run that used it; one the destination has (by key) is left as it is there."""
+    origin = ArtifactStore(source.engine, source.backend.url)
     try:
-        wanted = [
-            a for a in ArtifactStore(source.engine, source.backend.url).every()
-            if a.stored_run in run_ids or a.used_run in run_ids
-        ]  # fmt: skip
+        wanted = [a for a in origin.every() if a.stored_run in run_ids or a.used_run in run_ids]
     except DATABASE_ERRORS as exc:
         done.artifacts_left.append(f"{source.location}: could not be read: {exc}"[:200])
         return
     into = ArtifactStore(destination.engine, destination.backend.url)
     for artifact in wanted:
         try:
-            data = ArtifactStore(source.engine, source.backend.url).read(artifact)
+            data = origin.read(artifact)
         except ArtifactUnusable as exc:
             done.artifacts_left.append(f"{artifact.key}: {exc}")
             continue
-        why = into.keep(artifact.compile_key, data, run_id=artifact.stored_run)
+        why = into.keep(
+            artifact.compile_key, data, run_id=artifact.stored_run, signature=artifact.signature
+        )
         if why is None:
             done.artifacts += 1
+            if artifact.used_run in run_ids:
+                _mark_used(into, artifact.key, artifact.used_run, done)
         elif why != FIRST_KEPT:
             done.artifacts_left.append(f"{artifact.key}: {why}")
+
+
+def _mark_used(into: ArtifactStore, key: str, run_id: str | None, done: Copied) -> None:
+    """Note in the destination that a copied run used the artifact, as the source did (so
+    that its `db prune` keeps the artifact while it keeps the run)."""
+    assert run_id is not None
+    try:
+        into.mark_used(key, run_id=run_id)
+    except DATABASE_ERRORS as exc:
+        done.artifacts_left.append(f"{key}: its use by run {run_id} not noted: {exc}"[:200])
 
 
 def _copy_run(source: Journal, destination: Journal, run: RunRow, done: Copied) -> None:
@@ -196,6 +212,9 @@ def _copy_rank(
         ):
             if not _writable_as_is(row):
                 done.left_out += 1
+                done.left_out_why = done.left_out_why or (
+                    f"run {run_id} rank {rank} seq {row.stored.seq}: its payload is not strict JSON"
+                )
                 continue
             batch.append(row)
             if len(batch) == COPY_BATCH:
@@ -207,7 +226,10 @@ def _copy_rank(
             return None  # another copy or writer took the rank first
         raise
     finally:
-        done.left_out += len(source.malformed_rows) - said  # read_rows says each it leaves out
+        said_now = source.malformed_rows[said:]  # read_rows says each it leaves out
+        done.left_out += len(said_now)
+        if said_now and done.left_out_why is None:
+            done.left_out_why = said_now[0][:300]
         if writer is not None:
             writer.close()
     return written

@@ -93,8 +93,12 @@ class PruneOutcome:
     # journal's own dump folders (lifecycle.store.upkeep.dumps), and how many of them were removed.
     dump_files: tuple[Path, ...] = ()
     dumps_removed: int = 0
-    # Compile artifacts that no run left in the journal stored or used, removed with the runs.
+    # Compile artifacts that no run left in the journal stored or used, removed with the runs;
+    # the files beside a SQLite journal that no row names (or a keep left half-written),
+    # removed; and a line for each file that could not be (left for a later prune).
     artifacts_removed: int = 0
+    artifact_files_removed: int = 0
+    artifact_files_left: tuple[str, ...] = ()
 
 
 def plan_prune(
@@ -143,6 +147,13 @@ def format_outcome(outcome: PruneOutcome, location: str) -> str:
     )
     if outcome.artifacts_removed:
         line += f"; removed {outcome.artifacts_removed} compile artifact(s) no kept run used"
+    if outcome.artifact_files_removed:
+        line += (
+            f"; removed {outcome.artifact_files_removed} compile artifact file(s) that no row names"
+        )
+    if outcome.artifact_files_left:
+        left = outcome.artifact_files_left
+        line += f"; {len(left)} file(s) not removed ({left[0]})"
     if plan.skipped_active:
         line += f"; skipped {plan.skipped_active} still being written"
     return line
@@ -178,12 +189,12 @@ def prune(
             dumps = find_dumps(
                 conn, [run.run_id for run in plan.remove], ThisJournal.at(journal.backend.url)
             )
-        if dry_run or not plan.remove:
+        if dry_run:
             return PruneOutcome(
                 plan=plan,
                 runs_removed=len(plan.remove),
                 events_removed=sum(run.events for run in plan.remove),
-                dry_run=dry_run,
+                dry_run=True,
                 dump_files=tuple(dumps),
             )
         removal = _Removal(journal, reader, tables, pause)
@@ -193,8 +204,8 @@ def prune(
         raise journal_error(exc, journal.location, opened=True) from None
     finally:
         reader.dispose()
-    artifacts = _prune_artifacts(journal)
-    if journal.engine.dialect.name == "sqlite":
+    artifacts = _prune_artifacts(journal, before=now - ACTIVE_MARGIN_S)
+    if journal.engine.dialect.name == "sqlite" and plan.remove:
         _truncate_wal(journal)
     return PruneOutcome(
         plan=plan,
@@ -203,19 +214,32 @@ def prune(
         dry_run=False,
         dump_files=tuple(dumps),
         dumps_removed=remove_dumps(dumps),
-        artifacts_removed=artifacts,
+        artifacts_removed=artifacts.rows,
+        artifact_files_removed=artifacts.files,
+        artifact_files_left=artifacts.left,
     )
 
 
-def _prune_artifacts(journal: Journal) -> int:
-    """Remove the compile artifacts no kept run stored or used, their files after the rows."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _ArtifactsPruned:
+    rows: int
+    files: int  # files no row named, removed
+    left: tuple[str, ...]  # a line for each file that could not be removed
+
+
+def _prune_artifacts(journal: Journal, *, before: float) -> _ArtifactsPruned:
+    """Remove the compile artifacts no kept run stored or used, their files after the rows,
+    then the files beside the journal no row names, last written before `before`. A file that
+    cannot be removed is said and left: no row names it, so a later prune removes it."""
+    store = ArtifactStore(journal.engine, journal.backend.url)
     try:
         with journal.engine.begin() as conn:
             removed, digests = prune_artifacts(conn)
+        _, left = store.remove_files(digests)
+        files, more = store.remove_unnamed_files(before=before)
     except DATABASE_ERRORS as exc:
         raise journal_error(exc, journal.location, writing=True, opened=True) from None
-    ArtifactStore(journal.engine, journal.backend.url).remove_files(digests)
-    return removed
+    return _ArtifactsPruned(rows=removed, files=files, left=tuple(dict.fromkeys(left + more)))
 
 
 def _activity(conn: Connection) -> list[RunActivity]:
