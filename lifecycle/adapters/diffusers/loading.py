@@ -15,11 +15,16 @@ loaded weights through `register_parameter`) start loading only once every diffu
 built its skeleton. Reading and copying the weights, where the time goes, runs in parallel. A
 component that still comes out with an empty parameter is loaded again on its own, and where a
 library's version lacks the hooks this relies on, the components load one after another.
+
+The libraries' own progress bars ("Loading pipeline components...", "Loading weights") are off
+while the components load: one per thread, they would draw over each other on the rank's
+stderr, and the console names each component's load already.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import threading
 from collections.abc import Iterator
@@ -115,7 +120,7 @@ def load_components(cls: Any, directory: PipelineDirectory, device: Any) -> Any:
         return component
 
     workers = max(1, min(len(names), os.cpu_count() or 1))
-    with _skeletons_one_at_a_time(skeletons) as parallel:
+    with _library_bars_off(), _skeletons_one_at_a_time(skeletons) as parallel:
         if parallel and workers > 1:
             with ThreadPoolExecutor(workers, thread_name_prefix="lifecycle-load") as pool:
                 # The diffusers models first: their skeletons are what the others wait for.
@@ -124,7 +129,31 @@ def load_components(cls: Any, directory: PipelineDirectory, device: Any) -> Any:
         else:
             skeletons.built.set()
             loaded = {name: load(name) for name in names}
-    return cls.from_pretrained(path, local_files_only=True, **loaded)
+        return cls.from_pretrained(path, local_files_only=True, **loaded)
+
+
+# The libraries whose loaders draw progress bars (tqdm) unless their logging turns them off.
+_BARS_OF = ("diffusers.utils.logging", "transformers.utils.logging")
+
+
+@contextlib.contextmanager
+def _library_bars_off() -> Iterator[None]:
+    """diffusers' and transformers' progress bars off while it is entered; those that were on
+    are on again after (the switch is each library's, process-wide)."""
+    switched = []
+    for name in _BARS_OF:
+        try:
+            logging = importlib.import_module(name)
+        except ImportError:
+            continue
+        if logging.is_progress_bar_enabled():
+            logging.disable_progress_bar()
+            switched.append(logging)
+    try:
+        yield
+    finally:
+        for logging in switched:
+            logging.enable_progress_bar()
 
 
 def _has_empty_parameters(component: Any) -> bool:
