@@ -112,18 +112,26 @@ def _diagnosis(
 
 
 def cmd_runs(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.history import history_rows
     from replay.load import Journals
-    from replay.views.runs import format_runs, runs_json, summarize_run, summarize_settled
+    from replay.views.runs import (
+        format_runs,
+        journaled_paths,
+        runs_json,
+        summarize_run,
+        summarize_settled,
+    )
 
     with Journals.open(_locations(ns.journals)) as journals:
         now = _now(ns)
         journals.prefetch_summaries()
+        paths = journaled_paths(history_rows(journals, say_older=False))
         summaries = []
         for run in journals.runs():
             # A run every rank of which ended healthy is `ready` from its summaries alone.
             settled = journals.settled(run)
             summaries.append(
-                summarize_settled(run, settled)
+                summarize_settled(run, settled, journaled=paths.get(run.run_id))
                 if settled is not None
                 else summarize_run(run, _diagnosis(journals, run, now, check=False)[0])
             )
@@ -286,32 +294,12 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from lifecycle.core.decisions.deadlines import RankDurations
-    from lifecycle.core.errors import JournalError
-    from lifecycle.store.learned.history import HISTORY_REVISION, has_history, history_of
-    from replay.history import format_history, histories, history_json
+    from replay.history import format_history, histories, history_json, history_rows
     from replay.load import Journals
 
     with Journals.open(_locations(ns.journals)) as journals:
         runs = journals.runs()
-        rows: dict[tuple[str, int], RankDurations] = {}
-        for journal in journals.sources:
-            if not has_history(journal.revision):
-                journals.problems.append(
-                    f"{journal.location}: at revision {journal.revision}, before the startup"
-                    f" history ({HISTORY_REVISION}): `lifecycle db upgrade` keeps it from then on"
-                )
-                continue
-            try:
-                found = history_of(journal.engine, journal.location, journal.revision)
-            except JournalError as exc:
-                journals.problems.append(str(exc))
-                continue
-            if (skipped := found.warning(journal.location)) is not None:
-                journals.problems.append(skipped)
-            for row in found.rows:  # a rank in several journals is read from the first
-                rows.setdefault((row.run_id, row.rank), row)
-        found_histories = histories(runs, rows.values())
+        found_histories = histories(runs, history_rows(journals, say_older=True))
         _warn(journals.problems, err)
     if ns.json:
         _dump(history_json(found_histories), out)

@@ -1,7 +1,7 @@
 """`replay history`: per fingerprint and path, how long each startup state took in the
 journal's healthy startups, their startup to ready, and the runs that regressed; read from the
-startup history the ranks keep, never from the events. `histories` gives the facts,
-`format_history` and `history_json` say them."""
+startup history the ranks keep, never from the events. `history_rows` reads it, `histories`
+gives the facts, `format_history` and `history_json` say them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from lifecycle.core.decisions.deadlines import (
     runs_of,
 )
 from lifecycle.core.format.text import clean
-from replay.load import RunInfo
+from replay.load import Journals, RunInfo
 from replay.views.render import Style, table
 
 # A run regressed when a state, or its startup, took more than this many times the median of
@@ -74,6 +74,34 @@ class KeyHistory:
     loads: tuple[Stats, ...]  # each component's load, in the order they began
     startup: tuple[Stats, ...]  # STARTUP and FROM_PROCESS, where known
     regressions: tuple[Regression, ...]
+
+
+def history_rows(journals: Journals, *, say_older: bool) -> list[RankDurations]:
+    """The startup history of every journal given, a rank in several read from the first;
+    what cannot be read is one of `journals.problems`, and with `say_older` so is a journal
+    from before the history."""
+    from lifecycle.core.errors import JournalError
+    from lifecycle.store.learned.history import HISTORY_REVISION, has_history, history_of
+
+    rows: dict[tuple[str, int], RankDurations] = {}
+    for journal in journals.sources:
+        if not has_history(journal.revision):
+            if say_older:
+                journals.problems.append(
+                    f"{journal.location}: at revision {journal.revision}, before the startup"
+                    f" history ({HISTORY_REVISION}): `lifecycle db upgrade` keeps it from then on"
+                )
+            continue
+        try:
+            found = history_of(journal.engine, journal.location, journal.revision)
+        except JournalError as exc:
+            journals.problems.append(str(exc))
+            continue
+        if (skipped := found.warning(journal.location)) is not None:
+            journals.problems.append(skipped)
+        for row in found.rows:
+            rows.setdefault((row.run_id, row.rank), row)
+    return list(rows.values())
 
 
 def histories(runs: Iterable[RunInfo], rows: Iterable[RankDurations]) -> list[KeyHistory]:

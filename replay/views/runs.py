@@ -3,10 +3,11 @@ machines (pure)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lifecycle.core.decisions.deadlines import RankDurations, StartupPath, key_parts
 from lifecycle.store.summaries import Summary
 from replay.load import RunInfo
 from replay.verdict.diagnose import Diagnosis, Outcome
@@ -27,16 +28,41 @@ class RunSummary:
     command: str | None
 
 
+def run_path(journaled: str | None, *, calibrated: bool, planned: bool) -> str:
+    """A run's path, in the word `replay history` heads its key with: the path its ranks
+    decided at gate-check and journaled with their expectations (calibrated, reused or
+    bounded: a StartupPath). A run that journaled none (it ended before, or a lifecycle before
+    the history wrote it) is calibrated where a rank calibrated, else bounded where a rank
+    built its plan, else `-`."""
+    if journaled is not None:
+        return journaled
+    if calibrated:
+        return StartupPath.CALIBRATED.value
+    return StartupPath.BOUNDED.value if planned else "-"
+
+
+def journaled_paths(rows: Iterable[RankDurations]) -> dict[str, str]:
+    """Each run's path as its startup history names it (its lowest rank's key): what a run
+    every rank of which ended healthy journaled with its expectations."""
+    paths: dict[str, tuple[int, str]] = {}
+    for row in rows:
+        held = paths.get(row.run_id)
+        if held is None or row.rank < held[0]:
+            paths[row.run_id] = (row.rank, key_parts(row.key)[1])
+    return {run_id: path for run_id, (_, path) in paths.items()}
+
+
 def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
     mode = _mode(run)
-    views = diagnosis.analysis.views.values()
+    ranks = diagnosis.analysis.views
+    views = ranks.values()
     plans = [v.plan for v in views if v.plan is not None]
-    if any(v.calibrated for v in views) or any(p.skip_reason is None for p in plans):
-        path = "calibrated"
-    elif plans:
-        path = "bounded"
-    else:
-        path = "-"
+    expected = [ranks[r].expectations for r in sorted(ranks)]
+    path = run_path(
+        next((key_parts(e.key)[1] for e in expected if e is not None), None),
+        calibrated=any(v.calibrated for v in views) or any(p.skip_reason is None for p in plans),
+        planned=bool(plans),
+    )
     reasons = {v.skip_reason for v in views if v.plan is not None}
     return RunSummary(
         run_id=run.run_id,
@@ -52,14 +78,18 @@ def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
     )
 
 
-def summarize_settled(run: RunInfo, ranks: Sequence[Summary]) -> RunSummary:
+def summarize_settled(
+    run: RunInfo, ranks: Sequence[Summary], *, journaled: str | None
+) -> RunSummary:
     """What summarize_run says of a run every rank of which ended healthy, from its ranks'
-    summary rows alone (a test holds the two to each other)."""
+    summary rows and the path its startup history names (`journaled`, from journaled_paths)
+    alone (a test holds the two to each other)."""
     planned = [s for s in ranks if s.planned]
-    if any(s.calibrated for s in ranks) or any(s.skip_reason is None for s in planned):
-        path = "calibrated"
-    else:
-        path = "bounded" if planned else "-"
+    path = run_path(
+        journaled,
+        calibrated=any(s.calibrated for s in ranks) or any(s.skip_reason is None for s in planned),
+        planned=bool(planned),
+    )
     reasons = {s.skip_reason for s in planned}
     ready = [s.ready_at for s in ranks if s.ready_at is not None]
     return RunSummary(

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from replay.history import history_rows
 from replay.load import Journals
 from replay.verdict.analysis import analyze, combine
 from replay.verdict.diagnose import diagnose
 from replay.views.diagnosis import diagnosis_json
-from replay.views.runs import summarize_run, summarize_settled
+from replay.views.runs import journaled_paths, summarize_run, summarize_settled
 from tests.support import T0
 
 
@@ -21,6 +22,7 @@ def verdicts_agree(db: str | Path) -> int:
     settled = 0
     with Journals.open([str(db)]) as journals:
         journals.prefetch_summaries()
+        paths = journaled_paths(history_rows(journals, say_older=False))
         for run in journals.runs():
             full = analyze(run, journals.events(run))
             fast_views = journals.views(run)
@@ -31,9 +33,8 @@ def verdicts_agree(db: str | Path) -> int:
             ranks = journals.settled(run)
             if ranks is not None:
                 settled += 1
-                assert summarize_settled(run, ranks) == summarize_run(
-                    run, diagnose(full, now=T0 + 10_000)
-                )
+                said = summarize_settled(run, ranks, journaled=paths.get(run.run_id))
+                assert said == summarize_run(run, diagnose(full, now=T0 + 10_000))
     return settled
 
 

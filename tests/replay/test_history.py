@@ -23,6 +23,8 @@ from lifecycle.core.format.events import (
 from lifecycle.store import Journal, RunRow, to_url
 from lifecycle.store.backends.revisions import alembic_config
 from tests.conftest import Completed, run_cli
+from tests.replay.conftest import boot, run_ids
+from tests.replay.fastpath import verdicts_agree
 from tests.support import T0
 
 BOUNDED = "00000000000000aa/bounded"
@@ -209,3 +211,28 @@ def test_history_follows_each_components_load_and_names_a_load_that_regressed(
     assert (regressed["run_id"], regressed["what"]) == ("run-5", "load transformer")
     text = history(db).stdout
     assert "load transformer" in text and "run run-5: load transformer 9.00 s" in text
+
+
+def test_runs_and_history_name_the_path_of_a_run_that_reused_a_plan_alike(
+    tmp_path: Path,
+) -> None:
+    """Two real boots of micro-video, the second reusing the residency plan the first
+    verified: `replay runs` names each run's path with the word `replay history` heads its key
+    with (calibrated, then reused), in its table and its JSON, and says the same of each run
+    from its ranks' summaries as from their events."""
+    db = tmp_path / "j.db"
+    boot(db)
+    boot(db)
+    first, second = run_ids(db)
+    listed = run_cli("replay", ["runs", str(db), "--json"], cwd=tmp_path, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    by_runs = {run["run_id"]: run["path"] for run in json.loads(listed.stdout)}
+    by_history = {
+        h["last_run"]: h["path"] for h in json.loads(history(db, "--json").stdout)["histories"]
+    }
+    assert by_runs == by_history == {first: "calibrated", second: "reused"}
+    table = run_cli("replay", ["runs", str(db)], cwd=tmp_path, timeout=60).stdout.splitlines()
+    header = table[0].split()
+    row = next(line.split() for line in table if line.startswith(second))
+    assert row[header.index("path") + 1] == "reused"  # the `started` column is two words
+    assert verdicts_agree(db) == 2
