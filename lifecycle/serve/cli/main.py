@@ -305,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 access_log=ns.access_log,
                 request_timeout_s=ns.request_timeout,
                 max_restarts=ns.max_restarts,
+                max_queued_jobs=ns.max_queued_jobs,
+                job_ttl_s=ns.job_ttl,
+                max_job_bytes=parse_size(ns.max_job_bytes),
+                jobs_dir=ns.jobs_dir,
             )
             return serve(args, created_at=created_at, options=options, front=front)
         return boot(args, created_at=created_at, options=options)
@@ -333,7 +337,7 @@ def _completion(shell: str) -> int:
         build_parser(),
         shell,
         files=frozenset({"--db", "--to"}),
-        folders=frozenset({"--flight-recorder-dir"}),
+        folders=frozenset({"--flight-recorder-dir", "--jobs-dir"}),
         configs=frozenset({"--config"}),
     )
     sys.stdout.write(script)

@@ -37,6 +37,11 @@ from lifecycle.serve.cli.optiontypes import (
 from lifecycle.serve.cli.spelling import ConfigFile
 from lifecycle.serve.http.restarts import DEFAULT_MAX_RESTARTS
 from lifecycle.serve.logs import LEVELS
+from lifecycle.serve.openai.jobs import (
+    DEFAULT_JOB_TTL_S,
+    DEFAULT_MAX_JOB_BYTES_TEXT,
+    DEFAULT_MAX_QUEUED_JOBS,
+)
 from lifecycle.serve.ranks.models import DEFAULT_MODEL
 
 FAULTS_ENV = "LIFECYCLE_FAULTS"  # faults added to --fault's, as the rank processes see it
@@ -79,6 +84,10 @@ SERVE_ONLY = (
     "request-timeout",
     "max-restarts",
     "access-log",
+    "max-queued-jobs",
+    "job-ttl",
+    "max-job-bytes",
+    "jobs-dir",
 )
 
 # The help of each option, by its first flag; every one says its default.
@@ -147,6 +156,14 @@ HELP = {
     "--linger": "after a fatal startup failure, or a rank that fails or dies while serving,"
     " keep serving /liveness (503), /metrics and /lifecycle this long, then exit 1"
     " (default: %(default)g)",
+    "--max-queued-jobs": "video jobs (POST /v1/videos) that may wait behind the running one;"
+    " more are refused with 429 and Retry-After (default: %(default)s)",
+    "--job-ttl": "how long a finished job's result (its mp4 or png) is kept; its record is kept"
+    " as long again, so that its content reads as expired (default: %(default)g)",
+    "--max-job-bytes": "the most the kept results may hold in all, e.g. 500MiB; the oldest"
+    " finished jobs' results are removed first (default: %(default)s)",
+    "--jobs-dir": "where the jobs of /v1/videos and /v1/images are kept, mode 0700 (default:"
+    " beside the journal file, as JOURNAL.jobs, else ./jobs)",
     "--access-log": "log one line per HTTP request: method, path, status, seconds, client,"
     " request id (default: off)",
     "--json-logs": "structlog JSON lines on stderr (default: off: text)",
@@ -234,6 +251,23 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
             metavar="N",
         )
         add(server, "--access-log", action="store_true")
+        jobs = p.add_argument_group("OpenAI-compatible API")
+        add(
+            jobs,
+            "--max-queued-jobs",
+            type=BoundedInt(1, 100_000),
+            default=DEFAULT_MAX_QUEUED_JOBS,
+            metavar="N",
+        )
+        add(jobs, "--job-ttl", type=timeout_seconds, default=DEFAULT_JOB_TTL_S, metavar="SECONDS")
+        add(
+            jobs,
+            "--max-job-bytes",
+            type=size_text,
+            default=DEFAULT_MAX_JOB_BYTES_TEXT,
+            metavar="SIZE",
+        )
+        add(jobs, "--jobs-dir", metavar="DIR")
 
     logging = p.add_argument_group("logging")
     add(logging, "--json-logs", action="store_true")

@@ -38,6 +38,8 @@ from lifecycle.serve.http.metrics import Metrics
 from lifecycle.serve.http.requestline import RETRY_AFTER_S
 from lifecycle.serve.http.served import Reply
 from lifecycle.serve.http.service import Service
+from lifecycle.serve.openai.routes import add_openai_routes
+from lifecycle.serve.openai.runner import JobRunner
 from lifecycle.serve.ranks.cancel import RequestPastDeadline, RequestWithdrawn
 from lifecycle.serve.ranks.control import (
     ServiceUnavailable,
@@ -66,6 +68,7 @@ def create_app(
     *,
     access_log: bool = False,
     tracing: Tracing | None = None,
+    jobs: JobRunner | None = None,
 ) -> FastAPI:
     """The FastAPI application; every endpoint reads the service, none touches torch.
 
@@ -73,6 +76,7 @@ def create_app(
     loop whatever the worker threads are doing; /generate waits for the ranks in a worker
     thread, and only so many requests may wait at once. With `tracing` (else this process's
     own, when it is rank 0's under torchrun) each /generate is a span of the run's trace.
+    The OpenAI-compatible API (lifecycle.serve.openai) runs its video jobs on `jobs`.
     """
     app = FastAPI(title="lifecycle", version="0.1.0", lifespan=_front_warmed)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
@@ -88,6 +92,7 @@ def create_app(
     )
     _add_probes(app, service, metrics)
     _add_generate(app, service, metrics)
+    add_openai_routes(app, service, jobs)
     return app
 
 

@@ -28,6 +28,7 @@ from lifecycle.serve.http.metrics import Metrics
 from lifecycle.serve.http.restarts import Relaunch
 from lifecycle.serve.http.service import Service
 from lifecycle.serve.logs import say
+from lifecycle.serve.openai.runner import JobRunner, start_jobs
 from lifecycle.serve.ranks.control import ControlChannel
 from lifecycle.serve.ranks.messages import Stop
 from lifecycle.serve.ranks.supervisor import POLL_S, LaunchOptions, RankGroup
@@ -162,12 +163,14 @@ def serve_http(
     start(group, control)
     follower = threading.Thread(target=service.follow, name="journal-follower", daemon=True)
     follower.start()
-    server = http_server(service, metrics, front=front, tracing=tracing)
+    jobs = start_jobs(service, front)
+    server = http_server(service, metrics, front=front, tracing=tracing, jobs=jobs)
     try:
         server.run(sockets=[sock])
     finally:
         reason, signal_name = server.stop_reason()
         service.begin_stop(reason)
+        jobs.close(reason)
         ranks, control = service.ranks_to_stop()
         group = cast(RankGroup, ranks)  # this launcher's, first or restarted
         stop_ranks(control, group, Stop(reason=reason, signal=signal_name))
@@ -226,12 +229,14 @@ def http_server(
     tracing: Tracing | None = None,
     grace_s: float = STOP_GRACE_S,
     signals: bool = True,
+    jobs: JobRunner | None = None,
 ) -> HttpServer:
     """The app's server, told to exit once the ranks have failed for good and `front.linger_s`
     has passed; given `grace_s` to finish what it answers when told to stop, and stopped by
-    SIGTERM and SIGINT itself where `signals` says so."""
+    SIGTERM and SIGINT itself where `signals` says so; the OpenAI-compatible API's video jobs
+    run on `jobs`."""
     config = uvicorn.Config(
-        create_app(service, metrics, access_log=front.access_log, tracing=tracing),
+        create_app(service, metrics, access_log=front.access_log, tracing=tracing, jobs=jobs),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(grace_s),

@@ -170,6 +170,7 @@ class Front:
         self.trust: StoreTrust | None = None
         self.server: Any = None
         self.metrics: Any = None
+        self.jobs: Any = None  # the OpenAI-compatible API's video jobs, once serving
         self._serving: threading.Thread | None = None
         self._leaving = threading.Lock()
 
@@ -204,9 +205,13 @@ class Front:
         metrics = self.metrics = Metrics()
         metrics.add(service.metrics, queue_depth=service.queue_depth)
         threading.Thread(target=service.follow, name="journal-follower", daemon=True).start()
+        from lifecycle.serve.openai.runner import start_jobs
+
+        self.jobs = start_jobs(service, self.options)
         server = self.server = http_server(
-            service, metrics, front=self.options, grace_s=STOP_SERVER_S, signals=False
-        )
+            service, metrics, front=self.options, grace_s=STOP_SERVER_S, signals=False,
+            jobs=self.jobs,
+        )  # fmt: skip
         self._serving = threading.Thread(
             target=server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True
         )
@@ -292,6 +297,7 @@ class Front:
         assert self._serving is not None
         self._serving.join()
         reason, signal_name = self.server.stop_reason()
+        self.jobs.close(reason)
         stop = Stop(reason=reason, signal=signal_name)
         self.broadcaster.send(range(1, self.args.num_ranks), stop)
         self.bridge.put(stop)
