@@ -128,7 +128,7 @@ def model_problems(given: str | None, model: ModelSpec, *, images: bool) -> list
             ("model", f"{given!r} is not served here; this server serves {model.name!r}")
         )
     if makes_images(model) != images:
-        other = "POST /v1/videos" if makes_images(model) else "POST /v1/images/generations"
+        other = "POST /v1/images/generations" if makes_images(model) else "POST /v1/videos"
         problems.append(("model", f"{model.name} makes {model.task}: use {other}"))
     return problems
 
