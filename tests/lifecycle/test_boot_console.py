@@ -29,8 +29,9 @@ from lifecycle.core.format.events import (
 )
 from lifecycle.core.format.records import StateExpectation
 from lifecycle.serve.console.progress import ProgressPrinter
-from lifecycle.serve.console.steps import StepMark
+from lifecycle.serve.console.steps import DECODE, StepMark, StepPipes, pipe_report
 from lifecycle.serve.console.terminal import PLAIN_EVERY_S, PlainConsole
+from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -96,14 +97,17 @@ def screen(written: str) -> list[str]:
 
 
 def test_a_terminal_shows_a_live_bar_with_each_requests_steps(tmp_path: Path) -> None:
-    """One rank on a terminal: a bar drawn through each warmup request's steps; the table's
-    lines above it, in order; at the end the bar is gone and the table stays. No --log-level:
-    on a terminal the info lines stay out of the table's way (warning and above only)."""
+    """One rank on a terminal: a bar drawn through each warmup request's steps and then its
+    decode; the table's lines above it, in order; at the end the bar is gone and the table
+    stays. No --log-level: on a terminal the info lines stay out of the table's way (warning
+    and above only)."""
     status, written = on_a_terminal(["boot", *MICRO], cwd=tmp_path)
     assert status == 0, written[-3000:]
     assert BAR in written
     assert re.search(r"bounded-warm .*step [1-4]/4", written), written[-3000:]
     assert re.search(r"probe .*step [1-4]/4", written)
+    # After its last step, a request's bar says it decodes, not that it is at step 4/4.
+    assert re.search(r"probe .*decode after step 4/4", written), written[-3000:]
     shown = screen(written)
     assert not any(BAR in line for line in shown), shown
     table = [line.split()[0] for line in shown if line.startswith("  ")]
@@ -195,3 +199,78 @@ def test_with_several_ranks_rank_0s_lines_name_it_like_the_others() -> None:
     assert several.feed(_fatal(1)) == ["[rank 1]   error in probe: RuntimeError: boom"]
     alone = ProgressPrinter(run_created_at=100.0, ranks=1)
     assert alone.feed(_fatal(0)) == ["  error in probe: RuntimeError: boom"]
+
+
+# A decode slower than PLAIN_EVERY_S, so that a line off a terminal comes while it runs.
+SLOW_DECODE_S = PLAIN_EVERY_S + 3.0
+SLOW_DECODE = f"""
+import dataclasses
+import time
+
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
+from lifecycle.runtime.pipeline.tiny import TinyVideoPipeline
+
+SPEC = dataclasses.replace(
+    MODEL_PRESETS["micro-video"], name="slow-decode-video", declares_residency=False
+)
+
+
+class SlowDecode(TinyVideoPipeline):
+    def decode(self, latents, shape):
+        time.sleep({SLOW_DECODE_S})
+        return super().decode(latents, shape)
+
+
+PLUGIN = (SPEC, lambda spec, comm: SlowDecode(spec, comm=comm))
+"""
+
+
+def test_off_a_terminal_a_long_decode_after_the_last_step_is_said(tmp_path: Path) -> None:
+    """Off a terminal, a request whose decode goes on after its last denoising step gets a
+    line that says it decodes, within a few seconds, rather than none until its state ends."""
+    (tmp_path / "slow_decode_plugin.py").write_text(SLOW_DECODE)
+    done = run_cli(
+        "lifecycle", ["boot", "--pipeline", "slow_decode_plugin:PLUGIN", "--db", "j.db"],
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    said = [line for line in lines if "so far" in line]
+    assert any(
+        re.fullmatch(r"  bounded-warm +\d+\.\d s so far, decode after step 2/2 of its request",
+                     line)
+        for line in said
+    ), lines  # fmt: skip
+    row = next(i for i, line in enumerate(lines) if re.match(r"  bounded-warm +[\d.]+ s  ", line))
+    assert any("decode" in line for line in lines[:row])
+
+
+def test_off_a_terminal_a_compile_is_said_as_it_starts(tmp_path: Path) -> None:
+    """Off a terminal, --compile's compile gets a line of its own as it starts, before the
+    gate-check row that says what it compiled, rather than no line for as long as it runs."""
+    done = run_cli("lifecycle", ["boot", *MICRO, "--compile"], cwd=tmp_path, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if re.match(r"  gate-check +[\d.]+ s  ", line))
+    assert "compiled 4 blocks" in lines[row]
+    assert any(
+        re.fullmatch(r"  gate-check +\d+\.\d s so far, compiling the denoiser's repeated blocks",
+                     line)
+        for line in lines[:row]
+    ), lines  # fmt: skip
+
+
+def test_a_ranks_step_and_its_decode_cross_the_pipe_to_its_launcher() -> None:
+    """A rank's report through a real pipe: its steps, then the decode after them, each read
+    by the launcher as the rank's latest mark, stamped with the rank's state."""
+    pipes = StepPipes(1)
+    try:
+        report = pipe_report(pipes.env_for(0), lambda: "probe")
+        assert report is not None
+        report(3, 4, None)
+        assert pipes.read() == {0: StepMark(state="probe", done=3, steps=4)}
+        report(4, 4, None)
+        report(4, 4, DECODE)
+        assert pipes.read() == {0: StepMark(state="probe", done=4, steps=4, stage=DECODE)}
+    finally:
+        pipes.close()

@@ -37,6 +37,7 @@ from lifecycle.core.format.phrases import reuse_text, skip_hint
 from lifecycle.core.format.records import Role, StateExpectation
 from lifecycle.core.format.states import State, happy_trigger, next_state
 from lifecycle.core.format.view import RankView
+from lifecycle.serve.console.rankstatus import RankStatus
 from lifecycle.serve.console.steps import StepMark
 
 MIB = 2**20
@@ -91,36 +92,6 @@ def eta_s(view: RankView, *, now: float) -> float | None:
 
 
 # -- the lines, from the events as they come ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RankStatus:
-    """Where a rank is now, as a console shows it."""
-
-    rank: int
-    state: str
-    entered_at: float
-    mark: StepMark | None  # its current request's steps, when they are of this state
-    expected: StateExpectation | None  # what history expects of this state
-
-    def in_state_s(self, now: float) -> float:
-        return max(0.0, now - self.entered_at)
-
-
-def expected_text(expected: StateExpectation | None) -> str:
-    if expected is None:
-        return ""
-    return f"expected {expected.median_s:.1f} s, p95 {expected.p95_s:.1f} s"
-
-
-def step_line(status: RankStatus, *, now: float) -> str:
-    """A state that goes on, in a line: its steps so far and what it is expected to take."""
-    line = f"  {status.state:<13} {status.in_state_s(now):8.1f} s so far"
-    if status.mark is not None:
-        line += f", step {status.mark.done}/{status.mark.steps} of its request"
-    if status.expected is not None:
-        line += f" ({expected_text(status.expected)})"
-    return line
 
 
 def calibration_text(event: PlanBuilt) -> str | None:
@@ -356,10 +327,13 @@ class ProgressPrinter:
         if entered is None:
             return None
         state, since = entered
+        fold = self._folds.get(rank)
+        running = fold.action if fold is not None else None
         return RankStatus(
             rank=rank,
             state=state,
             entered_at=since,
             mark=mark if mark is not None and mark.state == state else None,
             expected=self._expected.get(rank, {}).get(state),
+            action=running.action if running is not None else None,
         )

@@ -3,8 +3,9 @@
 The journal has a request's steps only at its end (`warmup_record.step_s`), and a row per step
 would cost what the journal is kept lean for. So each rank counts its steps where every
 request's steps pass (the pipeline's `denoise`, warmup and served alike) and writes one short
-line per step, `STATE DONE STEPS`, to a pipe its launcher passed (LIFECYCLE_STEPS_FD); the
-launcher reads the latest line per rank each time it polls the journal. A pipe needs nothing
+line per step, `STATE DONE STEPS`, and one as the decode after the last step begins, `STATE DONE
+STEPS decode`, to a pipe its launcher passed (LIFECYCLE_STEPS_FD); the launcher reads the latest
+line per rank each time it polls the journal. A pipe needs nothing
 cleaned up, ends with the rank, and never holds the rank up: a write that would block is
 dropped, and the next step's line says where the rank is.
 """
@@ -32,27 +33,35 @@ STEPS_FD_ENV = "LIFECYCLE_STEPS_FD"
 # A line is well under PIPE_BUF (4096 bytes), so that each write is whole or not at all.
 MAX_LINE = 128
 
-# (steps done, steps in the request): called before the first step and after each.
-StepReport = Callable[[int, int], None]
+# What a request runs after its denoising steps, as a mark names it.
+DECODE = "decode"
+
+# (steps done, steps in the request, the stage after the steps that runs now or None): called
+# before the first step, after each, and as the decode begins.
+StepReport = Callable[[int, int, str | None], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepMark:
     """How far a rank's request had got when it last said: `done` of `steps` denoising steps,
-    in `state` (the rank's state then; a mark from a state the rank has left is stale)."""
+    and then `stage` (DECODE) once its steps are done, in `state` (the rank's state then; a
+    mark from a state the rank has left is stale)."""
 
     state: str
     done: int
     steps: int
+    stage: str | None = None
 
 
 class CountingPipeline:
-    """A pipeline whose denoising steps are also reported; everything else is the wrapped
-    pipeline's own (residency options and measured stages included)."""
+    """A pipeline whose denoising steps, and the decode after them, are also reported;
+    everything else is the wrapped pipeline's own (residency options and measured stages
+    included)."""
 
     def __init__(self, inner: Pipeline, report: StepReport) -> None:
         self._inner = inner
         self._report = report
+        self._steps = 0  # of the request denoised last, whose latents a decode decodes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -60,15 +69,22 @@ class CountingPipeline:
     def denoise(
         self, embeds: Any, shape: Shape, steps: int, **options: Unpack[DenoiseOptions]
     ) -> torch.Tensor:
-        self._report(0, steps)
+        self._steps = steps
+        self._report(0, steps, None)
         on_step = options["on_step"]
 
         def counted(step: int) -> None:
             on_step(step)
-            self._report(step + 1, steps)
+            self._report(step + 1, steps, None)
 
         options["on_step"] = counted
         return self._inner.denoise(embeds, shape, steps, **options)
+
+    def decode(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        # A decode can take longer than the steps: without a mark of its own, the console
+        # would say the request is at its last step for as long as it runs.
+        self._report(self._steps, self._steps, DECODE)
+        return self._inner.decode(latents, shape)
 
 
 def counting_actions(
@@ -102,8 +118,9 @@ def pipe_report(env: Mapping[str, str], state_of: Callable[[], str]) -> StepRepo
     except (ValueError, OSError):
         return None
 
-    def report(done: int, steps: int) -> None:
-        line = f"{state_of()} {done} {steps}\n".encode()[:MAX_LINE]
+    def report(done: int, steps: int, stage: str | None) -> None:
+        after = f" {stage}" if stage else ""
+        line = f"{state_of()} {done} {steps}{after}\n".encode()[:MAX_LINE]
         with contextlib.suppress(OSError):  # full (dropped: the next step says more) or gone
             os.write(fd, line)
 
@@ -175,6 +192,7 @@ class StepPipes:
 
 def _parse(line: bytes) -> StepMark | None:
     parts = line.decode("ascii", errors="replace").split()
-    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+    if len(parts) not in (3, 4) or not (parts[1].isdigit() and parts[2].isdigit()):
         return None
-    return StepMark(state=parts[0], done=int(parts[1]), steps=int(parts[2]))
+    stage = parts[3] if len(parts) == 4 else None
+    return StepMark(state=parts[0], done=int(parts[1]), steps=int(parts[2]), stage=stage)

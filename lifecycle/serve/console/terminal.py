@@ -17,7 +17,8 @@ from rich.progress_bar import ProgressBar
 from rich.text import Text
 
 from lifecycle.core.format.events import StoredEvent
-from lifecycle.serve.console.progress import ProgressPrinter, RankStatus, expected_text, step_line
+from lifecycle.serve.console.progress import ProgressPrinter
+from lifecycle.serve.console.rankstatus import RankStatus, doing_text, expected_text, step_line
 from lifecycle.serve.console.steps import StepMark
 from lifecycle.serve.logs import json_lines, say
 
@@ -31,35 +32,49 @@ FORWARD_JOIN_S = 2.0
 
 class PlainConsole:
     """Lines to `out` (stdout) as they come; a state that goes on (rank 0's, the table's) gets
-    `step_line` at most every PLAIN_EVERY_S, once its steps have moved since the last one."""
+    `step_line` at most every PLAIN_EVERY_S, once its steps (or the decode after them) have
+    moved since the last one, and at once as a long action that RUNNING_TEXT names starts."""
 
     def __init__(self, printer: ProgressPrinter, *, out: TextIO | None = None) -> None:
         self.printer = printer
         self._out = out
         self._marks: dict[int, StepMark] = {}
-        self._said: tuple[str, float, StepMark | None] | None = None  # state, when, mark
+        # The state last said, when, at which mark, and the action then running.
+        self._said: tuple[str, float, StepMark | None, str | None] | None = None
+        # One rank booted here feeds its events from its main thread and its heartbeats from
+        # another: one of them at a time.
+        self._lock = threading.RLock()
 
     def show(self, lines: Iterable[str]) -> None:
         for line in lines:
             say(line, event="console", out=self._out)
 
     def feed(self, stored: StoredEvent) -> None:
-        self.show(self.printer.feed(stored))
+        with self._lock:
+            self.show(self.printer.feed(stored))
+            if stored.rank == 0:
+                # Each of rank 0's events (a heartbeat a second), on its clock, is a time to
+                # say how far its state got: a decode or a compile reports no step for as
+                # long as it runs.
+                self.steps({}, now=stored.wall_time)
 
     def steps(self, marks: dict[int, StepMark], *, now: float | None = None) -> None:
         """Take the ranks' latest step marks; say how far rank 0's state got, when it is time."""
-        self._marks.update(marks)
-        now = time.time() if now is None else now
-        status = self.printer.status(0, self._marks.get(0))
-        if status is None or status.mark is None:
-            return
-        state, since, mark = self._said or ("", 0.0, None)
-        if state != status.state:
-            since, mark = status.entered_at, None
-        if now - since >= PLAIN_EVERY_S and status.mark != mark:
-            self.show([step_line(status, now=now)])
-            since, mark = now, status.mark
-        self._said = (status.state, since, mark)
+        with self._lock:
+            self._marks.update(marks)
+            now = time.time() if now is None else now
+            status = self.printer.status(0, self._marks.get(0))
+            if status is None:
+                return
+            state, since, mark, action = self._said or ("", 0.0, None, None)
+            if state != status.state:
+                since, mark, action = status.entered_at, None, None
+            started = status.running is not None and status.action != action
+            moved = status.mark is not None and status.mark != mark
+            if started or (moved and now - since >= PLAIN_EVERY_S):
+                self.show([step_line(status, now=now)])
+                since, mark = now, status.mark
+            self._said = (status.state, since, mark, status.action)
 
     def rank_stderr(self, rank: int) -> int | None:
         """Rank processes write their logs to the launcher's stderr, as they always have."""
@@ -166,12 +181,13 @@ class LiveConsole:
             self._progress.refresh()
 
     def _update(self, status: RankStatus, now: float) -> None:
-        """A rank's bar: its request's steps when it has one, else its time in the state
-        against the state's median, else a bar that only says it is busy."""
+        """A rank's bar: its request's steps while it makes them, else its time in the state
+        against the state's median, else a bar that only says it is busy; beside it, what the
+        state is doing (a compile, a step, the decode after the steps)."""
         who = f"rank {status.rank}  " if len(self._shown) > 1 else ""
         mark, expected = status.mark, status.expected
         total, done = 1.0, 0.0
-        if mark is not None:
+        if mark is not None and status.stepping:
             total, done = float(max(1, mark.steps)), float(mark.done)
         elif expected is not None and expected.median_s > 0:
             total = expected.median_s
@@ -188,9 +204,9 @@ class LiveConsole:
             total=total,
             completed=done,
             description=f"{who}{status.state:<13}",
-            steps="" if mark is None else f"step {mark.done}/{mark.steps}",
+            steps=doing_text(status),
             expected=expected_text(expected),
-            known=mark is not None or expected is not None,
+            known=status.stepping or expected is not None,
         )
         self._tasks[status.rank] = (task, status.state)
 

@@ -131,8 +131,9 @@ def _boot_in_process(args: ServerArgs, *, created_at: float, options: LaunchOpti
     recorder.subscribe(console.feed)
     launch = _alone(run_id, created_at=created_at)
 
-    def on_step(done: int, steps: int) -> None:
-        console.steps({0: StepMark(state=session.machine.state, done=done, steps=steps)})
+    def on_step(done: int, steps: int, stage: str | None) -> None:
+        mark = StepMark(state=session.machine.state, done=done, steps=steps, stage=stage)
+        console.steps({0: mark})
 
     session = RankSession(args, launch, recorder, actions=counting_actions(on_step))
 
