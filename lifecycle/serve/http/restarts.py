@@ -6,16 +6,14 @@ group (its own `--max-restarts`)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lifecycle.serve.logs import say
-
-if TYPE_CHECKING:
-    from lifecycle.serve.http.service import Service
 
 # serve's default --max-restarts: a request that fails every group it runs in (a shape that
 # always stalls, a fault) is not served for ever; a server replaced that often is failing.
@@ -98,7 +96,24 @@ class Restarts:
         )
 
 
-def replace_ranks(service: Service) -> None:
+class Replaceable(Protocol):
+    """What a restart needs of the service whose ranks it replaces."""
+
+    restarts: Restarts
+    group: Any
+    control: Any
+    stopping: str | None
+
+    def following_paused(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def settle(self) -> None: ...
+
+    def swap(self, group: Any, control: Any) -> None: ...
+
+    def wake_line(self) -> None: ...
+
+
+def replace_ranks(service: Replaceable) -> None:
     """Replace the ranks a request failed in: end them (their journal says how the run
     ended), then start a new group, unless the server stops first."""
     restarts = service.restarts
@@ -124,7 +139,7 @@ def replace_ranks(service: Service) -> None:
         service.swap(group, control)
         restarts.ended(restarts.record(ended_run=old.run_id, new_run=group.run_id, why=why,
                                        began=began))  # fmt: skip
-    service.line.wake()
+    service.wake_line()
     say(
         f"restarted: run {group.run_id} replaces run {old.run_id}",
         event="serve-restarted",

@@ -202,6 +202,9 @@ class Service:
         with self._following:
             yield
 
+    def wake_line(self) -> None:
+        self.line.wake()
+
     def settle(self) -> None:
         """The ranks' last events folded, and their run judged if it failed."""
         self._follow_once()
