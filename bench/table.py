@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
+from lifecycle.core.command import extra as extra_of
+
 NONE = "-"
 COLUMNS = ("figure", "value", "baseline", "ratio", "target", "how measured")
 
@@ -31,7 +33,7 @@ def missing_extra(figure: str, *, extra: str) -> Row:
     return Row(
         figure=figure,
         value=NONE,
-        how=f"the {extra} extra is not installed: pip install 'lifecycle[{extra}]'",
+        how=f"the {extra} extra is not installed: pip install '{extra_of(extra)}'",
     )
 
 

@@ -21,6 +21,16 @@ class Exit(IntEnum):
 
 SIGNAL_EXIT_BASE = 128  # a process ended by signal N exits 128+N, as a shell reports it
 
+# The project's name on PyPI (`lifecycle` there is another project): every install line and
+# hint names it. The import packages are `lifecycle` and `replay`.
+DISTRIBUTION = "diffusion-lifecycle"
+
+
+def extra(name: str) -> str:
+    """What `pip install` takes for one of the project's extras, e.g. diffusion-lifecycle[otel]."""
+    return f"{DISTRIBUTION}[{name}]"
+
+
 JOURNAL_ENV = "LIFECYCLE_DB"
 DEFAULT_JOURNAL = "lifecycle.db"
 DEFAULT_JOURNAL_HELP = f"default: ${JOURNAL_ENV}, else {DEFAULT_JOURNAL}"

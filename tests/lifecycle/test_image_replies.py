@@ -183,7 +183,7 @@ def test_tiny_qwen_image_without_the_diffusers_extra_is_one_line(tmp_path: Path)
         "lifecycle", ["boot", "--model", MODEL, "--db", "j.db"], cwd=tmp_path,
         env=without_diffusers(tmp_path), timeout=120,
     )  # fmt: skip
-    assert_refused_before_start(done, "pip install 'lifecycle[diffusers]'", tmp_path / "j.db")
+    assert_refused_before_start(done, "pip install 'diffusion-lifecycle[diffusers]'", tmp_path / "j.db")
 
 
 def test_the_built_in_spec_is_its_saved_directorys_but_for_its_default_request(
@@ -231,11 +231,11 @@ def test_a_missing_encoder_library_is_a_one_line_refusal(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "PIL", None)
     assert format_refusal(spec, "png") == (
         "response_format png needs Pillow, in the diffusers extra:"
-        " pip install 'lifecycle[diffusers]'"
+        " pip install 'diffusion-lifecycle[diffusers]'"
     )
     video = MODEL_PRESETS["micro-video"]
     monkeypatch.setitem(sys.modules, "av", None)
     assert format_refusal(video, "mp4") == (
-        "response_format mp4 needs PyAV, in the diffusers extra: pip install 'lifecycle[diffusers]'"
+        "response_format mp4 needs PyAV, in the diffusers extra: pip install 'diffusion-lifecycle[diffusers]'"
     )
     assert format_refusal(video, "npy") is None

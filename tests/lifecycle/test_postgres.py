@@ -141,7 +141,7 @@ def test_without_psycopg_a_postgres_url_names_the_extra(
     assert done.stderr.strip().splitlines() == [
         "lifecycle: error: postgresql://lifecycle:***@127.0.0.1:"
         f"{postgres.port}/postgres: the database driver 'psycopg' for 'postgresql+psycopg' is"
-        " not installed: pip install 'lifecycle[postgres]'"
+        " not installed: pip install 'diffusion-lifecycle[postgres]'"
     ]
 
 

@@ -147,7 +147,7 @@ def test_without_the_extra_is_one_warning_and_no_export(
     (warning,) = [line for line in booted.stderr.splitlines() if "traces" in line]
     assert warning.endswith(
         "traces are not exported: opentelemetry.sdk is not installed"
-        " (pip install 'lifecycle[otel]')"
+        " (pip install 'diffusion-lifecycle[otel]')"
     )
     assert receiver.posts == 0
 

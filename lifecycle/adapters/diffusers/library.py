@@ -7,9 +7,10 @@ import os
 from typing import Any
 
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
+from lifecycle.core.command import extra
 from lifecycle.pipelines import ConfigError
 
-EXTRA = "lifecycle[diffusers]"
+EXTRA = extra("diffusers")
 # Nothing reaches a model hub: every load is from the directory given.
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry's SDK as the lifecycle uses it (`lifecycle[otel]`): configured once per process
+"""OpenTelemetry's SDK as the lifecycle uses it (the `otel` extra): configured once per process
 from the standard `OTEL_*` variables, exporting over OTLP/HTTP, best effort (spans are queued
 and sent by the SDK's own thread, a collector that is down or slow costs one warning line, and
 the process's end gives the export a bounded time, never more); a rank's records held until its
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from lifecycle.core.command import extra
+
 ATTRIBUTE_PREFIX = "lifecycle."
 # At a process's end, all that the export may cost it: the spans still being made, their
 # flush, the exporter's retries and its shutdown.
@@ -29,7 +31,7 @@ EXPORT_TIMEOUT_S = 5.0  # one export's bound, unless OTEL_EXPORTER_OTLP_TIMEOUT 
 # then well under 1 % of it.
 CONFIGURE_AFTER_S = 60.0
 SCHEDULE_DELAY_MS = 500  # once configured: how long an ended span waits for others to go with
-EXTRA = "lifecycle[otel]"
+EXTRA = extra("otel")
 PROTOCOLS = ("http/protobuf",)
 # What the export imports, looked up (not imported) when it is asked for.
 SDK_PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")

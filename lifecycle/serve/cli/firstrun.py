@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lifecycle.core.command import extra
 from lifecycle.core.format.events import (
     FlightRecorderDumped,
     ResidencyApplied,
@@ -183,7 +184,9 @@ def _diffusers_check(fr: FirstRun, devices: int) -> Check:
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        return Check(name, NOT_RUN, "needs the diffusers extra: pip install 'lifecycle[diffusers]'")
+        return Check(
+            name, NOT_RUN, f"needs the diffusers extra: pip install '{extra('diffusers')}'"
+        )
     count = 2 if devices >= 2 else 1
     ranks = ("--num-ranks", "2", "--ulysses", "2") if count == 2 else ()
     # The dry run probes a smaller default request: two CPU cores, not a GPU.

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from lifecycle.core.command import extra
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.settings.modelspec import ModelSpec
 
@@ -22,7 +23,7 @@ IMAGE_TASKS = frozenset({"text-to-image", "image-to-image"})
 # The module an encoder imports, and the distribution a user installs for it (both come with
 # the diffusers extra).
 _ENCODER_LIBRARIES = {"mp4": ("av", "PyAV"), "png": ("PIL", "Pillow")}
-_EXTRA = "pip install 'lifecycle[diffusers]'"
+_EXTRA = f"pip install '{extra('diffusers')}'"
 
 
 def makes_images(model: ModelSpec) -> bool:

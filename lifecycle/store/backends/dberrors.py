@@ -14,6 +14,7 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 
+from lifecycle.core.command import extra
 from lifecycle.core.errors import (
     JournalConflict,
     JournalError,
@@ -185,7 +186,7 @@ def append_error(
 
 # The pip package that provides a database driver module, where the two names differ.
 DRIVER_PACKAGES = {
-    "psycopg": "lifecycle[postgres]",
+    "psycopg": extra("postgres"),
     "psycopg2": "psycopg2-binary",
     "pymysql": "PyMySQL",
     "MySQLdb": "mysqlclient",

@@ -12,6 +12,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
+from lifecycle.core.command import extra
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS, journal_error
 from lifecycle.store.backends.genericdb import GenericBackend
 
@@ -20,7 +21,7 @@ DRIVER = "psycopg"
 # One key for every lifecycle journal: migrations of different databases of one server wait on
 # each other, which costs nothing (they are rare and short) and needs no name to hash.
 MIGRATION_LOCK_KEY = 0x6C6966656379  # "lifecy"
-EXTRA = "lifecycle[postgres]"
+EXTRA = extra("postgres")
 # psycopg warns through logging when it drops a pipeline on a lost connection, and SQLAlchemy's
 # pool logs the driver's traceback when it cannot close a cursor there; the store says what
 # failed in its own one line, so neither note is printed beside it (with no handler of their
