@@ -60,7 +60,7 @@ def build_wheel(out: Path) -> Path:
          "-w", str(out), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    (wheel,) = out.glob("lifecycle-*.whl")
+    (wheel,) = out.glob("diffusion_lifecycle-*.whl")
     return wheel
 
 
