@@ -61,6 +61,12 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
         "the store key, the same on every rank (torchrun; the launcher makes its own)",
     ),
     ("LIFECYCLE_STORE_KEY_FILE", "a file holding the store key instead (e.g. a mounted Secret)"),
+    (
+        "LIFECYCLE_ARTIFACT_KEY",
+        "the key compile artifacts are signed and checked with (default: the store key under"
+        " torchrun, else ~/.config/lifecycle/artifact.key)",
+    ),
+    ("LIFECYCLE_ARTIFACT_KEY_FILE", "a file holding the artifact key instead (mode 0600)"),
 )
 
 TORCHRUN_ENVIRONMENT = """\
