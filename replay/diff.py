@@ -14,6 +14,7 @@ from lifecycle.core.format.records import PhaseTime
 from lifecycle.core.format.states import State
 from replay.verdict.analysis import RunAnalysis
 from replay.verdict.diagnose import Diagnosis
+from replay.views.runs import views_path
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +44,7 @@ class RunProfile:
     path: tuple[str, ...]
     skip_reason: str | None
     calibrated: bool
+    startup_path: str = "-"  # calibrated, reused or bounded, as `replay runs` names it
     # The startup accounted, of the rank that took longest to ready: each phase's seconds
     # (its phases in order), each component's load seconds, and what no phase holds.
     phases: tuple[tuple[str, float], ...] = ()
@@ -102,6 +104,7 @@ def profile(diagnosis: Diagnosis) -> RunProfile:
         path=lead.path if lead else (),
         skip_reason=lead.skip_reason if lead else None,
         calibrated=any(v.calibrated for v in analysis.views.values()),
+        startup_path=views_path(analysis.views),
         phases=_summed(slowest.phases) if slowest else (),
         loads=tuple(
             (load.component, load.seconds)
@@ -186,10 +189,12 @@ def verdict(a: RunProfile, b: RunProfile) -> str:
             f" warmup {a.warmup_s:.1f} s -> {b.warmup_s:.1f} s"
         )
     else:
-        parts.append(
-            f"same path ({'calibrated' if a.calibrated else 'bounded'});"
-            f" warmup {a.warmup_s:.1f} s -> {b.warmup_s:.1f} s"
+        path = (
+            f"same path ({a.startup_path})"
+            if a.startup_path == b.startup_path
+            else f"path {a.startup_path} -> {b.startup_path}"
         )
+        parts.append(f"{path}; warmup {a.warmup_s:.1f} s -> {b.warmup_s:.1f} s")
     if a.startup_to_ready_s is not None and b.startup_to_ready_s is not None:
         change = (b.startup_to_ready_s - a.startup_to_ready_s) / a.startup_to_ready_s * 100
         parts.append(

@@ -3,11 +3,12 @@ machines (pure)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lifecycle.core.decisions.deadlines import RankDurations, StartupPath, key_parts
+from lifecycle.core.format.view import RankView
 from lifecycle.store.summaries import Summary
 from replay.load import RunInfo
 from replay.verdict.diagnose import Diagnosis, Outcome
@@ -52,17 +53,22 @@ def journaled_paths(rows: Iterable[RankDurations]) -> dict[str, str]:
     return {run_id: path for run_id, (_, path) in paths.items()}
 
 
-def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
-    mode = _mode(run)
-    ranks = diagnosis.analysis.views
-    views = ranks.values()
-    plans = [v.plan for v in views if v.plan is not None]
-    expected = [ranks[r].expectations for r in sorted(ranks)]
-    path = run_path(
-        next((key_parts(e.key)[1] for e in expected if e is not None), None),
-        calibrated=any(v.calibrated for v in views) or any(p.skip_reason is None for p in plans),
+def views_path(views: Mapping[int, RankView]) -> str:
+    """A run's path (run_path) from its ranks' views: the path its lowest rank journaled."""
+    ranks = [views[rank] for rank in sorted(views)]
+    plans = [v.plan for v in ranks if v.plan is not None]
+    expected = (v.expectations for v in ranks if v.expectations is not None)
+    return run_path(
+        next((key_parts(e.key)[1] for e in expected), None),
+        calibrated=any(v.calibrated for v in ranks) or any(p.skip_reason is None for p in plans),
         planned=bool(plans),
     )
+
+
+def summarize_run(run: RunInfo, diagnosis: Diagnosis) -> RunSummary:
+    mode = _mode(run)
+    views = diagnosis.analysis.views.values()
+    path = views_path(diagnosis.analysis.views)
     reasons = {v.skip_reason for v in views if v.plan is not None}
     return RunSummary(
         run_id=run.run_id,

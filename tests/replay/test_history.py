@@ -216,23 +216,25 @@ def test_history_follows_each_components_load_and_names_a_load_that_regressed(
 def test_runs_and_history_name_the_path_of_a_run_that_reused_a_plan_alike(
     tmp_path: Path,
 ) -> None:
-    """Two real boots of micro-video, the second reusing the residency plan the first
+    """Three real boots of micro-video, the later two reusing the residency plan the first
     verified: `replay runs` names each run's path with the word `replay history` heads its key
     with (calibrated, then reused), in its table and its JSON, and says the same of each run
-    from its ranks' summaries as from their events."""
+    from its ranks' summaries as from their events; `replay diff` of the two that reused says
+    they took the same path, the reused one."""
     db = tmp_path / "j.db"
-    boot(db)
-    boot(db)
-    first, second = run_ids(db)
+    for _ in range(3):
+        boot(db)
+    first, second, third = run_ids(db)
     listed = run_cli("replay", ["runs", str(db), "--json"], cwd=tmp_path, timeout=60)
     assert listed.returncode == 0, listed.stderr
     by_runs = {run["run_id"]: run["path"] for run in json.loads(listed.stdout)}
-    by_history = {
-        h["last_run"]: h["path"] for h in json.loads(history(db, "--json").stdout)["histories"]
-    }
-    assert by_runs == by_history == {first: "calibrated", second: "reused"}
+    said = json.loads(history(db, "--json").stdout)["histories"]
+    by_history = {run: h["path"] for h in said for run in (h["first_run"], h["last_run"])}
+    assert by_runs == by_history == {first: "calibrated", second: "reused", third: "reused"}
     table = run_cli("replay", ["runs", str(db)], cwd=tmp_path, timeout=60).stdout.splitlines()
     header = table[0].split()
     row = next(line.split() for line in table if line.startswith(second))
     assert row[header.index("path") + 1] == "reused"  # the `started` column is two words
-    assert verdicts_agree(db) == 2
+    assert verdicts_agree(db) == 3
+    diffed = run_cli("replay", ["diff", second, third, str(db)], cwd=tmp_path, timeout=60)
+    assert "same path (reused);" in diffed.stdout, diffed.stdout + diffed.stderr
