@@ -24,6 +24,9 @@ IMPORT_LIFECYCLE = "import lifecycle"  # its modules, to the entry function
 # The settings and the model's spec: the command line and its config file, a plug-in's import,
 # or diffusers and the model directory's configs.
 MODEL_SPEC = "read settings"
+# A model by hub ID that its cache did not hold: its files downloaded (between two reads of
+# the settings, the second the downloaded snapshot's configs).
+DOWNLOAD_MODEL = "download model"
 OPEN_JOURNAL = "open journal"
 IMPORT_TORCH = "import torch"
 IMPORT_RUNTIME = "import runtime"  # the lifecycle's rank modules (torch's own is before)

@@ -20,7 +20,7 @@ INDEX = "model_index.json"
 CONFIG_SUFFIXES = (".json", ".txt", ".model", ".yaml")
 MAX_CONFIG_BYTES = 64 * 2**20
 MAX_CONFIGS_BYTES = 256 * 2**20
-# A hub snapshot lives in models--ORG--NAME/snapshots/REVISION: its name is the repository's.
+# A hub snapshot lives in models--ORG--NAME/snapshots/COMMIT: its name is ORG/NAME@COMMIT.
 HUB_PREFIX = "models--"
 
 
@@ -151,9 +151,11 @@ def directory_digest(files: tuple[ModelFile, ...], *, shown: str) -> str:
 
 
 def _name_of(root: Path) -> str:
-    """The directory's name, or the hub repository's for a snapshot (ORG/NAME)."""
+    """The directory's name, or for a hub snapshot the repository's and its commit (the
+    snapshot folder's name): ORG/NAME@COMMIT, so that two commits are two models."""
     if root.parent.name == "snapshots" and root.parent.parent.name.startswith(HUB_PREFIX):
-        return root.parent.parent.name.removeprefix(HUB_PREFIX).replace("--", "/")
+        repo = root.parent.parent.name.removeprefix(HUB_PREFIX).replace("--", "/")
+        return f"{repo}@{root.name}"
     return root.name
 
 

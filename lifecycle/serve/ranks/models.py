@@ -1,6 +1,6 @@
 """Which model a command line names: a preset, a plug-in's, a built-in diffusers model
-(`tiny-wan`, `tiny-qwen-image`), or a diffusers directory; and the defaults the flags
-override."""
+(`tiny-wan`, `tiny-qwen-image`), or a diffusers directory (or hub ID); and the defaults the
+flags override."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from lifecycle.core.settings.modelspec import (
     ModelSpec,
 )
 from lifecycle.core.settings.validation import RANKS
+from lifecycle.runtime.phases import DOWNLOAD_MODEL, MODEL_SPEC, mark
 
 DEFAULT_MODEL = "tiny-video"
 # The diffusers models built at start from seeded weights (the adapter's table holds how):
@@ -37,7 +38,7 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
         from lifecycle.adapters import diffusers
 
         spec = (
-            diffusers.spec_for_directory(ns.model_path)
+            diffusers.spec_for_directory(model_directory(ns.model_path))
             if ns.model_path is not None
             else diffusers.built_in_spec(name)
         )
@@ -68,6 +69,24 @@ def model_for(ns: argparse.Namespace, *, num_ranks: int) -> ModelSpec:
         spec = dataclasses.replace(spec, default_steps=ns.default_steps)
     register_model(spec)
     return spec
+
+
+def model_directory(given: str) -> str:
+    """The pipeline directory `--model-path` names: the path itself, or for a hub ID
+    (ORG/NAME[@REVISION]) its snapshot folder in huggingface_hub's cache, downloaded there
+    first, as a phase of the startup of its own, when the cache does not hold it whole. The
+    launcher resolves it once and its ranks load that folder."""
+    from lifecycle.adapters.diffusers import hub
+
+    model = hub.hub_model(given)
+    if model is None:
+        return given
+    folder = hub.cached_snapshot(model)
+    if folder is None:
+        mark(MODEL_SPEC)
+        folder = hub.download_snapshot(model)
+        mark(DOWNLOAD_MODEL)
+    return str(folder)
 
 
 def register_model(spec: ModelSpec) -> None:
