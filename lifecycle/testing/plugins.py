@@ -165,7 +165,7 @@ def check_plugin(
         guidance_scale=spec.default_guidance_scale,
         seed=0,
     )
-    calls = TensorCalls()
+    calls = _TensorCalls()
     steps_seen: list[tuple[int, float]] = []  # at each on_step: tensor calls so far, and when
 
     def seen(_step: int) -> None:
@@ -182,7 +182,7 @@ def check_plugin(
     return generated
 
 
-class TensorCalls(TorchFunctionMode):
+class _TensorCalls(TorchFunctionMode):
     """Counts the torch functions and tensor methods this thread calls while it is on."""
 
     def __init__(self) -> None:
