@@ -50,8 +50,7 @@ def builtin_models() -> tuple[str, ...]:
 
 def _sized(settings: Settings) -> Sized:
     if settings.quick:
-        cases = (Case(model="micro-video", ranks=1), Case(model="micro-video", ranks=4),
-                 Case(model=MODEL_PATH, ranks=1))  # fmt: skip
+        cases = (Case(model="micro-video", ranks=1), Case(model=MODEL_PATH, ranks=1))
         return Sized(cases=cases, rounds=1)
     models = (*builtin_models(), MODEL_PATH)
     return Sized(cases=tuple(Case(model=m, ranks=r) for m in models for r in (1, 4)), rounds=5)

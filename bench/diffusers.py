@@ -51,7 +51,7 @@ class Sized:
 
 def _sized(settings: Settings) -> Sized:
     if settings.quick:
-        return Sized(startup_pairs=2, startup_discard=0, request=(128, 128, 17, 4), rounds=3)
+        return Sized(startup_pairs=1, startup_discard=0, request=(128, 128, 17, 4), rounds=2)
     return Sized(startup_pairs=7, startup_discard=1, request=(256, 256, 33, 10), rounds=7)
 
 

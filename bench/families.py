@@ -48,7 +48,7 @@ class Sized:
 def _sized(settings: Settings) -> Sized:
     if settings.quick:
         return Sized(
-            wan22=(2, 2, 32), requests={QWEN: (32, 32, 1, 2), WAN22: (32, 32, 5, 4)}, rounds=2
+            wan22=(2, 2, 32), requests={QWEN: (32, 32, 1, 2), WAN22: (32, 32, 5, 4)}, rounds=1
         )
     # Each expert 66 MiB of blocks (16 heads of 8, 4 blocks, FFN 16384 wide) against about 17
     # MiB of working memory at 96x96x9. A request takes 1 to 3 s on two quiet cores (tiny-qwen-

@@ -85,7 +85,7 @@ ROW_BYTES = (
 def idle_and_lookup(settings: Settings) -> list[Row]:
     """The idle server's row and, measured while it idles, the lookup's."""
     db = settings.workdir / "history-serve.db"
-    window = 30.0 if settings.quick else 120.0
+    window = 10.0 if settings.quick else 120.0
     progress(f"history: `lifecycle serve` idle for {window:.0f} s")
     with serving(settings, db) as (_proc, url):
         time.sleep(3.0)  # past the beat that journals the ready action's last marks

@@ -169,7 +169,7 @@ def _node_death(workdir: Path) -> float:
 
 
 def measure(settings: Settings) -> list[Row]:
-    pairs = 2 if settings.quick else 5
+    pairs = 1 if settings.quick else 5
     deaths = 1 if settings.quick else 3
     progress(f"nodes: /generate, single-host serve and 2 torchrun nodes, {pairs} each")
     with single_host(settings.workdir) as single, two_nodes(settings.workdir) as nodes:

@@ -52,7 +52,7 @@ class Sized:
 
 def _sized(settings: Settings) -> Sized:
     if settings.quick:
-        return Sized(model="micro-video", rounds=2, four_ranks=False)
+        return Sized(model="micro-video", rounds=1, four_ranks=False)
     return Sized(model="tiny-video", rounds=11, four_ranks=True)
 
 

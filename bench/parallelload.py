@@ -43,7 +43,7 @@ class Sized:
 
 def _sized(settings: Settings) -> Sized:
     if settings.quick:
-        return Sized(transformer_layers=2, encoder_layers=1, vocab=4096, rounds=2)
+        return Sized(transformer_layers=2, encoder_layers=1, vocab=4096, rounds=1)
     return Sized(transformer_layers=30, encoder_layers=None, vocab=256384, rounds=9)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import resource
 import shlex
 import sys
 import tempfile
@@ -54,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
         " keeping the others",
     )
     return parser
+
+
+def cpu_s() -> float:
+    """CPU seconds this process and its ended children have used: a benchmark's cost that
+    another process's load on the machine changes less than it changes the wall clock."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def invocation(argv: Sequence[str]) -> str:
@@ -112,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with reaping(), tempfile.TemporaryDirectory(prefix="lifecycle-bench-") as workdir:
         settings = Settings(quick=ns.quick, workdir=Path(workdir))
         for benchmark in chosen:
-            began, load_at_start = time.perf_counter(), load_average()
+            began, cpu_at_start, load_at_start = time.perf_counter(), cpu_s(), load_average()
             started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
             progress(f"{benchmark.name}: starting")
             try:
@@ -127,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 load=(load_at_start, load_average()),
             )  # fmt: skip
             done = "FAILED" if benchmark.name in broken else "done"
-            progress(f"{benchmark.name}: {done} in {time.perf_counter() - began:.1f} s")
+            took_s, cpu_used_s = time.perf_counter() - began, cpu_s() - cpu_at_start
+            progress(f"{benchmark.name}: {done} in {took_s:.1f} s ({cpu_used_s:.1f} s of CPU)")
     print(render_text(rows), flush=True)
     if output is None:
         progress("Markdown not written (pass --output PATH or --update)")

@@ -62,6 +62,7 @@ PARALLEL = {
     "cfg-parallel 2": ("--num-ranks", "2", "--cfg-parallel", "2"),
     "ulysses 2": ("--num-ranks", "2", "--ulysses", "2"),
 }
+QUICK_LAYOUT = "ulysses 2"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,10 +138,15 @@ def serving_rows(
             plain = _interleaved(sides, rounds)
         finally:
             pool.close()
-    progress(f"diffusers: serving tiny-wan on {', '.join(PARALLEL)} against {ONE}")
-    with _servers(settings, directory, {ONE: (), **PARALLEL}, model_args, env) as servers:
+    # A quick run serves one parallel layout: each is a server of two ranks beside the others.
+    layouts = {k: v for k, v in PARALLEL.items() if not settings.quick or k == QUICK_LAYOUT}
+    progress(f"diffusers: serving tiny-wan on {', '.join(layouts)} against {ONE}")
+    with _servers(settings, directory, {ONE: (), **layouts}, model_args, env) as servers:
         parallel = _interleaved({k: _served(v, body) for k, v in servers.items()}, rounds)
-    return [_generate_row(plain, body, model_args, rounds), *_step_rows(parallel, body, rounds)]
+    return [
+        _generate_row(plain, body, model_args, rounds),
+        *_step_rows(parallel, body, rounds, layouts),
+    ]
 
 
 @contextlib.contextmanager
@@ -202,11 +208,14 @@ def _generate_row(
 
 
 def _step_rows(
-    results: Mapping[str, list[Reply]], body: Mapping[str, Any], rounds: int
+    results: Mapping[str, list[Reply]],
+    body: Mapping[str, Any],
+    rounds: int,
+    layouts: Mapping[str, Sequence[str]],
 ) -> list[Row]:
     one = median([s for r in results[ONE] for s in r.step_s])
     rows = []
-    for label, layout in PARALLEL.items():
+    for label, layout in layouts.items():
         step = median([s for r in results[label] for s in r.step_s])
         same = {r.checksum for r in results[label]} == {r.checksum for r in results[ONE]}
         output = "the same as" if same else "not bit for bit"
