@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.decisions.compiling import CompileKey
 from lifecycle.core.format.events import Heartbeat
 from lifecycle.store import Journal, RunRow
 from lifecycle.store.learned.artifacts import ArtifactStore
 from tests.conftest import Completed, one_clear_line, run_cli
 from tests.replay.conftest import copy_journal
+from tests.support.artifacts import KEY
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -273,10 +273,6 @@ def test_every_name_of_the_source_is_refused_as_the_destination(
 
 # -- every direction, PostgreSQL included ---------------------------------------------------------
 
-ARTIFACT_KEY = CompileKey(
-    fingerprint="f" * 16, model="micro-video", torch="2.13.0+cpu", python="3.11.2",
-    machine="x86_64", backend="inductor", mode="default",
-)  # fmt: skip
 SIGNATURE = "5" * 64  # carried as it is: a copy never signs, nor checks a signature
 
 
@@ -307,7 +303,7 @@ def node_with_artifact(node: Path, tmp_path: Path) -> tuple[Path, str]:
     with Journal.open_for_write(str(source)) as journal:
         (run,) = journal.runs()
         store = ArtifactStore(journal.engine, journal.backend.url)
-        assert store.keep(ARTIFACT_KEY, b"artifact", run_id=run.run_id, signature=SIGNATURE) is None
+        assert store.keep(KEY, b"artifact", run_id=run.run_id, signature=SIGNATURE) is None
     settle(source)
     return source, run.run_id
 
@@ -391,14 +387,14 @@ def test_copying_a_run_that_only_loaded_an_artifact_carries_it(
     first, second = journal_of_runs(source, runs=2, events=3)
     with Journal.open_for_write(str(source)) as journal:
         store = ArtifactStore(journal.engine, journal.backend.url)
-        assert store.keep(ARTIFACT_KEY, b"artifact", run_id=first, signature=SIGNATURE) is None
-        store.mark_used(ARTIFACT_KEY.key, run_id=second)
+        assert store.keep(KEY, b"artifact", run_id=first, signature=SIGNATURE) is None
+        store.mark_used(KEY.key, run_id=second)
     fleet = tmp_path / "fleet.db"
     done = copy(lifecycle_cli, source, fleet, "--run", second)
     assert done.returncode == 0, done.stderr
     assert "1 compile artifact(s) carried" in done.stdout, done.stdout
     _, _, artifacts = decoded(str(fleet))
-    assert artifacts == [(ARTIFACT_KEY.key, hashlib.sha256(b"artifact").hexdigest(), SIGNATURE,
+    assert artifacts == [(KEY.key, hashlib.sha256(b"artifact").hexdigest(), SIGNATURE,
                           second, b"artifact")]  # fmt: skip
     pruned = lifecycle_cli("db", "prune", "--db", str(fleet), "--keep-runs", "1", timeout=120)
     assert pruned.returncode == 0, pruned.stderr

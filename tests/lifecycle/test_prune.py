@@ -21,7 +21,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Table, create_engine
 
-from lifecycle.core.decisions.compiling import CompileKey
 from lifecycle.core.errors import ConfigError
 from lifecycle.store import Journal, RunRow, to_url
 from lifecycle.store.backends.revisions import alembic_config
@@ -44,6 +43,7 @@ from tests.conftest import (
     run_cli,
     wait_until,
 )
+from tests.support.artifacts import KEY
 
 NOW = 1_900_000_000.0
 DAY = 86_400.0
@@ -471,10 +471,6 @@ def test_a_journal_with_a_corrupt_page_is_one_line_and_exit_2(
 
 # -- the compile artifacts' files beside the journal ---------------------------------------------
 
-ARTIFACT = CompileKey(
-    fingerprint="f" * 16, model="micro-video", torch="2.13.0+cpu", python="3.11.2",
-    machine="x86_64", backend="inductor", mode="default",
-)  # fmt: skip
 LONG_AGO = time.time() - 2 * DAY
 
 
@@ -484,7 +480,7 @@ def with_artifacts(db: Path, *kept: tuple[str, bytes]) -> list[Path]:
     with Journal.open_for_write(str(db)) as journal:
         store = ArtifactStore(journal.engine, journal.backend.url)
         for n, (run_id, data) in enumerate(kept):
-            key = dataclasses.replace(ARTIFACT, fingerprint=f"{n:016x}")
+            key = dataclasses.replace(KEY, fingerprint=f"{n:016x}")
             assert store.keep(key, data, run_id=run_id, signature=None) is None
     files = [Path(f"{db}.compile-cache") / hashlib.sha256(d).hexdigest() for _, d in kept]
     for path in files:
