@@ -16,7 +16,8 @@ spec and the rank's `Comm` and returns a `Pipeline`. The library adapters of
   height are multiples of it), `pixels_per_token_side` and `frames_per_latent` (how many
   tokens a shape makes), `attention_heads` (what `--ulysses` must divide);
 - `declares_residency=True` when the pipeline implements `ResidentPipeline`, with `memory`
-  (a `MemoryModel`) to fit the probe to free memory;
+  (a `MemoryModel`) to fit the probe to free memory: its fields are bytes, finite and 0 or
+  more (a spec whose memory model is not is refused when it is loaded or registered);
 - `backend`: "diffusers" for a library pipeline run as one opaque call (the calibration gate
   closes for it), anything else for a pipeline whose components the plug-in drives.
 """
