@@ -135,8 +135,12 @@ def memory_gaps(spec: ModelSpec) -> list[str]:
     gaps = []
     for name in MEMORY_FIELDS:
         value = getattr(spec.memory, name, None)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not (number and math.isfinite(value) and value >= 0):  # type: ignore[arg-type,operator]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
             gaps.append(f"memory.{name} is {str(value)[:40]}")
     return gaps
 
