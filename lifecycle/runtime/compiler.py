@@ -24,14 +24,14 @@ from lifecycle.core.decisions.warmupplan import bounded_shape
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.events import Compiled, CompileKept
 from lifecycle.core.format.records import Generation
-from lifecycle.runtime.artifactkey import artifact_key
-from lifecycle.runtime.cachearchive import pack
-from lifecycle.runtime.compilecache import (
+from lifecycle.runtime.artifacts.archive import pack
+from lifecycle.runtime.artifacts.loading import (
     JOURNAL_ERRORS,
     load_artifact,
     private_compiler_folders,
     use_cache_folder,
 )
+from lifecycle.runtime.artifacts.signing import artifact_key
 from lifecycle.runtime.group.comm import run_eagerly_under_compile
 from lifecycle.runtime.pipeline import Pipeline
 from lifecycle.runtime.rankruntime import RankRuntime

@@ -20,7 +20,7 @@ import pytest
 
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.settings.config import ServerArgs
-from lifecycle.runtime.artifactkey import ArtifactKey, artifact_key, default_key_file
+from lifecycle.runtime.artifacts.signing import ArtifactKey, artifact_key, default_key_file
 from lifecycle.serve.ranks.supervisor import LaunchOptions, RankGroup
 from tests.conftest import Completed, one_clear_line
 
@@ -169,7 +169,7 @@ def test_ranks_starting_at_once_make_one_key_and_agree_on_it(
     """Eight processes resolving the key at the same moment, with no key file yet: one key
     file is made, and every process signs with the key it holds."""
     script = (
-        "import sys\nfrom lifecycle.runtime.artifactkey import artifact_key\n"
+        "import sys\nfrom lifecycle.runtime.artifacts.signing import artifact_key\n"
         f"key = artifact_key(__import__('os').environ, journal={journal_in(tmp_path)!r})\n"
         "print(key.sign(digest='0' * 64, key='k' * 32))\n"
     )

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.runtime.cachearchive import pack, unpack
-from lifecycle.runtime.compilecache import load_artifact
+from lifecycle.runtime.artifacts.archive import pack, unpack
+from lifecycle.runtime.artifacts.loading import load_artifact
 from lifecycle.store.backends.schema import compile_artifacts
 from lifecycle.store.journal import Journal
 from lifecycle.store.learned.artifactfiles import ArtifactUnusable

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.runtime.cachearchive import (
+from lifecycle.runtime.artifacts.archive import (
     MAX_UNPACKED_FILES,
     MIN_UNPACKED_BOUND,
     pack,

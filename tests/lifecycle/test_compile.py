@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from lifecycle.runtime.cachearchive import pack, unpack
+from lifecycle.runtime.artifacts.archive import pack, unpack
 from tests.conftest import Completed, run_cli
 from tests.support import BODY, EARLIER, plugin, serve
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lifecycle.core.decisions.compiling import KEPT_PER_MODEL, stale_reason
-from lifecycle.runtime.cachearchive import unpack
+from lifecycle.runtime.artifacts.archive import unpack
 from lifecycle.store.backends.schema import compile_artifacts
 from lifecycle.store.journal import Journal
 from lifecycle.store.learned.artifactfiles import ArtifactUnusable

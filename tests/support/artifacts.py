@@ -8,8 +8,8 @@ from pathlib import Path
 
 from lifecycle.core.decisions.compiling import CompileKey
 from lifecycle.core.settings.config import ServerArgs
-from lifecycle.runtime.artifactkey import ArtifactKey, artifact_key
-from lifecycle.runtime.cachearchive import pack
+from lifecycle.runtime.artifacts.archive import pack
+from lifecycle.runtime.artifacts.signing import ArtifactKey, artifact_key
 from lifecycle.store.journal import Journal
 from lifecycle.store.learned.artifacts import ArtifactStore
 from lifecycle.store.runs import run_row

@@ -15,7 +15,7 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.events import StoredEvent
 from lifecycle.core.format.states import State
 from lifecycle.core.settings.config import ServerArgs
-from lifecycle.runtime.artifactkey import artifact_key
+from lifecycle.runtime.artifacts.signing import artifact_key
 from lifecycle.runtime.group.signals import leave_process, watch_shutdown_signals
 from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL, mark
 from lifecycle.runtime.recorder import Recorder

@@ -18,7 +18,11 @@ from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.states import State
 from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.config import PeerFailure, ServerArgs, args_to_json
-from lifecycle.runtime.artifactkey import ARTIFACT_KEY_ENV, ARTIFACT_KEY_FILE_ENV, artifact_key
+from lifecycle.runtime.artifacts.signing import (
+    ARTIFACT_KEY_ENV,
+    ARTIFACT_KEY_FILE_ENV,
+    artifact_key,
+)
 from lifecycle.runtime.group.storetrust import (
     STORE_KEY_ENV,
     STORE_KEY_FILE_ENV,

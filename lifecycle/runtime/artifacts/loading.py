@@ -15,8 +15,8 @@ from pathlib import Path
 
 from lifecycle.core.decisions.compiling import CacheUse, CompileKey, stale_reason
 from lifecycle.core.errors import JournalError
-from lifecycle.runtime.artifactkey import ArtifactKey
-from lifecycle.runtime.cachearchive import unpack
+from lifecycle.runtime.artifacts.archive import unpack
+from lifecycle.runtime.artifacts.signing import ArtifactKey
 from lifecycle.runtime.group.signals import before_leaving
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS
 from lifecycle.store.learned.artifactfiles import ArtifactUnusable
