@@ -16,12 +16,13 @@ from bench.pipelinedirs import save_tiny_qwen_image
 from lifecycle.adapters.diffusers.hub import snapshot_files
 from lifecycle.adapters.diffusers.wan.tinywan import build_tiny_wan
 from tests.conftest import assert_refused_before_start, one_clear_line, run_cli
+from tests.support import serve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 MAIN = "a" * 40  # the commit refs/main names
 OTHER = "b" * 40  # another commit, tagged v2
-QUICK = ("--warmup-mode", "none", "--smoke-request", "off", "--log-level", "error")
+QUICK = ("--warmup-mode", "none", "--smoke-request", "off")
 
 
 def lay_out_snapshot(
@@ -66,16 +67,19 @@ def offline(cache: Path) -> dict[str, str]:
     return {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
 
 
-def test_a_hub_id_in_the_cache_boots_offline_and_replay_names_its_commit(
+def test_a_hub_id_in_the_cache_serves_offline_and_names_its_commit(
     tmp_path: Path, hub_cache: Path
 ) -> None:
-    """`--model-path org/tiny-wan` with HF_HUB_OFFLINE=1 boots from the cache's snapshot of
-    main (exit 0), and `replay show` names the model with its commit."""
-    done = run_cli(
-        "lifecycle", ["boot", "--model-path", "org/tiny-wan", "--db", "j.db", *QUICK],
-        cwd=tmp_path, env=offline(hub_cache), timeout=240,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    """`--model-path org/tiny-wan` with HF_HUB_OFFLINE=1 gets to ready from the cache's
+    snapshot of main; /lifecycle and `replay show` name the model with its commit, and the
+    OpenAI API takes the hub ID alone for it."""
+    with serve(tmp_path, "--model-path", "org/tiny-wan", *QUICK, env=offline(hub_cache)) as up:
+        up.wait_for_health(200, within=240)
+        model = up.client.get("/lifecycle").json()["model"]
+        snapshot = hub_cache.resolve() / "models--org--tiny-wan" / "snapshots" / MAIN
+        assert model == {"name": f"org/tiny-wan@{MAIN}", "source": str(snapshot)}
+        assert up.client.get("/v1/models/org/tiny-wan").status_code == 200
+        assert up.stop() == 0
     shown = run_cli("replay", ["show", "latest", "j.db"], cwd=tmp_path).stdout
     assert f"model org/tiny-wan@{MAIN}" in shown
 

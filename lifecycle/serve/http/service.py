@@ -265,6 +265,8 @@ class Service:
         lost = self.group.lost()
         return {
             "run_id": self.group.run_id,
+            # ORG/NAME@COMMIT for a model by hub ID, and the snapshot folder its ranks load.
+            "model": {"name": self.args.model.name, "source": self.args.model.source},
             "status": status,
             "healthy": healthy,
             "failure": failure,

@@ -119,11 +119,17 @@ def read_fields(kind: type[F], values: dict[str, Any]) -> tuple[F, list[tuple[st
         return kind.model_validate({"prompt": "-"}), problems
 
 
+def served_names(model: ModelSpec) -> tuple[str | None, ...]:
+    """What a request may call the model served: its name, its path, and for a model by hub
+    ID (ORG/NAME@COMMIT) the hub ID alone."""
+    return (model.name, model.source, model.name.partition("@")[0])
+
+
 def model_problems(given: str | None, model: ModelSpec, *, images: bool) -> list[tuple[str, str]]:
     """Why `given` does not name the model served (its name or its path), and why the model
     served does not make what the endpoint makes."""
     problems = []
-    if given is not None and given not in (model.name, model.source):
+    if given is not None and given not in served_names(model):
         problems.append(
             ("model", f"{given!r} is not served here; this server serves {model.name!r}")
         )

@@ -15,6 +15,7 @@ from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.modelspec import LIBRARY_BACKENDS, ModelSpec
 from lifecycle.serve.http.service import Service
 from lifecycle.serve.openai.errors import OpenAIError
+from lifecycle.serve.openai.fields import served_names
 
 OWNED_BY = "lifecycle"
 # SGLang's task_type for each task.
@@ -49,7 +50,7 @@ def add_models(app: FastAPI, service: Service) -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> dict[str, Any]:
-        if model_id not in (model.name, model.source):
+        if model_id not in served_names(model):
             raise OpenAIError(
                 404, f"the model {model_id!r} is not served here; {model.name!r} is",
                 code="model_not_found", param="model",
