@@ -7,10 +7,10 @@ import os
 from typing import Any
 
 from lifecycle.adapters.diffusers.directory import PipelineDirectory
-from lifecycle.core.command import extra
 from lifecycle.pipelines import ConfigError
 
-EXTRA = extra("diffusers")
+# The extra as lifecycle.core.command.extra spells it (adapters see lifecycle.pipelines only).
+EXTRA = "diffusion-lifecycle[diffusers]"
 # Nothing reaches a model hub: every load is from the directory given.
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
