@@ -36,7 +36,7 @@ from lifecycle.serve.http.httpspans import (
 from lifecycle.serve.http.media import ENCODERS, MEDIA_TYPES
 from lifecycle.serve.http.metrics import Metrics
 from lifecycle.serve.http.requestline import RETRY_AFTER_S
-from lifecycle.serve.http.served import Reply
+from lifecycle.serve.http.servedranks import Reply
 from lifecycle.serve.http.service import Service
 from lifecycle.serve.openai.routes import add_openai_routes
 from lifecycle.serve.openai.runner import JobRunner

@@ -25,7 +25,7 @@ from lifecycle.serve.http.metrics import JournalMetrics
 from lifecycle.serve.http.rankjson import ranks_json
 from lifecycle.serve.http.requestline import RequestLine
 from lifecycle.serve.http.restarts import Relaunch, Restarts, replace_ranks
-from lifecycle.serve.http.served import Ranks, Reply
+from lifecycle.serve.http.servedranks import Ranks, Reply
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.cancel import wait_within
 from lifecycle.serve.ranks.control import ControlChannel, RankLink, ServiceUnavailable

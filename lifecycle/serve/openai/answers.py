@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from lifecycle.core.format.records import Generation
 from lifecycle.serve.http.requestline import RETRY_AFTER_S
 from lifecycle.serve.http.service import Service
-from lifecycle.serve.openai.errors import OpenAIError
+from lifecycle.serve.openai.apierrors import OpenAIError
 from lifecycle.serve.openai.jobs import COMPLETED, FAILED, Job, JobStore
 
 TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")

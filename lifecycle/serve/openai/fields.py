@@ -17,7 +17,7 @@ from lifecycle.core.settings.modelspec import ModelSpec
 from lifecycle.core.settings.validation import MAX_FRAMES, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from lifecycle.serve.http.bodies import MAX_GUIDANCE, field_refusals
 from lifecycle.serve.http.media import FPS, makes_images
-from lifecycle.serve.openai.errors import OpenAIError, invalid_fields
+from lifecycle.serve.openai.apierrors import OpenAIError, invalid_fields
 
 SIZE = r"^[0-9]{1,5}x[0-9]{1,5}$"
 MAX_FPS = 120

@@ -13,10 +13,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from lifecycle.serve.http.media import png_bytes
-from lifecycle.serve.http.served import Reply
+from lifecycle.serve.http.servedranks import Reply
 from lifecycle.serve.http.service import Service
 from lifecycle.serve.openai.answers import admit, content, kept, traceparent_of
-from lifecycle.serve.openai.errors import OpenAIError
+from lifecycle.serve.openai.apierrors import OpenAIError
 from lifecycle.serve.openai.fields import ImageFields, generation, posted_fields, read_fields
 from lifecycle.serve.openai.jobs import COMPLETED, Job, JobStore
 from lifecycle.serve.openai.runner import outcome

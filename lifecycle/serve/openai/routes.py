@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from lifecycle.serve.http.service import Service
-from lifecycle.serve.openai.errors import install_error_handlers
+from lifecycle.serve.openai.apierrors import install_error_handlers
 from lifecycle.serve.openai.images import add_images
-from lifecycle.serve.openai.models import add_models
+from lifecycle.serve.openai.modelcards import add_models
 from lifecycle.serve.openai.runner import JobRunner
 from lifecycle.serve.openai.videos import add_videos
 

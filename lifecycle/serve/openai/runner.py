@@ -13,7 +13,7 @@ from lifecycle.core.format.records import Generation
 from lifecycle.serve.http.front import FrontOptions
 from lifecycle.serve.http.media import mp4_bytes
 from lifecycle.serve.http.service import Service
-from lifecycle.serve.openai.errors import OpenAIError
+from lifecycle.serve.openai.apierrors import OpenAIError
 from lifecycle.serve.openai.jobs import IN_PROGRESS, Job, JobError, JobStore, jobs_folder
 from lifecycle.serve.ranks.cancel import RequestPastDeadline, RequestWithdrawn
 from lifecycle.serve.ranks.control import ServiceUnavailable

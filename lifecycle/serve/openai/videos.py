@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lifecycle.serve.http.service import Service
 from lifecycle.serve.openai.answers import admit, content, kept, traceparent_of, video_json
-from lifecycle.serve.openai.errors import OpenAIError
+from lifecycle.serve.openai.apierrors import OpenAIError
 from lifecycle.serve.openai.fields import (
     VideoFields,
     frames_of,

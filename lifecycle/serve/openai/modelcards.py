@@ -14,7 +14,7 @@ from lifecycle.core.format import events as ev
 from lifecycle.core.format.view import RankView
 from lifecycle.core.settings.modelspec import LIBRARY_BACKENDS, ModelSpec
 from lifecycle.serve.http.service import Service
-from lifecycle.serve.openai.errors import OpenAIError
+from lifecycle.serve.openai.apierrors import OpenAIError
 from lifecycle.serve.openai.fields import served_names
 
 OWNED_BY = "lifecycle"
