@@ -48,7 +48,7 @@ class Figure:
         return self.field_with_s / self.field_without_s
 
 
-# The field's 2xH200 text-to-video server in auto mode (the README's opening problem).
+# The field's 2xH200 text-to-video server in auto mode (the field's failure, docs/index.md).
 FIGURES = (
     Figure(
         name="startup to ready",

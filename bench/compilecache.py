@@ -1,5 +1,5 @@
-"""Compile and shapes paid once per fingerprint (README: "Compile and shapes, paid once per
-fingerprint"), each figure a ratio within one run:
+"""Compile and shapes paid once per fingerprint (docs/compile.md), each figure a ratio within one
+run:
 
 - the compile of a second `--compile` boot, in a compiler cache folder of its own (every rank
   makes a new one: a fresh machine, to the compiler) with the same journal, from the artifact

@@ -1,4 +1,4 @@
-"""Serving across nodes under torchrun (README: Serving across nodes): two torchrun agents on
+"""Serving across nodes under torchrun (docs/nodes.md): two torchrun agents on
 this host with a c10d rendezvous, one rank each, against the same layout under single-host
 `serve`; and how long after a node dies rank 0's /liveness answers 503."""
 

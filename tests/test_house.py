@@ -1,4 +1,4 @@
-"""The house the README's Architecture section draws: no folder of `lifecycle/` or `replay/`
+"""The house docs/architecture.md draws: no folder of `lifecycle/` or `replay/`
 holds more than 16 modules of its own, and no modules import each other, directly or around a
 circle (every import counted, those inside functions too)."""
 

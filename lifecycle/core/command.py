@@ -1,6 +1,6 @@
 """What the `lifecycle` command promises outside it: one table of exit statuses for boot,
 serve, db, first-run and the rank processes they start, the journal it writes when none is
-named, and the one-line report of a bad flag (see the README's Architecture section)."""
+named, and the one-line report of a bad flag (see docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The `warm-learned-shapes` action: after the bounded warmup, the shapes that the fingerprint's
 traffic used (from the journal's served requests), the most used first, and those --warm-shape
 names, each warmed as a warmup record of role `learned`, within --warm-budget. Rank 0 decides
-which, and every rank warms the same (each warmup runs the group's collectives). See the
-README's "Compile and shapes, paid once per fingerprint"."""
+which, and every rank warms the same (each warmup runs the group's collectives). See
+docs/compile.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The key that vouches for compiled artifacts (README: "Compile and shapes, paid once per
-fingerprint"): the operator's (LIFECYCLE_ARTIFACT_KEY or its file), else under torchrun one
-derived from the store key, else a key file of the user's own made on first use; a key file
-that others could read or replace is refused in one line, and the key is never shown. Real
-files, real processes."""
+"""The key that vouches for compiled artifacts (docs/compile.md): the operator's
+(LIFECYCLE_ARTIFACT_KEY or its file), else under torchrun one derived from the store key, else a key
+file of the user's own made on first use; a key file that others could read or replace is refused in
+one line, and the key is never shown. Real files, real processes."""
 
 from __future__ import annotations
 

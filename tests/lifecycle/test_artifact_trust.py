@@ -1,8 +1,7 @@
-"""Which of the journal's compile artifacts a startup loads (README: "Compile and shapes,
-paid once per fingerprint"): only one the operator's key signed, whatever a writer of the
-database or of the journal's directory planted, and an odd file where an artifact's file
-belongs costs the startup nothing. Real SQLite files, a real PostgreSQL server, real tar
-archives; no compile here (test_compile.py compiles)."""
+"""Which of the journal's compile artifacts a startup loads (docs/compile.md): only one the
+operator's key signed, whatever a writer of the database or of the journal's directory planted, and
+an odd file where an artifact's file belongs costs the startup nothing. Real SQLite files, a real
+PostgreSQL server, real tar archives; no compile here (test_compile.py compiles)."""
 
 from __future__ import annotations
 

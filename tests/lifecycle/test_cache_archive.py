@@ -1,7 +1,7 @@
-"""A compiler cache folder as an artifact's bytes and back (README: "Compile and shapes, paid
-once per fingerprint"): unpacked only as regular files and folders, with relative names that
-stay inside, into a folder made fresh and private, within bounds on its size and its number of
-files. Real tar archives, each attack built as it is published."""
+"""A compiler cache folder as an artifact's bytes and back (docs/compile.md): unpacked only as
+regular files and folders, with relative names that stay inside, into a folder made fresh and
+private, within bounds on its size and its number of files. Real tar archives, each attack built as
+it is published."""
 
 from __future__ import annotations
 

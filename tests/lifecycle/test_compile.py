@@ -1,10 +1,9 @@
-"""`--compile` and the shapes traffic used, paid once per fingerprint (README: "Compile and
-shapes, paid once per fingerprint"): a second boot compiles from the artifact the first kept
-in the journal, one the operator's key did not sign or a stale or corrupt one is never loaded,
-nothing another user left in the shared temporary folder is compiled in, a pipeline that
-declares no repeated blocks runs eager and says so, compiled output equals eager, and a boot
-after serving warms the shapes its traffic used. Real boots and a real server on 127.0.0.1;
-torch.compile on the CPU (inductor, g++)."""
+"""`--compile` and the shapes traffic used, paid once per fingerprint (docs/compile.md): a second
+boot compiles from the artifact the first kept in the journal, one the operator's key did not sign
+or a stale or corrupt one is never loaded, nothing another user left in the shared temporary folder
+is compiled in, a pipeline that declares no repeated blocks runs eager and says so, compiled output
+equals eager, and a boot after serving warms the shapes its traffic used. Real boots and a real
+server on 127.0.0.1; torch.compile on the CPU (inductor, g++)."""
 
 from __future__ import annotations
 

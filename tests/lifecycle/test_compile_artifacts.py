@@ -1,9 +1,8 @@
-"""The compiler's artifacts in the journal's keeping (README: "Compile and shapes, paid once
-per fingerprint"): kept beside a SQLite journal and in a PostgreSQL database with their
-signature, never read unless whole, bounded in number, written by two pods at once without a
-half-written one, removed by `db prune` with the runs that used them, carried by `db copy`.
-Real SQLite files, a real PostgreSQL server, real tar archives; no compile here
-(test_compile.py compiles, test_artifact_trust.py loads)."""
+"""The compiler's artifacts in the journal's keeping (docs/compile.md): kept beside a SQLite journal
+and in a PostgreSQL database with their signature, never read unless whole, bounded in number,
+written by two pods at once without a half-written one, removed by `db prune` with the runs that
+used them, carried by `db copy`. Real SQLite files, a real PostgreSQL server, real tar archives; no
+compile here (test_compile.py compiles, test_artifact_trust.py loads)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ DESIGN_KINDS = {
 # rank's clock offset to rank 0, measured at the rendezvous; and the deadlines each state was
 # held to, learned from the journal's history at gate-check; and each pipeline component's
 # load, before it reads and after (the startup accounted); and the compile, and the compiler's
-# artifact kept (README: "Compile and shapes, paid once per fingerprint").
+# artifact kept (docs/compile.md).
 BEYOND_DESIGN_KINDS = {
     "collectives_dumped", "clock_aligned", "flight_recorder_dumped", "expectations",
     "load_started", "load_finished", "compiled", "compile_kept",
@@ -52,8 +52,8 @@ BEYOND_DESIGN_KINDS = {
 
 
 def test_every_designed_kind_has_an_event_class() -> None:
-    """The journal knows exactly the designed event kinds (the README's Architecture), and the
-    ones the README lists beyond it."""
+    """The journal knows exactly the designed event kinds (docs/architecture.md), and the
+    ones docs/reference/events.md lists beyond it."""
     assert set(EVENT_TYPES) == DESIGN_KINDS | BEYOND_DESIGN_KINDS
 
 

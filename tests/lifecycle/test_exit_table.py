@@ -1,7 +1,7 @@
 """One exit table per command: `lifecycle` (boot, serve, db, first-run and the rank processes)
 reads its statuses from `lifecycle.core.command.Exit`, `replay` from `replay.exits.ReplayExit`;
 an error that reaches a command's top carries its status; the default journal is spelled once
-(see the README's Architecture section)."""
+(see docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_a_foreign_file_and_a_bad_config_end_with_the_usage_status(tmp_path: Pat
 
 
 def test_no_two_modules_of_lifecycle_share_a_name() -> None:
-    """A module's file name says which one it is (README, Architecture): no two files of the
+    """A module's file name says which one it is (docs/architecture.md): no two files of the
     lifecycle package share one, whatever their folder."""
     seen: dict[str, list[str]] = {}
     for path in sorted((REPO / "lifecycle").rglob("*.py")):

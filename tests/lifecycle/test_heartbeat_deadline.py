@@ -1,5 +1,5 @@
 """The heartbeat thread journals a state's stall when its deadline passes, not at the next beat
-(README, Architecture: deadlines learned from history)."""
+(docs/concepts.md: deadlines learned from history)."""
 
 from __future__ import annotations
 

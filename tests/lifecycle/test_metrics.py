@@ -18,13 +18,13 @@ from tests.support import BODY, scrape, serve, value
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def readme_metrics() -> dict[str, set[str]]:
-    """The README's /metrics table: each metric it names (`process_*` stands for that
+    """docs/operations.md's /metrics table: each metric it names (`process_*` stands for that
     family), with the labels it lists (an explanation in parentheses is not a label)."""
-    after = README.read_text(encoding="utf-8").split("`GET /metrics` is Prometheus's", 1)[1]
+    after = OPERATIONS.read_text(encoding="utf-8").split("`GET /metrics` is Prometheus's", 1)[1]
     lines = after.split("| metric | labels | from |", 1)[1].splitlines()[2:]
     table: dict[str, set[str]] = {}
     for line in lines:
@@ -38,7 +38,7 @@ def readme_metrics() -> dict[str, set[str]]:
 
 
 def served_name(family: str, samples: list[Sample], table: dict[str, set[str]]) -> str | None:
-    """The README's name for a served family: as exposed (with _total or _info), or the
+    """The docs' name for a served family: as exposed (with _total or _info), or the
     family's own (a histogram's), or the `process_*` row."""
     exposed = {s.name for s in samples} | {family, f"{family}_total", f"{family}_info"}
     named = exposed & table.keys()
@@ -48,7 +48,7 @@ def served_name(family: str, samples: list[Sample], table: dict[str, set[str]]) 
 
 
 def test_a_scrape_holds_what_the_readme_lists_and_what_operators_expect(tmp_path: Path) -> None:
-    """Every metric the README's table lists is served with the labels it lists, and every
+    """Every metric the docs' table lists is served with the labels it lists, and every
     lifecycle_ metric served is listed; a /generate is in the duration histogram, the line
     is empty after it, the build and each rank's last heartbeat are there, and the server's
     own process_* metrics. With --access-log each request is a log line (JSON here)."""

@@ -1,4 +1,4 @@
-"""`lifecycle serve` under torchrun across nodes (README: Serving across nodes): two real
+"""`lifecycle serve` under torchrun across nodes (docs/nodes.md): two real
 torchrun agents on 127.0.0.1 with a c10d rendezvous, each a "node" with one rank and its own
 journal file, serve as one server from global rank 0; a request runs on both; the node of
 rank 1 killed (its agent and its rank, SIGKILL) turns /liveness 503, rank 0's serve exits 1

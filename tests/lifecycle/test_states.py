@@ -30,7 +30,7 @@ def test_bounded_warm_branches_on_the_calibration_gate() -> None:
 
 
 def test_the_table_matches_the_design() -> None:
-    """The non-fail edges are exactly those of the README's "What a startup is" diagram."""
+    """The non-fail edges are exactly those of docs/concepts.md's "What a startup is" diagram."""
     edges = {
         (e.trigger.value, e.source.value, e.dest.value)
         for e in TRANSITIONS

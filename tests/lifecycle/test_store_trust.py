@@ -1,4 +1,4 @@
-"""Who may steer a run (README: The agreed abort, Serving across nodes): the launcher's
+"""Who may steer a run (docs/ranks.md, The agreed abort; docs/nodes.md): the launcher's
 rendezvous store listens on 127.0.0.1 alone, and every message a rank reads from a store or
 the control group is sealed with the run's store key; a message that is not, written by
 anything that reaches the store, is dropped, counted in /metrics and journaled once, and ends

@@ -31,7 +31,7 @@ TORCHRUN_NAMES = (
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "LIFECYCLE_RUN_ID",
     "LIFECYCLE_CLOCK_SKEW", "LIFECYCLE_FAULTS", "LIFECYCLE_STORE_KEY", "LIFECYCLE_STORE_KEY_FILE",
 )  # fmt: skip
-# The store key an operator gives every rank (README: Serving across nodes).
+# The store key an operator gives every rank (docs/nodes.md).
 STORE_KEY = "5e41ed5a1e5f0bd0" * 4
 
 

@@ -1,4 +1,4 @@
-"""Rank 0's reader of another rank under torchrun (README: Serving across nodes), through a
+"""Rank 0's reader of another rank under torchrun (docs/nodes.md), through a
 real store: messages that are not sealed with the run's store key, written at the slots it
 reads next, are dropped and counted, never taken for the rank's own; a slot emptied behind
 its back does not stop the stream; beats forged or replayed do not keep a silent rank alive."""

@@ -1,6 +1,6 @@
 """How a culprit still in a collective is named: hung there when its peers are in the same
-collective, out of step only when it went on past them (README, Architecture: replay's
-verdict). Hand-built journals, read the way `replay diagnose` reads them."""
+collective, out of step only when it went on past them (docs/architecture.md). Hand-built journals,
+read the way `replay diagnose` reads them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Diagnoses of a rank the group took for lost (README: Serving across nodes): its peers were
+"""Diagnoses of a rank the group took for lost (docs/nodes.md): its peers were
 aborted for it, whatever its own journal says after (a lifecycle before the store was sealed
 let it journal a clean stop once resumed)."""
 

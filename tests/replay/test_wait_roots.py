@@ -1,4 +1,4 @@
-"""Who a hang is followed to under the agreed abort (README, Architecture: replay's verdict)."""
+"""Who a hang is followed to under the agreed abort (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What a startup pays once per fingerprint (pure): the key a compiled denoiser's artifacts are
-kept under, and why a stored artifact is not used. See the README's "Compile and shapes, paid
-once per fingerprint"."""
+kept under, and why a stored artifact is not used. See docs/compile.md."""
 
 from __future__ import annotations
 

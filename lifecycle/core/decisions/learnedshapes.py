@@ -1,5 +1,5 @@
-"""Which of the shapes traffic used a startup warms, within a budget (pure). See the README's
-"Compile and shapes, paid once per fingerprint"."""
+"""Which of the shapes traffic used a startup warms, within a budget (pure). See
+docs/compile.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A rank's compiler folders, private to it, and the journal's artifact loaded into them: only
-one the operator's key signed, whole, of the startup's own key. See the README's "Compile and
-shapes, paid once per fingerprint"."""
+one the operator's key signed, whole, of the startup's own key. See docs/compile.md."""
 
 from __future__ import annotations
 
