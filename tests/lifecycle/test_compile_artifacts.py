@@ -7,6 +7,8 @@ compile here (test_compile.py compiles, test_artifact_trust.py loads)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -198,5 +200,41 @@ def test_db_copy_carries_the_artifacts_of_the_runs_it_copies(tmp_path: Path) -> 
     assert (carried.key, store_of(fleet).read(carried)) == (KEY.key, b"whole")
     assert carried.signature == signature(b"whole")
     assert "1 compile artifact(s) carried" in copied.line("node.db", "fleet.db")
+    fleet.close()
+    source.close()
+
+
+def test_db_copy_out_of_a_journal_of_0005_carries_its_artifacts_unsigned(tmp_path: Path) -> None:
+    """A source at revision 0005 (no signatures yet) is read as it is: its artifact is carried
+    unsigned, as it was kept, for a startup to reject and replace."""
+    from alembic import command
+
+    from lifecycle.store.backends.revisions import alembic_config
+    from lifecycle.store.location import to_url
+
+    node = tmp_path / "node.db"
+    command.upgrade(alembic_config(to_url(str(node))), "0005")
+    with sqlite3.connect(node) as conn:
+        conn.execute(
+            "INSERT INTO runs (run_id, created_at, host, world_size, config, lifecycle_version)"
+            " VALUES ('run-a', 1.8e9, 'h', 1, '{}', '0.1.0')"
+        )
+        conn.execute(
+            "INSERT INTO compile_artifacts (key, fingerprint, model, torch, python, machine,"
+            " backend, mode, digest, size_bytes, stored_run, stored_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'run-a', 1.8e9)",
+            (KEY.key, KEY.fingerprint, KEY.model, KEY.torch, KEY.python, KEY.machine,
+             KEY.backend, KEY.mode, hashlib.sha256(b"old").hexdigest(), 3),
+        )  # fmt: skip
+    folder = tmp_path / "node.db.compile-cache"
+    folder.mkdir()
+    (folder / hashlib.sha256(b"old").hexdigest()).write_bytes(b"old")
+    source = Journal.open_for_read(str(node))
+    assert source.revision == "0005"
+    fleet = Journal.open_for_write(str(tmp_path / "fleet.db"))
+    copied = copy_journal(source, fleet, run_ids=None)
+    assert copied.artifacts == 1, copied.artifacts_left
+    (carried,) = store_of(fleet).candidates("micro-video")
+    assert (carried.signature, store_of(fleet).read(carried)) == (None, b"old")
     fleet.close()
     source.close()
