@@ -34,7 +34,9 @@ def test_a_diffusers_model_without_the_extra_is_one_line_naming_it(
         "lifecycle", ["boot", *model, "--db", "j.db"], cwd=tmp_path,
         env=without_diffusers(tmp_path), timeout=120,
     )  # fmt: skip
-    assert_refused_before_start(done, "pip install 'diffusion-lifecycle[diffusers]'", tmp_path / "j.db")
+    assert_refused_before_start(
+        done, "pip install 'diffusion-lifecycle[diffusers]'", tmp_path / "j.db"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -183,7 +183,9 @@ def test_tiny_qwen_image_without_the_diffusers_extra_is_one_line(tmp_path: Path)
         "lifecycle", ["boot", "--model", MODEL, "--db", "j.db"], cwd=tmp_path,
         env=without_diffusers(tmp_path), timeout=120,
     )  # fmt: skip
-    assert_refused_before_start(done, "pip install 'diffusion-lifecycle[diffusers]'", tmp_path / "j.db")
+    assert_refused_before_start(
+        done, "pip install 'diffusion-lifecycle[diffusers]'", tmp_path / "j.db"
+    )
 
 
 def test_the_built_in_spec_is_its_saved_directorys_but_for_its_default_request(
