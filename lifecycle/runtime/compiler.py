@@ -25,7 +25,7 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.events import Compiled, CompileKept
 from lifecycle.core.format.records import Generation
 from lifecycle.runtime.artifacts.archive import pack
-from lifecycle.runtime.artifacts.loading import (
+from lifecycle.runtime.artifacts.cacheload import (
     JOURNAL_ERRORS,
     load_artifact,
     private_compiler_folders,

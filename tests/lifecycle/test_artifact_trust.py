@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.runtime.artifacts.archive import pack, unpack
-from lifecycle.runtime.artifacts.loading import load_artifact
+from lifecycle.runtime.artifacts.cacheload import load_artifact
 from lifecycle.store.backends.schema import compile_artifacts
 from lifecycle.store.journal import Journal
 from lifecycle.store.learned.artifactfiles import ArtifactUnusable

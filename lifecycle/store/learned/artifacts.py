@@ -2,7 +2,7 @@
 every pod of a fleet compiles from what one pod compiled: a row per compile key, the bytes in
 the row on a database server and beside a SQLite journal in a folder of files named by their
 digest. Nothing is read unless it is a regular file whose digest matches (its signature is
-the loader's to check: lifecycle.runtime.artifacts.loading); nothing half-written is ever
+the loader's to check: lifecycle.runtime.artifacts.cacheload); nothing half-written is ever
 found (a file is renamed into place before its row commits, and a row commits whole)."""
 
 from __future__ import annotations
