@@ -8,6 +8,17 @@ from lifecycle.adapters.diffusers.directory import read_directory
 from lifecycle.adapters.diffusers.families import BUILT_INS, driven_classes, family_of
 from lifecycle.adapters.diffusers.library import EXTRA, diffusers_offline, pipeline_class
 from lifecycle.adapters.diffusers.loading import load_components
+from lifecycle.adapters.diffusers.precision import (
+    AUTO,
+    BUILT_IN_COMPONENTS,
+    built_in_dtypes,
+    check_dtype,
+    components_of,
+    resolved,
+    stored_dtypes,
+    torch_dtypes,
+    weighted_components,
+)
 from lifecycle.adapters.diffusers.specs import DIFFUSERS, DIFFUSERS_COMPONENTS
 from lifecycle.adapters.diffusers.wan.tinywan import TINY_WAN, tiny_wan_spec
 from lifecycle.pipelines import Comm, ConfigError, ModelSpec, Pipeline, register_pipeline
@@ -43,17 +54,35 @@ def built_in_spec(name: str) -> ModelSpec:
     return built_in.spec()
 
 
-def register(spec: ModelSpec) -> None:
-    """Make `spec` buildable in this process (every rank process calls this)."""
+def register(spec: ModelSpec, *, dtype: str = AUTO) -> None:
+    """Make `spec` buildable in this process (every rank process calls this), its components
+    loaded in `dtype` (--dtype's canonical form); ConfigError in one line for a dtype it
+    cannot take."""
     if spec.backend not in (DIFFUSERS, DIFFUSERS_COMPONENTS):
         raise ConfigError(f"{spec.name} is not a diffusers model", field="model")
-    register_pipeline(spec, _factory)
+    if dtype != AUTO:
+        built_in = BUILT_INS.get(spec.name) if spec.source is None else None
+        class_name, components = (
+            components_of(spec.source)
+            if spec.source is not None
+            else (
+                "" if built_in is None else built_in.class_name,
+                BUILT_IN_COMPONENTS.get(spec.name, ()),
+            )
+        )
+        check_dtype(dtype, model=spec.name, class_name=class_name, components=components)
+
+    def factory(spec: ModelSpec, comm: Comm) -> Pipeline:
+        return _factory(spec, comm, dtype=dtype)
+
+    register_pipeline(spec, factory)
 
 
-def _factory(spec: ModelSpec, comm: Comm) -> Pipeline:
-    """The rank's pipeline: its components loaded (or a built-in built), driven by the
-    adapter of its class's family."""
+def _factory(spec: ModelSpec, comm: Comm, *, dtype: str = AUTO) -> Pipeline:
+    """The rank's pipeline: its components loaded (or a built-in built) in their dtypes,
+    driven by the adapter of its class's family."""
     diffusers_offline()
+    on_cpu = comm.device.type == "cpu"
     if spec.source is None:
         built_in = BUILT_INS.get(spec.name)
         if built_in is None:
@@ -62,11 +91,25 @@ def _factory(spec: ModelSpec, comm: Comm) -> Pipeline:
                 " nor a pipeline directory",
                 field="model",
             )
-        pipe = built_in.build()
-        pipe.to(comm.device)
         class_name = built_in.class_name
+        # A built-in's seeded weights are float32, and so is its auto on every device.
+        names = resolved(
+            dtype, components=BUILT_IN_COMPONENTS[spec.name], class_name=class_name, on_cpu=True
+        )
+        with built_in_dtypes(torch_dtypes(names)):
+            pipe = built_in.build()
+        pipe.to(comm.device)
     else:
         directory = read_directory(spec.source)
-        pipe = load_components(pipeline_class(directory), directory, comm.device)
         class_name = directory.class_name
+        names = resolved(
+            dtype,
+            components=weighted_components(directory.components),
+            class_name=class_name,
+            on_cpu=on_cpu,
+            stored=None if on_cpu else stored_dtypes(directory),
+        )
+        pipe = load_components(
+            pipeline_class(directory), directory, comm.device, torch_dtypes(names)
+        )
     return family_of(class_name).adapter(spec, comm, pipe)

@@ -27,7 +27,7 @@ import contextlib
 import importlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -67,9 +67,12 @@ class _Skeletons:
                 self.built.set()
 
 
-def load_components(cls: Any, directory: PipelineDirectory, device: Any) -> Any:
+def load_components(
+    cls: Any, directory: PipelineDirectory, device: Any, dtypes: Mapping[str, Any] | None = None
+) -> Any:
     """The pipeline of `directory`, its components loaded concurrently (one thread each, at
-    most one per core), each moved to `device` once read."""
+    most one per core), each in its torch dtype of `dtypes` (one not there: as the library
+    loads it) and moved to `device` once read."""
     import diffusers
     from diffusers.models.modeling_utils import ModelMixin
 
@@ -85,7 +88,9 @@ def load_components(cls: Any, directory: PipelineDirectory, device: Any) -> Any:
     path = str(directory.path)
 
     def load_alone(name: str) -> Any:
-        others = {other: None for other in names if other != name}
+        others: dict[str, Any] = {other: None for other in names if other != name}
+        if (dtype := (dtypes or {}).get(name)) is not None:
+            others["dtype"] = dtype  # diffusers' own (and transformers') name for it
         try:
             return getattr(cls.from_pretrained(path, local_files_only=True, **others), name)
         except (OSError, ValueError, RuntimeError, TypeError) as exc:
@@ -120,7 +125,7 @@ def load_components(cls: Any, directory: PipelineDirectory, device: Any) -> Any:
         return component
 
     workers = max(1, min(len(names), os.cpu_count() or 1))
-    with _library_bars_off(), _skeletons_one_at_a_time(skeletons) as parallel:
+    with library_bars_off(), _skeletons_one_at_a_time(skeletons) as parallel:
         if parallel and workers > 1:
             with ThreadPoolExecutor(workers, thread_name_prefix="lifecycle-load") as pool:
                 # The diffusers models first: their skeletons are what the others wait for.
@@ -137,7 +142,7 @@ _BARS_OF = ("diffusers.utils.logging", "transformers.utils.logging")
 
 
 @contextlib.contextmanager
-def _library_bars_off() -> Iterator[None]:
+def library_bars_off() -> Iterator[None]:
     """diffusers' and transformers' progress bars off while it is entered; those that were on
     are on again after (the switch is each library's, process-wide)."""
     switched = []

@@ -18,6 +18,7 @@ from lifecycle.core.format.records import (
     ReuseDecision,
 )
 from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.dtypes import AUTO
 from lifecycle.core.settings.modelspec import ModelSpec
 
 DEFAULT_BUDGET = "free memory less headroom"
@@ -34,7 +35,11 @@ def fingerprint(
     budget = args.memory_budget_bytes
     return Fingerprint(
         model=args.model.name,
-        model_config=model_digest(args.model),
+        # --dtype changes what every plan measures; at auto the digest is the model's alone,
+        # so that plans verified before --dtype existed are still found.
+        model_config=model_digest(args.model)
+        if args.dtype == AUTO
+        else f"{model_digest(args.model)} dtype={args.dtype}",
         default_shape=str(args.model.default_shape),
         layout=f"ranks={args.num_ranks} cfg={args.cfg_parallel} ulysses={args.ulysses}",
         device=device,

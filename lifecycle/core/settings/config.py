@@ -13,6 +13,7 @@ from lifecycle.core.command import DEFAULT_JOURNAL
 from lifecycle.core.errors import ConfigError, Setting
 from lifecycle.core.format.records import Shape
 from lifecycle.core.format.states import State
+from lifecycle.core.settings.dtypes import AUTO, parse_dtype
 from lifecycle.core.settings.faults import FaultKind, FaultSpec
 from lifecycle.core.settings.modelspec import MODEL_PRESETS, MemoryModel, ModelSpec
 from lifecycle.core.settings.validation import (
@@ -96,6 +97,9 @@ class ServerArgs:
     cfg_parallel: int = 1
     ulysses: int = 1
     device: str = "auto"
+    # --dtype in parse_dtype's canonical form: the precision each component loads in (part of
+    # the residency fingerprint, and compared across ranks as every setting here is).
+    dtype: str = AUTO
     dist_timeout_s: float = 600.0
     on_peer_failure: PeerFailure = PeerFailure.ABORT
     # How long a request may go without a denoising step on some rank before the server gives
@@ -172,6 +176,10 @@ def _check_layout(args: ServerArgs) -> None:
         )  # fmt: skip
     if args.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(Setting("device"), f" must be auto, cpu or cuda, not {args.device!r}")
+    if parse_dtype(args.dtype) != args.dtype:
+        raise ConfigError(
+            Setting("dtype"), f" {args.dtype!r} is not written as {parse_dtype(args.dtype)!r}"
+        )
 
 
 def _check_timeouts(args: ServerArgs) -> None:

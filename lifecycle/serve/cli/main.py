@@ -29,6 +29,7 @@ from lifecycle.core.settings.config import (
     SmokeRequest,
     WarmupMode,
 )
+from lifecycle.core.settings.dtypes import parse_dtype
 from lifecycle.core.settings.faults import parse_faults
 from lifecycle.runtime.group.signals import leave_process
 from lifecycle.runtime.phases import IMPORT_LIFECYCLE, MODEL_SPEC, mark
@@ -44,6 +45,7 @@ from lifecycle.serve.cli.options import (
 from lifecycle.serve.cli.optiontypes import SPELLINGS
 from lifecycle.serve.cli.spelling import SPELLING, spelling_of
 from lifecycle.serve.logs import configure_logging, say, set_json_lines
+from lifecycle.serve.ranks.dtypes import register_dtype
 from lifecycle.serve.ranks.models import model_for
 from lifecycle.serve.ranks.rankenv import check_environment
 
@@ -215,7 +217,9 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         refusal = cuda_refusal()
         if refusal is not None:
             raise ConfigError(refusal, field="device")
+    dtype = parse_dtype(ns.dtype)
     model = model_for(ns, num_ranks=num_ranks)
+    register_dtype(model, dtype)
     check_environment(env, world_size=num_ranks)
     ulysses = ns.ulysses if ns.ulysses is not None else max(1, num_ranks // max(1, ns.cfg_parallel))
     return ServerArgs(
@@ -229,6 +233,7 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         cfg_parallel=ns.cfg_parallel,
         ulysses=ulysses,
         device=ns.device,
+        dtype=dtype,
         dist_timeout_s=ns.dist_timeout,
         on_peer_failure=PeerFailure(ns.on_peer_failure),
         request_silence_s=getattr(ns, "request_silence", None),

@@ -111,6 +111,11 @@ HELP = {
     "--performance-mode": "auto lets the gates decide on calibration; the others skip it"
     " (default: %(default)s)",
     "--device": "auto: cuda where a device is visible, else cpu (default: %(default)s)",
+    "--dtype": "the components' precision as torch names it (auto, bfloat16, float16, float32):"
+    " one for all, or COMPONENT=DTYPE,... (one not named: auto); auto is float32 on CPU and on an"
+    " accelerator the family's (Wan: bfloat16, its VAE float32; Qwen-Image: bfloat16), else the"
+    " weights' own (tiny-wan, tiny-qwen-image: float32); diffusers pipelines only (default:"
+    " %(default)s)",
     "--seed": "the seed of warmup and smoke requests (default: %(default)s)",
     "--num-ranks": "ranks (a process and a device each) = cfg-parallel x ulysses"
     " (default: WORLD_SIZE under torchrun, else 1)",
@@ -194,6 +199,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(model, "--default-steps", type=BoundedInt(1, 10_000), metavar="N")
     add(model, "--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
     add(model, "--device", choices=["auto", "cpu", "cuda"], default="auto")
+    add(model, "--dtype", default="auto", metavar="DTYPE")
     add(model, "--seed", type=BoundedInt(0, MAX_SEED), default=0, metavar="N")
 
     ranks = p.add_argument_group("parallelism")

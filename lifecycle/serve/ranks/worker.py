@@ -36,6 +36,7 @@ from lifecycle.runtime.phases import (
 )
 from lifecycle.serve.logs import configure_logging, say
 from lifecycle.serve.ranks.control import Line, LockedConnection
+from lifecycle.serve.ranks.dtypes import register_dtype
 from lifecycle.serve.ranks.launchtime import launch_walls
 from lifecycle.serve.ranks.messages import Hello, Rejected
 from lifecycle.serve.ranks.models import register_model
@@ -339,6 +340,7 @@ def main() -> int:
             load_plugin(spec.pipeline)
         args = args_from_json(spec.config)
         register_model(args.model)
+        register_dtype(args.model, args.dtype)
         mark(MODEL_SPEC)
         control = None
         if spec.mode == "serve" and spec.control_port is not None:

@@ -50,10 +50,12 @@ def drawn_from_seed(seed: int) -> Iterator[None]:
 
 
 def seeded_component(name: str, build: Callable[[], Any]) -> Any:
-    """A component built with its seeded weights, timed (and journaled inside a startup) as
-    its load."""
+    """A component built with its seeded weights (in the dtype asked of it, see
+    precision.built_in_dtypes), timed (and journaled inside a startup) as its load."""
+    from lifecycle.adapters.diffusers.precision import in_asked_dtype
+
     with component_load(name) as load:
-        module = build().eval()
+        module = in_asked_dtype(name, build().eval())
         load.read_done(
             dtype=module.dtype,
             nbytes=sum(p.numel() * p.element_size() for p in module.parameters()),
