@@ -45,7 +45,7 @@ from lifecycle.serve.cli.options import (
 from lifecycle.serve.cli.optiontypes import SPELLINGS
 from lifecycle.serve.cli.spelling import SPELLING, spelling_of
 from lifecycle.serve.logs import configure_logging, say, set_json_lines
-from lifecycle.serve.ranks.dtypes import register_dtype
+from lifecycle.serve.ranks.modeldtype import register_dtype
 from lifecycle.serve.ranks.models import model_for
 from lifecycle.serve.ranks.rankenv import check_environment
 

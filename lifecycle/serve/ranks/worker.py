@@ -36,9 +36,9 @@ from lifecycle.runtime.phases import (
 )
 from lifecycle.serve.logs import configure_logging, say
 from lifecycle.serve.ranks.control import Line, LockedConnection
-from lifecycle.serve.ranks.dtypes import register_dtype
 from lifecycle.serve.ranks.launchtime import launch_walls
 from lifecycle.serve.ranks.messages import Hello, Rejected
+from lifecycle.serve.ranks.modeldtype import register_dtype
 from lifecycle.serve.ranks.models import register_model
 
 # RankEnv and under_torchrun are re-exported: the launcher and the command line take them from
