@@ -22,6 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO / "BENCHMARKS.md"
 EXIT_OK = 0
 EXIT_BENCHMARK_FAILED = 1
+# A --quick run's wall time on two cores: 15 min at a load of 2 before its sizes were cut (the
+# compile cache's three models alone 4 min); 22 min at a load of 5 to 8 after, of which 16 min
+# of CPU.
+QUICK_MINUTES = 12
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes, about two minutes on 2 cores; writes Markdown only with --output",
+        help=f"small sizes, about {QUICK_MINUTES} minutes on two cores (20 or more under load);"
+        " writes Markdown only with --output",
     )
     parser.add_argument(
         "--output",

@@ -19,7 +19,7 @@ class BenchError(Exception):
 class Settings:
     """How large a run is and where its files go."""
 
-    quick: bool  # small sizes, the whole run in about two minutes on 2 cores
+    quick: bool  # small sizes (the whole run's time: bench.run.QUICK_MINUTES)
     workdir: Path  # a fresh temporary directory, removed after the run
 
 

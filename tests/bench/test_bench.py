@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,18 @@ def test_a_quick_run_prints_its_rows_and_writes_the_markdown(tmp_path: Path) -> 
     markdown = output.read_text(encoding="utf-8")
     assert [name for name in ROW_NAMES if name not in markdown] == []
     assert "--quick --only journal --only replay --output" in markdown
+
+
+def test_the_help_and_the_docs_give_one_time_for_a_quick_run() -> None:
+    """`python -m bench --help` says how many minutes `--quick` takes on two cores, and the
+    benchmarks page of the docs gives the same figure."""
+    done = run_cli("bench", ["--help"], cwd=REPO, timeout=60.0)
+    assert done.returncode == 0, done.stderr[-2000:]
+    helped = " ".join(done.stdout.split())
+    said = re.search(r"--quick small sizes, about (\d+) minutes on two cores", helped)
+    assert said is not None, helped
+    page = " ".join((REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert f"`--quick` runs them small (about {said[1]} minutes on two cores" in page
 
 
 def test_every_benchmark_module_names_one_benchmark_once() -> None:
