@@ -238,6 +238,7 @@ def test_a_missing_encoder_library_is_a_one_line_refusal(monkeypatch: pytest.Mon
     video = MODEL_PRESETS["micro-video"]
     monkeypatch.setitem(sys.modules, "av", None)
     assert format_refusal(video, "mp4") == (
-        "response_format mp4 needs PyAV, in the diffusers extra: pip install 'diffusion-lifecycle[diffusers]'"
+        "response_format mp4 needs PyAV, in the diffusers extra:"
+        " pip install 'diffusion-lifecycle[diffusers]'"
     )
     assert format_refusal(video, "npy") is None
