@@ -74,9 +74,11 @@ def test_health_turns_green_at_ready_and_generate_works_twice(tmp_path: Path) ->
     assert not any(
         isinstance(e.event, CollectiveStarted) and e.seq > requests[0].seq for e in events
     )
-    assert isinstance(events[-2].event, Shutdown)
-    assert events[-2].event.signal == "SIGTERM"
-    assert events[-1].state == "stopped"
+    # A heartbeat the rank's beat thread wrote as it stopped may follow (a loaded host).
+    tail = [e for e in events if e.kind != "heartbeat"][-2:]
+    assert isinstance(tail[0].event, Shutdown)
+    assert tail[0].event.signal == "SIGTERM"
+    assert tail[1].state == "stopped"
 
 
 def test_bad_requests_are_refused_and_the_server_keeps_serving(tmp_path: Path) -> None:
