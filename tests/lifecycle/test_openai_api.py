@@ -7,18 +7,20 @@ the model."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Iterator
 
 import openai
 import pytest
 
-from tests.conftest import processes_in
-from tests.support import Served, journal_events, serve
-from tests.support.families import QUICK
-from tests.support.openaisdk import SORA_WARNING, mp4_frames, sdk_client, timed, wait_until
+from tests.support import Served, journal_events
+from tests.support.openaisdk import (
+    SORA_WARNING,
+    mp4_frames,
+    sdk_client,
+    served_model,
+    timed,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.ranks, pytest.mark.filterwarnings(SORA_WARNING)]
 
@@ -31,16 +33,8 @@ LONG_VIDEO = {"num_frames": 9, "num_inference_steps": 200}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One `lifecycle serve --model tiny-wan` for the module, ready; stopped at the end."""
-    workdir = tmp_path_factory.mktemp("tiny-wan")
-    try:
-        with serve(workdir, "--model", "tiny-wan", *QUICK) as served:
-            served.wait_for_health(200, within=240)
-            yield served
-            assert served.stop() == 0
-    finally:
-        for pid in processes_in(workdir):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+    with served_model(tmp_path_factory.mktemp("tiny-wan"), "tiny-wan") as served:
+        yield served
 
 
 @pytest.fixture

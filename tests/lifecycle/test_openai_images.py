@@ -5,10 +5,7 @@ an image model cannot make is a 400 naming the field."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
-import os
-import signal
 from collections.abc import Iterator
 
 import httpx
@@ -16,10 +13,8 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.conftest import processes_in
-from tests.support import Served, serve
-from tests.support.families import QUICK
-from tests.support.openaisdk import SORA_WARNING, sdk_client, timed
+from tests.support import Served
+from tests.support.openaisdk import SORA_WARNING, sdk_client, served_model, timed
 
 pytestmark = [pytest.mark.ranks, pytest.mark.filterwarnings(SORA_WARNING)]
 
@@ -30,16 +25,8 @@ FIELDS = {"num_inference_steps": 2, "seed": 13, "negative_prompt": "blurry"}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One `lifecycle serve --model tiny-qwen-image` for the module, ready; stopped at the
     end."""
-    workdir = tmp_path_factory.mktemp("tiny-qwen-image")
-    try:
-        with serve(workdir, "--model", "tiny-qwen-image", *QUICK) as served:
-            served.wait_for_health(200, within=240)
-            yield served
-            assert served.stop() == 0
-    finally:
-        for pid in processes_in(workdir):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+    with served_model(tmp_path_factory.mktemp("tiny-qwen-image"), "tiny-qwen-image") as served:
+        yield served
 
 
 @pytest.fixture

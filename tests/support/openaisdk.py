@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import openai
 
+from tests.conftest import processes_in
+from tests.support import serve
+from tests.support.families import QUICK
 from tests.support.serving import Served
 
 T = TypeVar("T")
@@ -57,3 +64,18 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"{video_id} never got there: {video}")
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def served_model(workdir: Path, model: str) -> Iterator[Served]:
+    """`lifecycle serve --model MODEL` in `workdir`, ready; stopped at the end, and any process
+    it left behind killed."""
+    try:
+        with serve(workdir, "--model", model, *QUICK) as served:
+            served.wait_for_health(200, within=240)
+            yield served
+            assert served.stop() == 0
+    finally:
+        for pid in processes_in(workdir):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

@@ -27,7 +27,11 @@ from pathlib import Path
 from sqlalchemy.exc import ArgumentError
 
 from lifecycle.core.errors import ConfigError
-from lifecycle.runtime.group.storetrust import MAX_KEY_FILE_BYTES, MIN_KEY_CHARS, store_secret
+from lifecycle.runtime.group.storetrust import (
+    MAX_KEY_FILE_BYTES,
+    checked_key,
+    store_secret,
+)
 from lifecycle.store.learned.artifacts import FOLDER_SUFFIX, artifact_folder
 from lifecycle.store.location import to_url
 from lifecycle.store.regularfile import other_file_kind
@@ -112,16 +116,7 @@ def _started_by_torchrun(env: Mapping[str, str]) -> bool:
 
 
 def _checked(text: str, where: str) -> bytes:
-    key = text.strip()
-    if any(not c.isprintable() for c in key):
-        raise ConfigError(f"{where}: the artifact key is not one line of text", field="env")
-    if len(key) < MIN_KEY_CHARS:
-        raise ConfigError(
-            f"{where}: the artifact key has {len(key)} characters, fewer than {MIN_KEY_CHARS}"
-            " (make one with `openssl rand -hex 32`)",
-            field="env",
-        )
-    return key.encode()
+    return checked_key(text, where, what="artifact key")
 
 
 def _own_key_file(path: Path, where: str, journal: str) -> str:

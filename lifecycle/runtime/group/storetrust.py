@@ -63,12 +63,18 @@ def store_secret(env: Mapping[str, str]) -> bytes | None:
         where, text = STORE_KEY_ENV, given
     else:
         return None
+    return checked_key(text, where, what="store key")
+
+
+def checked_key(text: str, where: str, *, what: str) -> bytes:
+    """A key given as text (`what`: which key, `where`: where it was given): one line of at
+    least MIN_KEY_CHARS characters; ConfigError (one line, never showing the key) otherwise."""
     key = text.strip()
     if any(not c.isprintable() for c in key):
-        raise ConfigError(f"{where}: the store key is not one line of text", field="env")
+        raise ConfigError(f"{where}: the {what} is not one line of text", field="env")
     if len(key) < MIN_KEY_CHARS:
         raise ConfigError(
-            f"{where}: the store key has {len(key)} characters, fewer than {MIN_KEY_CHARS}"
+            f"{where}: the {what} has {len(key)} characters, fewer than {MIN_KEY_CHARS}"
             " (make one with `openssl rand -hex 32`)",
             field="env",
         )
