@@ -188,3 +188,40 @@ def test_generate_names_every_invalid_field_in_one_list(tmp_path: Path) -> None:
         assert model_only.status_code == 422
         assert sorted(e["loc"][1] for e in model_only.json()["detail"]) == ["frames", "width"]
         assert served.stop() == 0
+
+
+def test_the_first_plain_request_to_a_built_in_model_answers_in_seconds(tmp_path: Path) -> None:
+    """`serve` of the built-in tiny-video, then the obvious `{"prompt": "a cat"}`: it runs at
+    the bounded warmup's shape (832x480x17) at 8 steps, not the field's 1280x720x81 at 50 that
+    calibration probes (minutes on a CPU), and says so in its answer; OpenAI's videos take the
+    same defaults."""
+    with serve(tmp_path, "--model", "tiny-video", "--warmup-mode", "none") as served:
+        served.wait_for_health(200, within=180)
+        began = time.monotonic()
+        answered = served.client.post("/generate", json={"prompt": "a cat"}, timeout=120)
+        took = time.monotonic() - began
+        assert answered.status_code == 200, answered.text[:300]
+        reply = answered.json()
+        shape = (reply["width"], reply["height"], reply["frames"], reply["steps"])
+        assert shape == (832, 480, 17, 8), reply
+        print(f"tiny-video's plain first request: {took:.2f} s")
+        assert served.stop() == 0
+
+
+def test_request_defaults_are_the_models_own_where_the_operator_set_them() -> None:
+    """A built-in preset's request defaults are the bounded shape at 8 steps; a preset whose
+    default shape was given on the command line, and any other model, keep their own."""
+    import dataclasses
+
+    from lifecycle.core.settings.modelspec import MODEL_PRESETS
+    from lifecycle.serve.http.servedranks import request_model
+
+    tiny = MODEL_PRESETS["tiny-video"]
+    quick = request_model(tiny)
+    assert (quick.default_shape.width, quick.default_shape.height) == (832, 480)
+    assert (quick.default_frames, quick.default_steps) == (17, 8)
+    assert quick.tokens(quick.default_shape) == tiny.tokens(quick.default_shape)
+    given = dataclasses.replace(tiny, default_width=640, default_height=480, default_frames=9)
+    assert request_model(given) == given
+    other = dataclasses.replace(tiny, name="my-video")
+    assert request_model(other) == other

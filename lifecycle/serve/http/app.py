@@ -88,7 +88,7 @@ def create_app(
     if access_log:
         app.add_middleware(AccessLog)  # outermost: it sees refusals by the body limit too
     app.add_exception_handler(
-        RequestValidationError, partial(refuse_body, model=service.args.model)
+        RequestValidationError, partial(refuse_body, model=service.request_model)
     )
     _add_probes(app, service, metrics)
     _add_generate(app, service, metrics)
@@ -215,7 +215,7 @@ def _named(x_request_id: str | None) -> str:
 def _generation(body: GenerateBody, service: Service) -> Generation:
     """The request the ranks run, the model's defaults filled in; 422 for one the model cannot
     make, 503 before ready."""
-    model = service.args.model
+    model = service.request_model
     refused = field_refusals(body.model_dump(exclude_unset=True), model)
     if refused:
         raise HTTPException(status_code=422, detail=refused)

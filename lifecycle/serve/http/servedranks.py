@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from lifecycle.core.decisions.warmupplan import bounded_shape
 from lifecycle.core.format.events import StoredEvent
 from lifecycle.core.format.records import Generation
 from lifecycle.core.format.view import RankView
+from lifecycle.core.settings.modelspec import MODEL_PRESETS, ModelSpec
 from lifecycle.serve.console.steps import StepMark
 from lifecycle.serve.ranks.messages import Result
 
@@ -63,3 +65,30 @@ class Reply:
             "seed": request.seed,
         }
         return cls(summary=summary, video=lead.video)
+
+
+# A request that leaves its shape or steps out: the model's defaults, but for the lifecycle's
+# own CPU-sized models, whose default shape is the field's (1280x720x81 at 50 steps, what their
+# calibration probes: minutes on a CPU) and whose first request should answer in seconds: the
+# bounded warmup's shape at this many steps (the shape every startup has run).
+QUICK_REQUEST_STEPS = 8
+
+
+def request_model(model: ModelSpec) -> ModelSpec:
+    """The model as a request's defaults see it: itself, or, for a built-in preset whose
+    default shape and steps the operator left as they are, one whose defaults are the bounded
+    warmup's shape at QUICK_REQUEST_STEPS."""
+    preset = MODEL_PRESETS.get(model.name)
+    if preset is None or (model.default_shape, model.default_steps) != (
+        preset.default_shape,
+        preset.default_steps,
+    ):
+        return model
+    shape = bounded_shape(model)
+    return dataclasses.replace(
+        model,
+        default_width=shape.width,
+        default_height=shape.height,
+        default_frames=shape.frames,
+        default_steps=min(model.default_steps, QUICK_REQUEST_STEPS),
+    )

@@ -25,7 +25,7 @@ from lifecycle.serve.http.metrics import JournalMetrics
 from lifecycle.serve.http.rankjson import ranks_json
 from lifecycle.serve.http.requestline import RequestLine
 from lifecycle.serve.http.restarts import Relaunch, Restarts, replace_ranks
-from lifecycle.serve.http.servedranks import Ranks, Reply
+from lifecycle.serve.http.servedranks import Ranks, Reply, request_model
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.cancel import wait_within
 from lifecycle.serve.ranks.control import ControlChannel, RankLink, ServiceUnavailable
@@ -54,6 +54,8 @@ class Service:
         self.group = group
         self.control = control
         self.request_timeout_s = request_timeout_s
+        # The model as a request's defaults see it (a built-in's are small: seconds on a CPU).
+        self.request_model = request_model(args.model)
         self.views: dict[int, RankView] = {}
         self.exit_codes: list[int | None] = []
         self.steps: dict[int, StepMark] = {}  # each rank's latest denoising step

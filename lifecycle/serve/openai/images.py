@@ -26,7 +26,7 @@ from lifecycle.serve.ranks.inflight import RequestFailed
 
 
 def add_images(app: FastAPI, service: Service, store: JobStore) -> None:
-    model = service.args.model
+    model = service.request_model
 
     @app.post("/v1/images/generations")
     async def create_image(http: Request) -> dict[str, object]:

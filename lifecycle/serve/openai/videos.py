@@ -28,7 +28,7 @@ MAX_LIST = 100
 
 
 def add_videos(app: FastAPI, service: Service, jobs: JobRunner) -> None:
-    model = service.args.model
+    model = service.request_model
     store = jobs.store
 
     def shown(job: Job) -> dict[str, object]:
