@@ -29,14 +29,7 @@ from tests.conftest import REPO, run_cli
 from tests.support import families, serve
 from tests.support.serving import journal_events
 
-REQUEST = families.family_request(
-    "48x32x9",
-    prompt="a cat walks in the rain",
-    negative_prompt="blurry, static",
-    steps=3,
-    guidance_scale=4.5,
-    seed=11,
-)
+REQUEST = families.WAN_REQUEST
 
 
 @pytest.mark.parametrize(

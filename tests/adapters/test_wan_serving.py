@@ -15,14 +15,7 @@ from tests.support import families, serve
 
 pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("no_leftover_processes")]
 
-REQUEST = families.family_request(
-    "48x32x9",
-    prompt="a cat walks in the rain",
-    negative_prompt="blurry, static",
-    steps=3,
-    guidance_scale=4.5,
-    seed=11,
-)
+REQUEST = families.WAN_REQUEST
 
 
 @pytest.fixture(scope="module")

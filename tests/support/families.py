@@ -136,3 +136,14 @@ def assert_the_fields_failure_is_diagnosed(tmp_path: Path, *model: str) -> None:
     )  # fmt: skip
     blocked = {r["rank"]: r["pending_collective"] for r in doc["ranks"] if r["rank"] != 1}
     assert blocked[0]["group"] == "ulysses0" and blocked[0]["op"] == "all_to_all"
+
+
+# The request the tiny Wan tests serve and give diffusers' own WanPipeline alike.
+WAN_REQUEST = family_request(
+    "48x32x9",
+    prompt="a cat walks in the rain",
+    negative_prompt="blurry, static",
+    steps=3,
+    guidance_scale=4.5,
+    seed=11,
+)
