@@ -50,6 +50,12 @@ from lifecycle.core.requestid import request_id_of
 from lifecycle.core.settings.config import ServerArgs, SmokeRequest
 from lifecycle.runtime.compiler import compile_denoiser, keep_compiled
 from lifecycle.runtime.device import probe_platform, release_cache
+from lifecycle.runtime.keeping.weightpath import (
+    check_reference,
+    load_or_attach,
+    reference_key,
+    reject_attached,
+)
 from lifecycle.runtime.learned import agreed_shapes, chosen_shapes
 from lifecycle.runtime.phases import recording_loads
 from lifecycle.runtime.pipeline import build_pipeline
@@ -73,7 +79,12 @@ WARMUP_PROMPT = "a red fox runs through fresh snow at dawn, cinematic"
 
 
 def load_pipeline(rt: RankRuntime) -> None:
-    """Build the pipeline, each component's load journaled as it happens."""
+    """The pipeline's finished weights: attached from the host's keeper where it holds them,
+    else built from disk (each component's load journaled as it happens) and given to it."""
+    load_or_attach(rt, _load_from_disk)
+
+
+def _load_from_disk(rt: RankRuntime) -> None:
     with recording_loads(rt.recorder):
         rt.pipeline = build_pipeline(rt.args.model, rt.comm)
 
@@ -196,6 +207,42 @@ def _warm(rt: RankRuntime, request: WarmupRequest) -> None:
 def bounded_warm(rt: RankRuntime) -> None:
     for request in _plan(rt).by_role(Role.BOUNDED):
         _warm(rt, request)
+
+
+def verify_weights(rt: RankRuntime) -> None:
+    """Hold the fixed request's output (the bounded shape at a plain startup's steps: the
+    bounded warmup's own, or one run for it) to the weights key's reference before the startup
+    may be ready: a rank whose attached weights do not reproduce it loads from disk, and every
+    rank runs the request again (fail closed). A startup with no keeper and no warmup of that
+    request pays nothing."""
+    world, model = rt.comm.world, rt.args.model
+    shape, steps = bounded_shape(model), bounded_steps(model, calibration_open=False)
+    bounded = rt.measured.get(Role.BOUNDED)
+    free = (
+        bounded
+        if bounded is not None and (bounded.shape, bounded.steps) == (shape, steps)
+        else None
+    )
+    keeping = torch.tensor([int(rt.attached), int(rt.keeper is not None)], dtype=torch.int64)
+    world.all_reduce(keeping, op="max", purpose="keeper-agree")
+    if free is None and not int(keeping.max().item()):
+        return
+    ref_key = reference_key(rt, str(shape), steps)
+    for attempt in range(2):
+        result = free if attempt == 0 else None
+        if result is None:
+            request = warmup_generation(rt.args, shape, steps)
+            result = generate(rt, request, source="verify").result
+        why = None if result.checksum is None else check_reference(rt, result.checksum, ref_key)
+        rejected = torch.tensor([int(why is not None)], dtype=torch.int64)
+        world.all_reduce(rejected, op="max", purpose="verify-agree")
+        if not int(rejected.item()) or attempt == 1:
+            return
+        if rt.attached:
+            reject_attached(rt, why or "a peer's attached weights were rejected", _load_from_disk)
+        if rt.args.enable_torch_compile:
+            compile_denoiser(rt)
+        apply_reused(rt)
 
 
 def warm_learned(rt: RankRuntime) -> None:
@@ -350,6 +397,7 @@ STARTUP_ACTIONS: Mapping[State, tuple[tuple[str, Action], ...]] = MappingProxyTy
         State.BOUNDED_WARM: (
             ("apply-reused-residency", apply_reused),
             ("bounded-warmup", bounded_warm),
+            ("verify-weights", verify_weights),
             ("warm-learned-shapes", warm_learned),
         ),
         State.PROBE: (("probe", probe), ("plan-residency", plan_after_probe)),

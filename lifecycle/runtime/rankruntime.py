@@ -15,6 +15,7 @@ from lifecycle.core.format.records import Fingerprint, Platform, RequestResult, 
 from lifecycle.core.settings.config import RankLayout, ServerArgs
 from lifecycle.runtime.device import MemoryMeter
 from lifecycle.runtime.group.comm import Comm
+from lifecycle.runtime.keeping.keeperwire import KeeperLink
 from lifecycle.runtime.pipeline import Pipeline
 from lifecycle.runtime.recorder import Recorder
 
@@ -52,6 +53,12 @@ class RankRuntime:
     compile_files: frozenset[tuple[str, int]] = frozenset()
     compile_replaces: bool = False  # the key's artifact is kept anew in its place
     compile_seconds: float | None = None  # how long the compile action took
+    # The host's keeper (lifecycle.runtime.keeping): the weights key, the keeper this rank
+    # talks to (None: none), whether its weights came from it, and their bytes.
+    weights_key: str = ""
+    keeper: KeeperLink | None = None
+    attached: bool = False
+    weights_bytes: int = 0
 
     @property
     def decodes(self) -> bool:

@@ -160,6 +160,11 @@ class Recorder:
         """What the fingerprint's newest healthy runs served: the shapes to warm."""
         return self._writer.served(fingerprint_key)
 
+    def reference_output(self, reference_key: str) -> tuple[str, str] | None:
+        """This rank's reference output of `reference_key` and the run that first journaled
+        it; None where the journal holds none."""
+        return self._writer.reference_output(reference_key, rank=self.rank)
+
     def artifacts(self) -> ArtifactStore:
         """The journal's compile artifacts."""
         return self._writer.artifacts()

@@ -28,6 +28,7 @@ from lifecycle.store.backends.schema import (
 )
 from lifecycle.store.learned.artifacts import ArtifactStore
 from lifecycle.store.learned.history import HistoryRead, history_values, recent_history
+from lifecycle.store.learned.references import reference_output
 from lifecycle.store.learned.served import fingerprint_runs, served_requests
 from lifecycle.store.learned.verifiedplans import planned_inputs, residency_history
 from lifecycle.store.statements import statements_for
@@ -335,6 +336,12 @@ class RankWriter:
             )
 
         return self._read_apart(read)
+
+    def reference_output(self, reference_key: str, *, rank: int) -> tuple[str, str] | None:
+        """The reference output of `reference_key` on `rank` (store.references)."""
+        return self._read_apart(
+            lambda conn: reference_output(conn, reference_key, rank=rank, location=self._location)
+        )
 
     def artifacts(self) -> ArtifactStore:
         """The journal's compile artifacts (store.artifacts)."""

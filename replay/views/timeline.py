@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Sequence
 
 from lifecycle.core.decisions.learnedshapes import paid_once_text
+from lifecycle.core.decisions.weightskey import weights_text
 from lifecycle.core.format.accounting import (
     StartupAccount,
     account,
@@ -205,7 +206,8 @@ def _setup_lines(view: RankView, analysis: RunAnalysis) -> list[str]:
     for at, state, step in view.residency:
         lines.append(f"  residency +{analysis.at(at):.2f} {state}: {clean(residency_text(step))}")
     for at, state, compiling in view.compiles:
-        lines.append(f"  compile +{analysis.at(at):.2f} {state}: {paid_once_text(compiling)}")
+        label = "weights" if weights_text(compiling) is not None else "compile"
+        lines.append(f"  {label} +{analysis.at(at):.2f} {state}: {paid_once_text(compiling)}")
     for at, state, drop in view.buffer_drops:
         lines.append(
             f"  buffers dropped {drop.buffers} ({mib(drop.bytes_freed)}) in {state}"

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from lifecycle.core.decisions.compiling import compile_text
+from lifecycle.core.decisions.weightskey import weights_text
 from lifecycle.core.format.events import CompileEvent, ShapesChosen
 from lifecycle.core.format.records import ChosenShape, Shape, SkippedShape
 from lifecycle.core.settings.config import MAX_LEARNED_SHAPES
@@ -159,4 +160,5 @@ def paid_once_text(event: CompileEvent) -> str:
     """A step of what a startup pays once per fingerprint, in a few words."""
     if isinstance(event, ShapesChosen):
         return chosen_text(event)
-    return compile_text(event)
+    weights = weights_text(event)
+    return compile_text(event) if weights is None else weights

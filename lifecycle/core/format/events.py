@@ -35,6 +35,13 @@ from lifecycle.core.format.kinds.residencyevents import (
     ResidencyRolledBack,
     ResidencyVerified,
 )
+from lifecycle.core.format.kinds.weightevents import (
+    AttachRejected,
+    ReferenceOutput,
+    WeightsKept,
+    WeightsPath,
+    WeightsReleased,
+)
 from lifecycle.core.format.records import (
     GateOutcome,
     GroupMark,
@@ -53,6 +60,7 @@ __all__ = [
     "Aborted",
     "ActionFinished",
     "ActionStarted",
+    "AttachRejected",
     "BuffersAllocated",
     "BuffersDropped",
     "ClockAligned",
@@ -73,6 +81,7 @@ __all__ = [
     "LoadFinished",
     "LoadStarted",
     "PlanBuilt",
+    "ReferenceOutput",
     "RequestFinished",
     "RequestStarted",
     "ResidencyApplied",
@@ -88,6 +97,9 @@ __all__ = [
     "Transition",
     "UnknownEvent",
     "WarmupRecord",
+    "WeightsKept",
+    "WeightsPath",
+    "WeightsReleased",
     "error_event",
 ]
 
@@ -324,6 +336,11 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Compiled,
         CompileKept,
         ShapesChosen,
+        WeightsPath,
+        WeightsKept,
+        ReferenceOutput,
+        AttachRejected,
+        WeightsReleased,
         WarmupRecord,
         CollectiveStarted,
         CollectiveFinished,

@@ -14,6 +14,10 @@ class State(StrEnum):
     RE_WARM = "re-warm"
     DROP_BUFFERS = "drop-buffers"
     READY = "ready"
+    # A server put to sleep (POST /sleep): no request admitted, the weights given back to the
+    # host's keeper; waking brings them back and verifies them before it is ready again.
+    ASLEEP = "asleep"
+    WAKING = "waking"
     FAILED = "failed"
     STOPPED = "stopped"
 
@@ -27,6 +31,8 @@ class Trigger(StrEnum):
     DROP = "drop"
     FAIL = "fail"
     STOP = "stop"
+    SLEEP = "sleep"
+    WAKE = "wake"
 
 
 class Guard(StrEnum):
@@ -71,11 +77,16 @@ TRANSITIONS: tuple[Edge, ...] = (
         if state not in TERMINAL_STATES
     ),
     Edge(trigger=Trigger.STOP, source=State.READY, dest=State.STOPPED),
+    Edge(trigger=Trigger.SLEEP, source=State.READY, dest=State.ASLEEP),
+    Edge(trigger=Trigger.WAKE, source=State.ASLEEP, dest=State.WAKING),
+    Edge(trigger=Trigger.FINISH, source=State.WAKING, dest=State.READY),
+    Edge(trigger=Trigger.STOP, source=State.ASLEEP, dest=State.STOPPED),
 )
 
 
-# Triggers that leave the happy path: a failure from anywhere, a stop from outside.
-OFF_PATH_TRIGGERS = frozenset({Trigger.FAIL, Trigger.STOP})
+# Triggers that leave the happy path: a failure from anywhere, a stop or a sleep (and the wake
+# after it) from outside.
+OFF_PATH_TRIGGERS = frozenset({Trigger.FAIL, Trigger.STOP, Trigger.SLEEP, Trigger.WAKE})
 
 
 def edges_from(

@@ -100,6 +100,9 @@ class ServerArgs:
     # --dtype in parse_dtype's canonical form: the precision each component loads in (part of
     # the residency fingerprint, and compared across ranks as every setting here is).
     dtype: str = AUTO
+    # The host's keeper of finished weights: "auto" (the default socket, when one listens),
+    # "off", or a socket's path.
+    keeper: str = "auto"
     dist_timeout_s: float = 600.0
     on_peer_failure: PeerFailure = PeerFailure.ABORT
     # How long a request may go without a denoising step on some rank before the server gives

@@ -44,6 +44,7 @@ from lifecycle.serve.cli.options import (
 )
 from lifecycle.serve.cli.optiontypes import SPELLINGS
 from lifecycle.serve.cli.spelling import SPELLING, spelling_of
+from lifecycle.serve.keeper.keepercommand import add_keeper_command
 from lifecycle.serve.logs import configure_logging, say, set_json_lines
 from lifecycle.serve.ranks.modeldtype import register_dtype
 from lifecycle.serve.ranks.models import model_for
@@ -166,6 +167,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, _Startup]]:
     sub.add_parser("diagram", help="print the state machine as Mermaid")
     add_db_command(sub)
     add_first_run(sub)
+    add_keeper_command(sub)
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script",
@@ -234,6 +236,7 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         ulysses=ulysses,
         device=ns.device,
         dtype=dtype,
+        keeper=ns.keeper,
         dist_timeout_s=ns.dist_timeout,
         on_peer_failure=PeerFailure(ns.on_peer_failure),
         request_silence_s=getattr(ns, "request_silence", None),
@@ -332,6 +335,10 @@ def _other_command(ns: argparse.Namespace) -> int:
         return run_db_command(ns)
     if ns.command == "completion":
         return _completion(ns.shell)
+    if ns.command == "keeper":
+        from lifecycle.serve.keeper.keepercommand import run_keeper_command
+
+        return run_keeper_command(ns)
     from lifecycle.serve.cli.firstrun import first_run
 
     return first_run(ns)

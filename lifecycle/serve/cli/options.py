@@ -29,6 +29,7 @@ from lifecycle.serve.cli.optiontypes import (
     FaultsAction,
     Spelled,
     Switch,
+    keeper_arg,
     linger_seconds,
     shape_arg,
     size_text,
@@ -116,6 +117,9 @@ HELP = {
     " accelerator the family's (Wan: bfloat16, its VAE float32; Qwen-Image: bfloat16), else the"
     " weights' own (tiny-wan, tiny-qwen-image: float32); diffusers pipelines only (default:"
     " %(default)s)",
+    "--keeper": "the host's keeper of finished weights (lifecycle keeper): auto attaches to the"
+    " one at its default socket when it listens, PATH names its socket, off loads from disk"
+    " (default: %(default)s)",
     "--seed": "the seed of warmup and smoke requests (default: %(default)s)",
     "--num-ranks": "ranks (a process and a device each) = cfg-parallel x ulysses"
     " (default: WORLD_SIZE under torchrun, else 1)",
@@ -200,6 +204,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(model, "--performance-mode", choices=[m.value for m in PerformanceMode], default="auto")
     add(model, "--device", choices=["auto", "cpu", "cuda"], default="auto")
     add(model, "--dtype", default="auto", metavar="DTYPE")
+    add(model, "--keeper", type=keeper_arg, default="auto", metavar="auto|PATH|off")
     add(model, "--seed", type=BoundedInt(0, MAX_SEED), default=0, metavar="N")
 
     ranks = p.add_argument_group("parallelism")

@@ -144,3 +144,10 @@ def shape_arg(text: str) -> Shape:
         raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHTxFRAMES, e.g. 832x480x33")
     width, height, frames = map(int, parts)
     return Shape(width=width, height=height, frames=frames)
+
+
+def keeper_arg(text: str) -> str:
+    """auto, off, or the path of a keeper's socket."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError("give auto, off, or the path of a keeper's socket")
+    return text

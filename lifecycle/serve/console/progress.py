@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 from lifecycle.core.decisions.compiling import compiled_text, kept_text
 from lifecycle.core.decisions.learnedshapes import chosen_text
+from lifecycle.core.decisions.weightskey import weights_text
 from lifecycle.core.format.accounting import account, total_text
 from lifecycle.core.format.events import (
     ActionFinished,
+    AttachRejected,
     BuffersDropped,
     ClockAligned,
     Compiled,
@@ -21,6 +23,7 @@ from lifecycle.core.format.events import (
     LoadFinished,
     LoadStarted,
     PlanBuilt,
+    ReferenceOutput,
     ResidencyApplied,
     ResidencyPlanned,
     ResidencyRolledBack,
@@ -30,6 +33,9 @@ from lifecycle.core.format.events import (
     StoredEvent,
     Transition,
     WarmupRecord,
+    WeightsKept,
+    WeightsPath,
+    WeightsReleased,
 )
 from lifecycle.core.format.fold import RankFold
 from lifecycle.core.format.launchphase import clock_offset
@@ -138,6 +144,10 @@ def detail_text(event: Event, fold: RankFold) -> str | None:
             return kept_text(event)
         case ShapesChosen():
             return chosen_text(event)
+        case WeightsPath() | WeightsKept() | AttachRejected() | WeightsReleased():
+            return weights_text(event)
+        case ReferenceOutput() if event.outcome != "matched":
+            return weights_text(event)
         case ResidencyPlanned():
             plan = event.plan
             verdict = "plan" if plan.fits else "no plan applied"

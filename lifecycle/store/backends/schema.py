@@ -24,7 +24,7 @@ from sqlalchemy.schema import SchemaItem
 # Every Alembic revision of the journal, oldest first; the last is head. Readers check a
 # journal's revision against this without importing Alembic; a test keeps it equal to the
 # scripts in migrations/versions.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -162,4 +162,22 @@ compile_artifacts = Table(
     Column("data", LargeBinary, nullable=True),
     Column("signature", String(64), nullable=True),
     Index(None, "model", "stored_at"),
+)
+
+
+# Each host's weight keeper, one row per thing that happened to it (revision 0007): started,
+# holds, handed, evicted, dropped, refused, lost, stopped; with the weights key and bytes
+# where one is concerned.
+keeper_log = Table(
+    "keeper_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("host", String(255), nullable=False),
+    Column("keeper_pid", Integer, nullable=False),
+    Column("wall", Float, nullable=False),
+    Column("what", String(32), nullable=False),
+    Column("key", String(64), nullable=True),
+    Column("bytes", BigInteger, nullable=False),
+    Column("detail", Text, nullable=True),
+    Index(None, "host", "wall"),
 )

@@ -1,0 +1,247 @@
+"""A pipeline as the keeper holds it: its objects pickled without their tensors' bytes (the
+skeleton), and every tensor storage laid end to end in one shared-memory file (the blob).
+
+Unpacking maps the blob copy-on-write: every rank of the host reads the same pages (one copy
+of the weights, however many ranks), and a rank that writes a tensor writes its own copy of
+the page. The rank's groups (its `Comm` and what hangs off it) are not pickled: they are named,
+and the rank that unpacks puts its own in their place. A storage on a GPU is copied to the
+blob and back to the device when unpacked (a host-to-device copy, never a read from disk).
+
+A skeleton is a pickle, code: the rank unpickles only a skeleton whose signature verifies
+(lifecycle.runtime.keeping.keeperwire), signed by whoever holds the operator's key.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import mmap
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lifecycle.runtime.group.comm import Comm
+
+ALIGN = 64  # every storage starts on a cache line (and any element size)
+# What the rank puts in place of its groups, by name.
+_COMM_PARTS = ("world", "ulysses", "cfg", "staging", "pending")
+
+
+class NotPackable(Exception):
+    """A pipeline whose objects cannot be pickled (a plug-in's lock, an open file): it is not
+    kept; why, in a few words."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slot:
+    """Where one storage lies in the blob."""
+
+    offset: int
+    nbytes: int
+
+
+@dataclass(slots=True, kw_only=True)
+class Packed:
+    """A pipeline packed: its skeleton, its storages' places, and the blob's file (a memfd
+    the caller closes)."""
+
+    skeleton: bytes
+    slots: tuple[Slot, ...]
+    blob_fd: int
+    blob_bytes: int
+    weights_bytes: int = field(default=0)
+
+
+def _comm_parts(comm: Comm) -> dict[int, str]:
+    parts = {id(comm): "comm"}
+    for name in _COMM_PARTS:
+        parts[id(getattr(comm, name))] = name
+    return parts
+
+
+class _Packer(pickle.Pickler):
+    def __init__(self, out: io.BytesIO, comm: Comm) -> None:
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self._parts = _comm_parts(comm)
+        self.storages: list[torch.UntypedStorage] = []
+        self._index: dict[tuple[str, int, int], int] = {}
+
+    def persistent_id(self, obj: Any) -> Any:
+        part = self._parts.get(id(obj))
+        if part is not None:
+            return ("comm", part)
+        if isinstance(obj, torch.storage.TypedStorage):
+            untyped = obj._untyped_storage
+            place = (str(untyped.device), untyped.data_ptr(), untyped.nbytes())
+            index = self._index.get(place)
+            if index is None:
+                index = self._index[place] = len(self.storages)
+                self.storages.append(untyped)
+            return ("storage", index, str(obj.dtype).removeprefix("torch."), str(untyped.device))
+        return None
+
+
+def pack(pipeline: Any, comm: Comm) -> Packed:
+    """`pipeline` packed into a new memfd; NotPackable where its objects cannot be pickled."""
+    out = io.BytesIO()
+    packer = _Packer(out, comm)
+    try:
+        packer.dump(pipeline)
+    except (pickle.PicklingError, TypeError, AttributeError, ValueError) as exc:
+        raise NotPackable(f"{type(exc).__name__}: {exc}") from None
+    slots, offset = [], 0
+    for storage in packer.storages:
+        slots.append(Slot(offset=offset, nbytes=storage.nbytes()))
+        offset += -(-storage.nbytes() // ALIGN) * ALIGN
+    blob_bytes = max(offset, 1)
+    fd = os.memfd_create("lifecycle-weights", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, blob_bytes)
+        with mmap.mmap(fd, blob_bytes, flags=mmap.MAP_SHARED) as blob:
+            for storage, slot in zip(packer.storages, slots, strict=True):
+                if slot.nbytes:
+                    target = torch.frombuffer(
+                        blob, dtype=torch.uint8, count=slot.nbytes, offset=slot.offset
+                    )
+                    target.copy_(_bytes_of(storage))
+                    del target
+    except BaseException:
+        os.close(fd)
+        raise
+    return Packed(
+        skeleton=out.getvalue(),
+        slots=tuple(slots),
+        blob_fd=fd,
+        blob_bytes=blob_bytes,
+        weights_bytes=sum(s.nbytes for s in slots),
+    )
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A storage's bytes as a uint8 tensor on the host."""
+    as_bytes = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    return as_bytes.cpu()
+
+
+class _Unpacker(pickle.Unpickler):
+    def __init__(
+        self,
+        data: bytes,
+        *,
+        comm: Comm,
+        blob: mmap.mmap,
+        slots: tuple[Slot, ...],
+        device: torch.device,
+    ) -> None:
+        super().__init__(io.BytesIO(data))
+        self._comm, self._blob, self._slots, self._device = comm, blob, slots, device
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == "comm":
+            return self._comm if pid[1] == "comm" else getattr(self._comm, pid[1])
+        _, index, dtype_name, device = pid
+        slot = self._slots[index]
+        if slot.nbytes:
+            view = torch.frombuffer(
+                self._blob, dtype=torch.uint8, count=slot.nbytes, offset=slot.offset
+            )
+            untyped = view.untyped_storage()
+        else:
+            untyped = torch.empty(0, dtype=torch.uint8).untyped_storage()
+        if device != "cpu":
+            # A GPU's storage comes back to this rank's device.
+            untyped = untyped.to(device=self._device)
+        dtype = getattr(torch, dtype_name)
+        return torch.storage.TypedStorage(  # type: ignore[no-untyped-call]
+            wrap_storage=untyped, dtype=dtype, _internal=True
+        )
+
+
+def unpack(
+    skeleton: bytes,
+    slots: tuple[Slot, ...],
+    blob_fd: int,
+    blob_bytes: int,
+    *,
+    comm: Comm,
+    device: torch.device,
+) -> Any:
+    """The pipeline of a verified skeleton, its tensors mapped from the blob at `blob_fd`
+    (copy-on-write); ValueError where the slots do not fit the blob."""
+    if os.fstat(blob_fd).st_size < blob_bytes or any(
+        s.offset < 0 or s.nbytes < 0 or s.offset + s.nbytes > blob_bytes for s in slots
+    ):
+        raise ValueError("the weights' places do not fit the keeper's file")
+    blob = mmap.mmap(
+        blob_fd, blob_bytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+    )
+    return _Unpacker(skeleton, comm=comm, blob=blob, slots=slots, device=device).load()
+
+
+def weights_bytes(pipeline: Any) -> int:
+    """The bytes of every distinct storage behind the pipeline's modules' tensors."""
+    seen: dict[tuple[str, int], int] = {}
+    for module in _modules(pipeline):
+        for tensor in (*module.parameters(), *module.buffers()):
+            storage = tensor.untyped_storage()
+            seen[(str(storage.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _modules(pipeline: Any) -> list[torch.nn.Module]:
+    """The top-level modules among the pipeline's attributes (and its library pipeline's)."""
+    found: list[torch.nn.Module] = []
+    for owner in (pipeline, getattr(pipeline, "pipe", None)):
+        if owner is None:
+            continue
+        for value in vars(owner).values() if hasattr(owner, "__dict__") else ():
+            if isinstance(value, torch.nn.Module):
+                found.append(value)
+    return found
+
+
+def skeleton_file(packed: Packed) -> tuple[int, int]:
+    """The skeleton and its storages' places in one new memfd, as the keeper holds them: the
+    file and its size."""
+    places = json.dumps([[s.offset, s.nbytes] for s in packed.slots]).encode()
+    data = len(places).to_bytes(8, "big") + places + packed.skeleton
+    fd = os.memfd_create("lifecycle-skeleton", os.MFD_CLOEXEC)
+    try:
+        offset = 0
+        while offset < len(data):
+            offset += os.pwrite(fd, data[offset : offset + (1 << 24)], offset)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, len(data)
+
+
+def read_skeleton_file(data: bytes) -> tuple[tuple[Slot, ...], bytes]:
+    """The storages' places and the skeleton of a skeleton file's bytes; ValueError for bytes
+    that are not one."""
+    if len(data) < 8:
+        raise ValueError("the skeleton file is cut short")
+    length = int.from_bytes(data[:8], "big")
+    if length > len(data) - 8:
+        raise ValueError("the skeleton file is cut short")
+    places = json.loads(data[8 : 8 + length])
+    if not isinstance(places, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(n, int) for n in p) for p in places
+    ):
+        raise ValueError("the skeleton file's places are not pairs of numbers")
+    return tuple(Slot(offset=o, nbytes=n) for o, n in places), data[8 + length :]
+
+
+def read_fd(fd: int, size: int) -> bytes:
+    """`size` bytes of the file at `fd` from its start."""
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 24), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

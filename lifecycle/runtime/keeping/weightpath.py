@@ -1,0 +1,313 @@
+"""A rank's weights path at gate-check: attach to the host keeper's copy of the weights key, or
+load from disk and give the finished weights to the keeper; and the check of an attached
+startup's output against the key's reference before it may be ready (fail closed)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from lifecycle import __version__
+from lifecycle.core.decisions.weightskey import ATTACH, LOAD, weights_key
+from lifecycle.core.errors import JournalError
+from lifecycle.core.format.events import (
+    AttachRejected,
+    ReferenceOutput,
+    WeightsKept,
+    WeightsPath,
+)
+from lifecycle.runtime.artifacts.signing import artifact_key
+from lifecycle.runtime.keeping.keeperwire import (
+    KeeperKey,
+    KeeperLink,
+    KeeperUnavailable,
+    ask,
+    default_socket,
+    private_socket,
+)
+from lifecycle.runtime.keeping.skeleton import (
+    NotPackable,
+    pack,
+    read_fd,
+    read_skeleton_file,
+    skeleton_file,
+    unpack,
+    weights_bytes,
+)
+from lifecycle.runtime.rankruntime import RankRuntime
+
+log = structlog.get_logger("lifecycle.runtime")
+
+
+NO_REFERENCE = "no reference output to hold attached weights to"
+OUTPUT_DIFFERS = "the output of the fixed request differs from the reference"
+
+
+class AttachRefused(Exception):
+    """What the keeper handed is not to be served with; what differed, in words."""
+
+
+def keeper_link(
+    args_keeper: str, *, journal: str, env: Mapping[str, str]
+) -> tuple[KeeperLink | None, str]:
+    """The keeper --keeper names and its key, or None and why none is used."""
+    if args_keeper == "off":
+        return None, "--keeper off"
+    named = args_keeper != "auto"
+    path = Path(args_keeper) if named else default_socket(env)
+    if not named and private_socket(path) is not None:
+        return None, f"no keeper at {path}"
+    key = KeeperKey.derived(artifact_key(env, journal=journal).secret)
+    return KeeperLink(path=path, key=key, named=named), ""
+
+
+def load_or_attach(rt: RankRuntime, load: Any) -> None:
+    """gate-check's weights: attached from the keeper where it holds this rank's weights key,
+    else loaded by `load(rt)` (the pipeline built, its components read from disk) and given to
+    the keeper when there is one; journaled either way (weights_path, weights_kept)."""
+    rt.weights_key = key = weights_key(
+        rt.args, device=str(rt.device), torch_version=torch.__version__, lifecycle=__version__
+    )
+    link, why = keeper_link(rt.args.keeper, journal=rt.args.db, env=os.environ)
+    rt.keeper = link
+    if link is not None:
+        started = time.perf_counter()
+        try:
+            attached = _attach(rt, link, key)
+        except KeeperUnavailable as exc:
+            why = f"keeper {link.path}: {exc}"
+            log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
+        except AttachRefused as exc:
+            why = f"attach rejected: {exc}"
+            rt.recorder.record(AttachRejected(key=key, what=str(exc), expected="", observed=""))
+            _drop(link, key, str(exc))
+        else:
+            if attached is not None:
+                rt.pipeline, rt.weights_bytes, rt.attached = attached, _blob_bytes(attached), True
+                rt.recorder.record(
+                    WeightsPath(
+                        path=ATTACH,
+                        key=key,
+                        keeper=str(link.path),
+                        bytes=rt.weights_bytes,
+                        seconds=time.perf_counter() - started,
+                    )
+                )
+                return
+            why = "the keeper does not hold this weights key"
+    started = time.perf_counter()
+    load(rt)
+    rt.attached = False
+    rt.weights_bytes = weights_bytes(rt.pipeline)
+    rt.recorder.record(
+        WeightsPath(
+            path=LOAD,
+            key=key,
+            keeper=_where(link),
+            bytes=rt.weights_bytes,
+            seconds=time.perf_counter() - started,
+            reason=why or None,
+        )
+    )
+    if link is not None:
+        give(rt, link, key)
+
+
+_BLOB_BYTES: dict[int, int] = {}
+
+
+def _blob_bytes(pipeline: Any) -> int:
+    return _BLOB_BYTES.pop(id(pipeline), 0)
+
+
+def _attach(rt: RankRuntime, link: KeeperLink, key: str) -> Any | None:
+    answer, fds = ask(link.path, link.key, {"op": "attach", "key": key})
+    try:
+        if not answer.get("held"):
+            return None
+        return _unpacked(rt, link, key, answer, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _unpacked(
+    rt: RankRuntime, link: KeeperLink, key: str, answer: Mapping[str, Any], fds: list[int]
+) -> Any:
+    """The pipeline of the keeper's files `fds` as `answer` describes them; AttachRefused for
+    files that are not what was asked for."""
+    sizes = answer.get("skeleton_bytes"), answer.get("blob_bytes")
+    if len(fds) != 2 or not all(isinstance(n, int) and n >= 0 for n in sizes):
+        raise AttachRefused("the keeper's answer does not name its two files and their sizes")
+    skeleton_bytes, blob_bytes = int(sizes[0]), int(sizes[1])  # type: ignore[arg-type]
+    data = read_fd(fds[0], skeleton_bytes)
+    if not link.key.skeleton_verifies(
+        answer.get("signature"), data, key=key, blob_bytes=blob_bytes
+    ):
+        raise AttachRefused("the skeleton's signature does not verify for this weights key")
+    try:
+        slots, skeleton = read_skeleton_file(data)
+        pipeline = unpack(skeleton, slots, fds[1], blob_bytes, comm=rt.comm, device=rt.device)
+    except (ValueError, OSError) as exc:
+        raise AttachRefused(f"the keeper's files do not unpack ({exc})") from None
+    _BLOB_BYTES[id(pipeline)] = sum(s.nbytes for s in slots)
+    return pipeline
+
+
+def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
+    """Offer the rank's loaded weights to the keeper; once it holds them (kept now, or held
+    already), the rank maps the keeper's copy in place of its own. Journaled; never fails the
+    startup."""
+    started = time.perf_counter()
+    outcome, reason, nbytes = "failed", None, 0
+    try:
+        packed = pack(rt.pipeline, rt.comm)
+    except NotPackable as exc:
+        reason = f"the pipeline's objects cannot be pickled ({exc})"
+    else:
+        nbytes = packed.weights_bytes
+        skeleton_fd, size = skeleton_file(packed)
+        try:
+            data = read_fd(skeleton_fd, size)
+            signature = link.key.sign_skeleton(data, key=key, blob_bytes=packed.blob_bytes)
+            header = {
+                "op": "keep",
+                "key": key,
+                "skeleton_bytes": size,
+                "blob_bytes": packed.blob_bytes,
+                "signature": signature,
+            }
+            answer, fds = ask(link.path, link.key, header, (skeleton_fd, packed.blob_fd))
+            try:
+                outcome = str(answer.get("outcome"))
+                if outcome == "kept":
+                    _switch(
+                        rt,
+                        _unpacked(
+                            rt, link, key, {**header, "held": True}, [skeleton_fd, packed.blob_fd]
+                        ),
+                    )
+                elif outcome == "held":
+                    _switch(rt, _unpacked(rt, link, key, answer, fds))
+                else:
+                    reason = str(answer.get("reason") or "")[:300] or None
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        except (KeeperUnavailable, AttachRefused) as exc:
+            outcome, reason = "failed", str(exc)
+            log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
+        finally:
+            os.close(skeleton_fd)
+            os.close(packed.blob_fd)
+    rt.recorder.record(
+        WeightsKept(
+            key=key,
+            outcome=outcome,
+            bytes=nbytes,
+            seconds=time.perf_counter() - started,
+            reason=reason,
+        )
+    )
+
+
+def _switch(rt: RankRuntime, pipeline: Any) -> None:
+    """Serve with the keeper's copy; the rank's own is let go."""
+    _BLOB_BYTES.pop(id(pipeline), None)
+    rt.pipeline = pipeline
+    gc.collect()
+
+
+def _drop(link: KeeperLink, key: str, why: str) -> None:
+    try:
+        _, fds = ask(link.path, link.key, {"op": "drop", "key": key, "why": why})
+    except KeeperUnavailable:
+        return
+    for fd in fds:
+        os.close(fd)
+
+
+def reference_key(rt: RankRuntime, shape: str, steps: int) -> str:
+    """What the reference output is kept under: the weights key and everything else that
+    changes the fixed request's output (its shape and steps, the seed, compile, the threads)."""
+    import hashlib
+
+    args = rt.args
+    compiled = f"{args.compile_mode}" if args.enable_torch_compile else "eager"
+    threads = torch.get_num_threads()
+    text = f"{rt.weights_key} {shape} {steps} seed={args.seed} {compiled} threads={threads}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_reference(rt: RankRuntime, checksum: str, ref_key: str) -> str | None:
+    """Compare this rank's output of the fixed request with its reference, journaling the
+    outcome: what differed when the weights were attached and the output is not the
+    reference's (or there is none to hold them to), else None."""
+    try:
+        found = rt.recorder.reference_output(ref_key)
+    except JournalError:
+        found = None
+    run_id = rt.recorder.run_id
+    if found is None:
+        if rt.attached:
+            rt.recorder.record(
+                AttachRejected(
+                    key=rt.weights_key, what=NO_REFERENCE, expected="", observed=checksum
+                )
+            )
+            return "no reference"
+        rt.recorder.record(
+            ReferenceOutput(key=ref_key, checksum=checksum, since_run=run_id, outcome="new")
+        )
+        return None
+    expected, since = found
+    if checksum == expected:
+        rt.recorder.record(
+            ReferenceOutput(key=ref_key, checksum=checksum, since_run=since, outcome="matched")
+        )
+        return None
+    if rt.attached:
+        rt.recorder.record(
+            AttachRejected(
+                key=rt.weights_key, what=OUTPUT_DIFFERS, expected=expected, observed=checksum
+            )
+        )
+        return "output differs"
+    # Weights read from disk are the truth: their output is the key's reference from now on.
+    rt.recorder.record(
+        ReferenceOutput(key=ref_key, checksum=checksum, since_run=run_id, outcome="replaced")
+    )
+    return None
+
+
+def reject_attached(rt: RankRuntime, why: str, load: Any) -> None:
+    """Detach (the keeper drops the key) and load from disk, journaled as a load."""
+    if rt.keeper is not None:
+        _drop(rt.keeper, rt.weights_key, why)
+    rt.pipeline = None
+    gc.collect()
+    started = time.perf_counter()
+    load(rt)
+    rt.attached = False
+    rt.weights_bytes = weights_bytes(rt.pipeline)
+    rt.recorder.record(
+        WeightsPath(
+            path=LOAD,
+            key=rt.weights_key,
+            keeper=_where(rt.keeper),
+            bytes=rt.weights_bytes,
+            seconds=time.perf_counter() - started,
+            reason=f"attach rejected: {why}",
+        )
+    )
+
+
+def _where(link: KeeperLink | None) -> str:
+    return "" if link is None else str(link.path)

@@ -1,0 +1,1 @@
+"""The host's weight keeper: the process that holds finished weights for the ranks."""
