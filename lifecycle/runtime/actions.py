@@ -50,6 +50,7 @@ from lifecycle.core.requestid import request_id_of
 from lifecycle.core.settings.config import ServerArgs, SmokeRequest
 from lifecycle.runtime.compiler import compile_denoiser, keep_compiled
 from lifecycle.runtime.device import probe_platform, release_cache
+from lifecycle.runtime.keeping.sleeping import restore_weights
 from lifecycle.runtime.keeping.weightpath import (
     check_reference,
     load_or_attach,
@@ -209,12 +210,12 @@ def bounded_warm(rt: RankRuntime) -> None:
         _warm(rt, request)
 
 
-def verify_weights(rt: RankRuntime) -> None:
+def verify_weights(rt: RankRuntime, *, always: bool = False) -> None:
     """Hold the fixed request's output (the bounded shape at a plain startup's steps: the
     bounded warmup's own, or one run for it) to the weights key's reference before the startup
     may be ready: a rank whose attached weights do not reproduce it loads from disk, and every
     rank runs the request again (fail closed). A startup with no keeper and no warmup of that
-    request pays nothing."""
+    request pays nothing; a wake (`always`) runs it whatever."""
     world, model = rt.comm.world, rt.args.model
     shape, steps = bounded_shape(model), bounded_steps(model, calibration_open=False)
     bounded = rt.measured.get(Role.BOUNDED)
@@ -225,7 +226,7 @@ def verify_weights(rt: RankRuntime) -> None:
     )
     keeping = torch.tensor([int(rt.attached), int(rt.keeper is not None)], dtype=torch.int64)
     world.all_reduce(keeping, op="max", purpose="keeper-agree")
-    if free is None and not int(keeping.max().item()):
+    if free is None and not int(keeping.max().item()) and not always:
         return
     ref_key = reference_key(rt, str(shape), steps)
     for attempt in range(2):
@@ -424,3 +425,19 @@ def action_runs(name: str, args: ServerArgs) -> bool:
     """Whether the action `name` runs on a startup of `args`."""
     when = ACTION_RUNS_WHEN.get(name)
     return when is None or when(args)
+
+
+def wake_weights(rt: RankRuntime) -> None:
+    """The weights back after a sleep, as gate-check got them, and held to the reference."""
+    restore_weights(
+        rt, load=_load_from_disk, compile_pipeline=compile_denoiser, apply_residency=_reapply
+    )
+    verify_weights(rt, always=True)
+
+
+def _reapply(rt: RankRuntime) -> None:
+    """The residency plan this rank ran with before its sleep, applied to its new pipeline."""
+    if rt.reused is not None:
+        apply_reused(rt)
+    elif rt.residency is not None and rt.residency.fits and rt.residency.changes_residency:
+        apply_before_rewarm(rt)

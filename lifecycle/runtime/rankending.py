@@ -23,7 +23,7 @@ from lifecycle.core.errors import (
     classify,
 )
 from lifecycle.core.format.events import Aborted, Shutdown
-from lifecycle.core.format.states import TERMINAL_STATES, State, Trigger
+from lifecycle.core.format.states import SERVING_STATES, TERMINAL_STATES, State, Trigger
 from lifecycle.core.settings.config import ServerArgs
 from lifecycle.runtime.group.abort import AbortWatcher, Failure, failure_of
 from lifecycle.runtime.group.heartbeat import HeartbeatThread
@@ -141,7 +141,7 @@ class RankEnding:
         """Called by the heartbeat thread: the main thread may be stuck for good, so this
         thread journals the timeout, fails the rank, and ends the process."""
         with self._fire_lock:
-            if self.machine.state in (State.READY, *TERMINAL_STATES):
+            if self.machine.state in SERVING_STATES | TERMINAL_STATES:
                 return
             error = StartupTimeout(
                 timeout_s=self.args.startup_timeout_s, state=self.machine.state.value
@@ -167,7 +167,7 @@ class RankEnding:
                         journal_write_s=write_s,
                     )
                 )
-                if self.machine.state is State.READY:
+                if self.machine.state in (State.READY, State.ASLEEP):
                     self.fire(Trigger.STOP)
             except JournalWriteFailed as exc:
                 self.stop_unjournaled(exc)

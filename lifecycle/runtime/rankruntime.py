@@ -54,10 +54,12 @@ class RankRuntime:
     compile_replaces: bool = False  # the key's artifact is kept anew in its place
     compile_seconds: float | None = None  # how long the compile action took
     # The host's keeper (lifecycle.runtime.keeping): the weights key, the keeper this rank
-    # talks to (None: none), whether its weights came from it, and their bytes.
+    # talks to (None: none), whether its weights came from it (attached, or another rank's
+    # copy mapped after a load), whether the keeper holds what it serves with, their bytes.
     weights_key: str = ""
     keeper: KeeperLink | None = None
     attached: bool = False
+    kept: bool = False
     weights_bytes: int = 0
 
     @property

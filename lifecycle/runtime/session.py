@@ -264,6 +264,10 @@ class RankSession(RankEnding):
             self.fail(exc)
         return self.machine.state
 
+    def act(self, name: str, action: Callable[[], None]) -> None:
+        """Run `action` as a journaled action of the current state (a sleep's, a wake's)."""
+        self._run_action(name, action)
+
     def _run_action(self, name: str, action: Callable[[], None]) -> None:
         self.recorder.record(ActionStarted(action=name))
         started = time.perf_counter()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lifecycle.core.errors import COLLECTIVE_KINDS
-from lifecycle.core.format.states import State
+from lifecycle.core.format.states import SERVING_STATES, State
 from lifecycle.core.format.view import RankView
 from lifecycle.verdict.analysis import Run, RunAnalysis
 from lifecycle.verdict.evidence import CutOff, FirstError
@@ -104,7 +104,7 @@ def rank_status(
     )
     if view.rank in dead or silent:
         return Status.CRASHED
-    if view.ready_action_done and view.state == State.READY:
+    if view.ready_action_done and view.state in SERVING_STATES:
         # Serving: its collective records reach the journal in batches, so peers running
         # ahead of it are no sign of a cut-off journal.
         return Status.READY

@@ -30,7 +30,8 @@ def test_bounded_warm_branches_on_the_calibration_gate() -> None:
 
 
 def test_the_table_matches_the_design() -> None:
-    """The non-fail edges are exactly those of docs/concepts.md's "What a startup is" diagram."""
+    """The non-fail edges are exactly those of docs/concepts.md's "What a startup is" diagram and its
+    sleep and wake."""
     edges = {
         (e.trigger.value, e.source.value, e.dest.value)
         for e in TRANSITIONS
@@ -45,6 +46,10 @@ def test_the_table_matches_the_design() -> None:
         ("drop", "re-warm", "drop-buffers"),
         ("finish", "drop-buffers", "ready"),
         ("stop", "ready", "stopped"),
+        ("sleep", "ready", "asleep"),
+        ("wake", "asleep", "waking"),
+        ("finish", "waking", "ready"),
+        ("stop", "asleep", "stopped"),
     }
 
 

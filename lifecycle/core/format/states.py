@@ -43,6 +43,8 @@ class Guard(StrEnum):
 
 
 TERMINAL_STATES = frozenset({State.FAILED, State.STOPPED})
+# The states of a rank that reached ready and serves (or sleeps): the startup is over.
+SERVING_STATES = frozenset({State.READY, State.ASLEEP, State.WAKING})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,7 +19,7 @@ from lifecycle.core.format.events import (
     StoredEvent,
 )
 from lifecycle.core.format.records import GroupMark, PendingCollective, ThreadStack
-from lifecycle.core.format.states import State
+from lifecycle.core.format.states import SERVING_STATES, TERMINAL_STATES, State
 from lifecycle.runtime.recorder import Recorder
 
 MAX_STACK_CHARS = 8000
@@ -47,7 +47,7 @@ def thread_stacks() -> tuple[ThreadStack, ...]:
 
 
 # A startup is over once the rank is in one of these; the startup timeout no longer applies.
-STARTUP_OVER = frozenset({State.READY, State.STOPPED, State.FAILED})
+STARTUP_OVER = SERVING_STATES | TERMINAL_STATES
 
 
 def _ignore_timeout(_waited_s: float) -> None:
@@ -190,7 +190,7 @@ class HeartbeatThread:
             )
         else:
             recorder.beat_in_place()
-        if state is State.READY:
+        if state in SERVING_STATES:
             self._check_collective_stall(pending, in_state_s)
         else:
             self._check_state_stall(lambda: pending)

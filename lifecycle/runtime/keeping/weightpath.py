@@ -90,7 +90,8 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
             _drop(link, key, str(exc))
         else:
             if attached is not None:
-                rt.pipeline, rt.weights_bytes, rt.attached = attached, _blob_bytes(attached), True
+                rt.pipeline, rt.weights_bytes = attached, _blob_bytes(attached)
+                rt.attached = rt.kept = True
                 rt.recorder.record(
                     WeightsPath(
                         path=ATTACH,
@@ -104,7 +105,7 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
             why = "the keeper does not hold this weights key"
     started = time.perf_counter()
     load(rt)
-    rt.attached = False
+    rt.attached = rt.kept = False
     rt.weights_bytes = weights_bytes(rt.pipeline)
     rt.recorder.record(
         WeightsPath(
@@ -188,14 +189,12 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
             try:
                 outcome = str(answer.get("outcome"))
                 if outcome == "kept":
-                    _switch(
-                        rt,
-                        _unpacked(
-                            rt, link, key, {**header, "held": True}, [skeleton_fd, packed.blob_fd]
-                        ),
-                    )
+                    own = {**header, "held": True}
+                    _switch(rt, _unpacked(rt, link, key, own, [skeleton_fd, packed.blob_fd]))
                 elif outcome == "held":
                     _switch(rt, _unpacked(rt, link, key, answer, fds))
+                    # Another rank's copy: held to the reference as attached weights are.
+                    rt.attached = True
                 else:
                     reason = str(answer.get("reason") or "")[:300] or None
             finally:
@@ -222,6 +221,7 @@ def _switch(rt: RankRuntime, pipeline: Any) -> None:
     """Serve with the keeper's copy; the rank's own is let go."""
     _BLOB_BYTES.pop(id(pipeline), None)
     rt.pipeline = pipeline
+    rt.kept = True
     gc.collect()
 
 
@@ -288,14 +288,16 @@ def check_reference(rt: RankRuntime, checksum: str, ref_key: str) -> str | None:
 
 
 def reject_attached(rt: RankRuntime, why: str, load: Any) -> None:
-    """Detach (the keeper drops the key) and load from disk, journaled as a load."""
+    """Detach (the keeper drops the key) and load from disk, journaled as a load. The weights
+    loaded are not given back now (the next startup of the key gives its own): this rank
+    serves with what it read, held to the reference as any load is."""
     if rt.keeper is not None:
         _drop(rt.keeper, rt.weights_key, why)
     rt.pipeline = None
     gc.collect()
     started = time.perf_counter()
     load(rt)
-    rt.attached = False
+    rt.attached = rt.kept = False
     rt.weights_bytes = weights_bytes(rt.pipeline)
     rt.recorder.record(
         WeightsPath(

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from lifecycle.core.errors import ConfigError
+from lifecycle.core.errors import ConfigError, LifecycleError
 from lifecycle.core.format.records import Generation, Shape
 from lifecycle.core.requestid import REQUEST_ID_RULE, request_id_of
 from lifecycle.runtime.telemetry.tracing import Tracing
@@ -38,6 +38,7 @@ from lifecycle.serve.http.metrics import Metrics
 from lifecycle.serve.http.requestline import RETRY_AFTER_S
 from lifecycle.serve.http.servedranks import Reply
 from lifecycle.serve.http.service import Service
+from lifecycle.serve.http.sleepwake import Conflict, rest
 from lifecycle.serve.openai.routes import add_openai_routes
 from lifecycle.serve.openai.runner import JobRunner
 from lifecycle.serve.ranks.cancel import RequestPastDeadline, RequestWithdrawn
@@ -118,6 +119,17 @@ def _add_probes(app: FastAPI, service: Service, metrics: Metrics) -> None:
     async def lifecycle() -> dict[str, Any]:
         return service.lifecycle()
 
+    @app.post("/sleep")
+    async def sleep() -> JSONResponse:
+        """Stop admitting, let the request in flight finish, and put every rank to sleep (its
+        weights let go to the host's keeper): liveness stays 200, readiness says asleep."""
+        return await _rest(service, wake=False)
+
+    @app.post("/wake")
+    async def wake() -> JSONResponse:
+        """Bring every rank's weights back, verify them, and serve again."""
+        return await _rest(service, wake=True)
+
     @app.post("/debug/dump")
     async def dump(request: Request) -> dict[str, Any]:
         """Every rank writes its ring of collective records to the journal (loopback only)."""
@@ -125,6 +137,20 @@ def _add_probes(app: FastAPI, service: Service, metrics: Metrics) -> None:
         if not is_loopback(client):
             raise HTTPException(status_code=403, detail="/debug/dump answers loopback only")
         return {"ranks": service.dump()}
+
+
+async def _rest(service: Service, *, wake: bool) -> JSONResponse:
+    try:
+        done = await anyio.to_thread.run_sync(lambda: rest(service, wake=wake))
+    except Conflict as exc:
+        return JSONResponse(status_code=409, content={"detail": exc.detail, "state": exc.state})
+    except ServiceUnavailable as exc:
+        raise _unavailable(exc) from None
+    except RequestFailed as exc:
+        return JSONResponse(status_code=500, content=service.failed_request(exc))
+    except LifecycleError as exc:
+        return JSONResponse(status_code=500, content={"detail": str(exc)})
+    return JSONResponse(status_code=200, content=done)
 
 
 def _add_generate(app: FastAPI, service: Service, metrics: Metrics) -> None:

@@ -26,6 +26,7 @@ from lifecycle.serve.http.rankjson import ranks_json
 from lifecycle.serve.http.requestline import RequestLine
 from lifecycle.serve.http.restarts import Relaunch, Restarts, replace_ranks
 from lifecycle.serve.http.servedranks import Ranks, Reply, request_model
+from lifecycle.serve.http.sleepwake import AWAKE, Resting
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.cancel import wait_within
 from lifecycle.serve.ranks.control import ControlChannel, RankLink, ServiceUnavailable
@@ -66,6 +67,7 @@ class Service:
         # Held while the journal is followed, and while the ranks are replaced.
         self._following = threading.Lock()
         self.restarts = Restarts(relaunch=relaunch, allowed=max_restarts)
+        self.resting = Resting()  # POST /sleep, /wake (serve.http.sleepwake)
         self.metrics = JournalMetrics(
             views=self.views_now,
             ended=self.ended_ranks,
@@ -207,6 +209,11 @@ class Service:
     def wake_line(self) -> None:
         self.line.wake()
 
+    def catch_up(self) -> None:
+        """Fold what the ranks journaled until now (after a sleep or a wake)."""
+        with self._following:
+            self._follow_once()
+
     def settle(self) -> None:
         """The ranks' last events folded, and their run judged if it failed."""
         self._follow_once()
@@ -245,6 +252,8 @@ class Service:
                 return False, "restarting"
             if self.failure is not None:
                 return False, "failed"
+            if self.resting.state != AWAKE:
+                return False, self.resting.state
             views = self.views
         links = self.control.snapshot()
         ready = (
@@ -284,6 +293,13 @@ class Service:
     def _refusal(self) -> ServiceUnavailable | None:
         """Why a request waiting in line is refused now; None while it may wait (a restart
         under way included)."""
+        if self.resting.state != AWAKE:
+            state = self.resting.state
+            return ServiceUnavailable(status=state, detail=f"{state}: POST /wake to serve again")
+        return self.stopping_or_failed()
+
+    def stopping_or_failed(self) -> ServiceUnavailable | None:
+        """Why anything waiting in line (a sleep or wake too) is refused now."""
         with self._lock:
             if self.restarts.pending is not None and self.stopping is None:
                 return None
@@ -385,11 +401,11 @@ class Service:
                     steps=message.request.steps,
                 )
             except RequestFailed as exc:
-                raise self._request_failed(request, links, exc) from None
+                raise self.request_failed(request, links, exc) from None
         finally:
             self.control.end(request)
 
-    def _request_failed(
+    def request_failed(
         self, request: RequestInFlight, links: dict[int, RankLink], exc: RequestFailed
     ) -> RequestFailed:
         """A request that failed: its answer, named as the run's verdict names its culprit.

@@ -30,6 +30,7 @@ from lifecycle.serve.ranks.messages import (
     Progress,
     Ready,
     Rejected,
+    Rest,
     Result,
     Stop,
     ToRank,
@@ -273,7 +274,9 @@ class ControlInbox:
     on_lost: Callable[[Lost], object] | None = None
     on_cancel: Callable[[Cancel | CancelAt], object] | None = None
     stop_message: Stop = field(default=Stop(reason="stop requested"), init=False)
-    _messages: queue.Queue[Generate | Stop | Lost] = field(default_factory=queue.Queue, init=False)
+    _messages: queue.Queue[Generate | Stop | Lost | Rest] = field(
+        default_factory=queue.Queue, init=False
+    )
     _stop_requested: threading.Event = field(default_factory=threading.Event, init=False)
 
     def __post_init__(self) -> None:
@@ -295,7 +298,7 @@ class ControlInbox:
                     self.on_lost(message)
                 self._messages.put(message)
                 return
-            if isinstance(message, Generate):
+            if isinstance(message, Generate | Rest):
                 self._messages.put(message)
             elif isinstance(message, Dump):
                 self.on_dump(message.reason)
@@ -311,7 +314,7 @@ class ControlInbox:
     def wait_for_stop(self, timeout: float) -> bool:
         return self._stop_requested.wait(timeout)
 
-    def next(self) -> Generate | Stop | Lost:
+    def next(self) -> Generate | Stop | Lost | Rest:
         return self._messages.get()
 
     def send(self, message: FromRank) -> None:

@@ -139,5 +139,15 @@ class Rejected:
     total: int
 
 
-ToRank = Generate | Stop | Dump | GivenUp | Lost | Cancel | CancelAt
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rest:
+    """Put the rank to sleep (`wake` false: ready to asleep, its weights let go to the keeper)
+    or wake it (asleep, waking, ready: its weights back and verified); answered by a Result of
+    `request_id`, as a request is."""
+
+    request_id: str
+    wake: bool
+
+
+ToRank = Generate | Stop | Dump | GivenUp | Lost | Cancel | CancelAt | Rest
 FromRank = Hello | Ready | Progress | Result | Rejected | CancelPoint

@@ -29,6 +29,7 @@ from lifecycle.serve.ranks.messages import (
     Lost,
     Progress,
     Ready,
+    Rest,
     Result,
     Stop,
 )
@@ -109,6 +110,10 @@ def serve_requests(session: RankSession, control: Connection | Line) -> None:
             return  # failed (or aborted) by the reader thread
         if inbox.stopping:
             continue
+        if isinstance(message, Rest):
+            if not _rest(session, runtime, message, inbox=inbox):
+                return
+            continue
         served += 1
         if not _serve_request(session, runtime, message, nth=served, inbox=inbox, cancels=cancels):
             return
@@ -157,6 +162,31 @@ def _serve_request(
         cancels.end(request_id)
         _request_failed(session, inbox, exc, request_id=request_id)
         return False
+    return True
+
+
+def _rest(
+    session: RankSession, runtime: RankRuntime, message: Rest, *, inbox: ControlInbox
+) -> bool:
+    """Sleep (ready, asleep: the weights let go) or wake (asleep, waking, ready: the weights
+    back and verified), each a journaled transition with its actions, and answer; False once
+    the rank serves no more (it failed)."""
+    from lifecycle.core.format.states import Trigger
+    from lifecycle.runtime.actions import wake_weights
+    from lifecycle.runtime.keeping.sleeping import release_weights
+
+    try:
+        if message.wake:
+            session.fire(Trigger.WAKE)
+            session.act("wake-weights", lambda: wake_weights(runtime))
+            session.fire(Trigger.FINISH)
+        else:
+            session.fire(Trigger.SLEEP)
+            session.act("release-weights", lambda: release_weights(runtime))
+    except Exception as exc:  # the rank cannot sleep or wake: journal it, fail, report
+        _request_failed(session, inbox, exc, request_id=message.request_id)
+        return False
+    inbox.send(Result(request_id=message.request_id, rank=session.launch.rank, ok=True))
     return True
 
 

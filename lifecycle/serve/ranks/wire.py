@@ -91,7 +91,7 @@ def beat_from_wire(data: bytes) -> int | None:
 
 # -- down: rank 0's orders, each with the ranks it is for ----------------------------------------
 
-_Order = msg.Generate | msg.Stop | msg.Dump | msg.GivenUp | msg.Cancel | msg.CancelAt
+_Order = msg.Generate | msg.Stop | msg.Dump | msg.GivenUp | msg.Cancel | msg.CancelAt | msg.Rest
 _ORDERS: dict[str, type[_Order]] = {
     "generate": msg.Generate,
     "stop": msg.Stop,
@@ -99,6 +99,7 @@ _ORDERS: dict[str, type[_Order]] = {
     "given_up": msg.GivenUp,
     "cancel": msg.Cancel,
     "cancel_at": msg.CancelAt,
+    "rest": msg.Rest,
 }
 _ORDER_NAMES: dict[type, str] = {cls: name for name, cls in _ORDERS.items()}
 
