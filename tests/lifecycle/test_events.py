@@ -44,10 +44,12 @@ DESIGN_KINDS = {
 # rank's clock offset to rank 0, measured at the rendezvous; and the deadlines each state was
 # held to, learned from the journal's history at gate-check; and each pipeline component's
 # load, before it reads and after (the startup accounted); and the compile, and the compiler's
-# artifact kept, and the learned shapes chosen to warm (docs/compile.md).
+# artifact kept, and the learned shapes chosen to warm (docs/compile.md); and the weights'
+# path, kept, reference, rejected and released (docs/keeper.md).
 BEYOND_DESIGN_KINDS = {
     "collectives_dumped", "clock_aligned", "flight_recorder_dumped", "expectations",
     "load_started", "load_finished", "compiled", "compile_kept", "shapes_chosen",
+    "weights_path", "weights_kept", "reference_output", "attach_rejected", "weights_released",
 }  # fmt: skip
 
 

@@ -82,8 +82,10 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
         try:
             attached = _attach(rt, link, key)
         except KeeperUnavailable as exc:
+            # Said once: this startup goes on without the keeper (nothing is given to it).
             why = f"keeper {link.path}: {exc}"
             log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
+            rt.keeper = None
         except AttachRefused as exc:
             why = f"attach rejected: {exc}"
             rt.recorder.record(AttachRejected(key=key, what=str(exc), expected="", observed=""))
@@ -117,7 +119,7 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
             reason=why or None,
         )
     )
-    if link is not None:
+    if link is not None and rt.keeper is not None:
         give(rt, link, key)
 
 
@@ -163,9 +165,9 @@ def _unpacked(
 
 
 def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
-    """Offer the rank's loaded weights to the keeper; once it holds them (kept now, or held
-    already), the rank maps the keeper's copy in place of its own. Journaled; never fails the
-    startup."""
+    """Offer the rank's loaded weights to the keeper: once it keeps them, the rank maps the
+    keeper's copy in place of its own; where another rank's are held already, it serves with
+    its own. Journaled; never fails the startup."""
     started = time.perf_counter()
     outcome, reason, nbytes = "failed", None, 0
     try:
@@ -192,9 +194,10 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
                     own = {**header, "held": True}
                     _switch(rt, _unpacked(rt, link, key, own, [skeleton_fd, packed.blob_fd]))
                 elif outcome == "held":
-                    _switch(rt, _unpacked(rt, link, key, answer, fds))
-                    # Another rank's copy: held to the reference as attached weights are.
-                    rt.attached = True
+                    # Another rank's copy, never held to a reference by this rank: it keeps
+                    # its own until a startup attaches (and verifies); a sleep may let it go.
+                    rt.kept = True
+                    reason = "held already: this rank serves with its own copy"
                 else:
                     reason = str(answer.get("reason") or "")[:300] or None
             finally:

@@ -1,0 +1,138 @@
+"""The keeper's parts on their own: a pipeline packed into shared memory and back, the signed
+messages and skeletons, and which weights a keeper at its budget lets go (docs/keeper.md)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from lifecycle.core.format.records import Shape
+from lifecycle.core.settings.config import ServerArgs
+from lifecycle.core.settings.modelspec import MODEL_PRESETS
+from lifecycle.pipelines import Comm
+from lifecycle.runtime.actions import warmup_generation
+from lifecycle.runtime.device import memory_meter
+from lifecycle.runtime.keeping.keeperwire import KeeperKey
+from lifecycle.runtime.keeping.skeleton import (
+    NotPackable,
+    Slot,
+    pack,
+    read_fd,
+    read_skeleton_file,
+    skeleton_file,
+    unpack,
+)
+from lifecycle.runtime.pipeline import build_pipeline
+from lifecycle.runtime.request import run_request
+from lifecycle.serve.keeper.holdings import Held, Holdings
+
+CPU = torch.device("cpu")
+
+
+def _checksum(pipeline: object) -> str:
+    args = ServerArgs(model=MODEL_PRESETS["micro-video"])
+    request = warmup_generation(args, Shape(width=128, height=128, frames=5), 2)
+    generated = run_request(
+        pipeline,  # type: ignore[arg-type]
+        request,
+        meter=memory_meter(CPU),
+        device=CPU,
+        decode=True,
+    )
+    assert generated.result.checksum is not None
+    return generated.result.checksum
+
+
+def test_a_pipeline_unpacked_from_shared_memory_answers_as_the_one_packed() -> None:
+    """The tiny pipeline packed (skeleton and blob) and unpacked in its place gives the same
+    output bit for bit, its tensors mapped from the blob rather than copied."""
+    comm = Comm.alone(CPU)
+    pipeline = build_pipeline(MODEL_PRESETS["micro-video"], comm)
+    expected = _checksum(pipeline)
+    packed = pack(pipeline, comm)
+    fd, size = skeleton_file(packed)
+    try:
+        slots, skeleton = read_skeleton_file(read_fd(fd, size))
+        again = unpack(skeleton, slots, packed.blob_fd, packed.blob_bytes, comm=comm, device=CPU)
+    finally:
+        os.close(fd)
+        os.close(packed.blob_fd)
+    assert again is not pipeline and again.comm is comm
+    assert packed.weights_bytes >= 60 * 2**20
+    assert _checksum(again) == expected
+
+
+def test_places_past_the_end_of_the_blob_are_refused() -> None:
+    """A skeleton whose storages lie outside the keeper's file is not unpacked."""
+    comm = Comm.alone(CPU)
+    fd = os.memfd_create("t")
+    os.ftruncate(fd, 64)
+    try:
+        with pytest.raises(ValueError, match="do not fit"):
+            unpack(b"", (Slot(offset=0, nbytes=128),), fd, 64, comm=comm, device=CPU)
+    finally:
+        os.close(fd)
+
+
+def test_a_pipeline_holding_a_lock_is_not_packable() -> None:
+    """A pipeline whose objects cannot be pickled is said so, not kept."""
+
+    class Locked:
+        lock = None
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+    with pytest.raises(NotPackable, match="lock"):
+        pack(Locked(), Comm.alone(CPU))
+
+
+def test_messages_and_skeletons_verify_only_under_their_key() -> None:
+    """A header signed with one key checks under it alone, and changed after signing checks
+    under none; a skeleton's signature binds its bytes, its weights key and its blob's size."""
+    key, other = KeeperKey.derived(b"a" * 32), KeeperKey.derived(b"b" * 32)
+    header = key.signed({"op": "attach", "key": "k1"})
+    assert key.checks(header) and not other.checks(header)
+    assert not key.checks({**header, "key": "k2"})
+    signature = key.sign_skeleton(b"pickle", key="k1", blob_bytes=10)
+    assert key.skeleton_verifies(signature, b"pickle", key="k1", blob_bytes=10)
+    assert not key.skeleton_verifies(signature, b"pickle!", key="k1", blob_bytes=10)
+    assert not key.skeleton_verifies(signature, b"pickle", key="k2", blob_bytes=10)
+    assert not key.skeleton_verifies(signature, b"pickle", key="k1", blob_bytes=11)
+    assert not other.skeleton_verifies(signature, b"pickle", key="k1", blob_bytes=10)
+
+
+def _held(key: str, nbytes: int, last_used: float, holder: int | None = None) -> Held:
+    held = Held(key=key, skeleton_fd=-1, skeleton_bytes=0, blob_fd=-1, blob_bytes=nbytes,
+                signature="", last_used=last_used)  # fmt: skip
+    if holder is not None:
+        held.hold_for(holder)
+    return held
+
+
+def test_the_budget_lets_go_the_least_recently_used_weights_no_rank_holds() -> None:
+    """New weights past the budget evict the oldest holdings no live rank maps, oldest first;
+    when those do not make room, nothing is evicted and the new weights are refused."""
+    holdings = Holdings(budget_bytes=100)
+    holdings.held = {
+        "old": _held("old", 40, 1.0),
+        "mapped": _held("mapped", 40, 0.5, holder=os.getpid()),
+        "new": _held("new", 20, 2.0),
+    }
+    assert holdings.to_evict(0) == []
+    assert [h.key for h in holdings.to_evict(30)] == ["old"]
+    assert [h.key for h in holdings.to_evict(60)] == ["old", "new"]
+    assert holdings.to_evict(61) is None
+
+
+def test_a_dead_rank_holds_nothing() -> None:
+    """A holder whose process has ended is forgotten when the keeper counts live ranks."""
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    held = _held("k", 1, 0.0, holder=child)
+    os.waitpid(child, 0)
+    assert held.live_holders() == 0
