@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 # each process runs torch on one thread (a rank given OMP_NUM_THREADS keeps it), so that none
 # spins waiting for a core another holds. A test that needs another count sets it itself.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The default keeper socket (--keeper auto) is under XDG_RUNTIME_DIR: the tests' own, empty, so
+# that a keeper the developer runs is never attached to by a test that did not start one.
+os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="lifecycle-tests-run-")
 
 
 @dataclass(frozen=True)

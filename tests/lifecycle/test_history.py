@@ -237,7 +237,7 @@ def test_a_journal_at_0003_upgrades_and_keeps_the_history_from_then_on(
     command.upgrade(alembic_config(to_url(str(db))), "0003")
     result = lifecycle_cli("db", "upgrade", "--db", str(db), timeout=60)
     assert result.returncode == 0, result.stderr
-    assert journal_revision(str(db)) == head_revision() == "0006"
+    assert journal_revision(str(db)) == head_revision() == "0007"
     journal = journal_with_run(db)
     writer = journal.writer(run_id="run-a", rank=0)
     startup(writer, T0, SPENT)
@@ -258,7 +258,7 @@ def test_a_postgresql_journal_at_0003_upgrades(
     command.upgrade(alembic_config(url.replace("postgresql://", "postgresql+psycopg://")), "0003")
     result = lifecycle_cli("db", "upgrade", "--db", url, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert journal_revision(url) == "0006"
+    assert journal_revision(url) == "0007"
     journal = Journal.open_for_read(url)
     try:
         with journal.engine.connect() as conn:

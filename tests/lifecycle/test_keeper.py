@@ -132,6 +132,7 @@ def mute_keeper(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
             except OSError:
                 return
             if behaviour[0] == "garbage":
+                conn.recv(65536)  # the request, then garbage for an answer
                 conn.sendall(b"\x00\x00\x00\x05hello")
                 conn.close()
             else:

@@ -120,6 +120,7 @@ def test_the_boot_path_logs_each_step_bound_to_run_rank_and_state(tmp_path: Path
         ("transition", "bounded-warm", "bounded-warm"),
         ("action_started", "bounded-warm", "apply-reused-residency"),
         ("action_started", "bounded-warm", "bounded-warmup"),
+        ("action_started", "bounded-warm", "verify-weights"),
         ("action_started", "bounded-warm", "warm-learned-shapes"),
         ("transition", "ready", "ready"),
         ("action_started", "ready", "mark-ready"),

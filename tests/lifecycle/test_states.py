@@ -30,8 +30,8 @@ def test_bounded_warm_branches_on_the_calibration_gate() -> None:
 
 
 def test_the_table_matches_the_design() -> None:
-    """The non-fail edges are exactly those of docs/concepts.md's "What a startup is" diagram and its
-    sleep and wake."""
+    """The non-fail edges are exactly those of docs/concepts.md's "What a startup is" diagram,
+    with its sleep and wake."""
     edges = {
         (e.trigger.value, e.source.value, e.dest.value)
         for e in TRANSITIONS

@@ -32,7 +32,12 @@ KEEPER_TIMEOUT_S = 5.0
 
 class KeeperUnavailable(Exception):
     """The keeper could not be asked (missing, refusing, garbage, too slow); why, in a few
-    words."""
+    words. `absent`: nothing listens there (no socket, or one left behind by a keeper that
+    ended)."""
+
+    def __init__(self, why: str, *, absent: bool = False) -> None:
+        super().__init__(why)
+        self.absent = absent
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +171,7 @@ def ask(
     """The keeper's signed answer to one signed request; KeeperUnavailable otherwise."""
     why = private_socket(path)
     if why is not None:
-        raise KeeperUnavailable(why)
+        raise KeeperUnavailable(why, absent=not path.exists())
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         try:
@@ -174,6 +179,8 @@ def ask(
             send(sock, key.signed(header), fds)
         except TimeoutError:
             raise KeeperUnavailable("answered too slowly") from None
+        except (ConnectionRefusedError, FileNotFoundError):
+            raise KeeperUnavailable(f"no keeper listens at {path}", absent=True) from None
         except OSError as exc:
             raise KeeperUnavailable(f"{path}: {exc.strerror or type(exc).__name__}") from None
         answer, got = receive(sock)

@@ -84,7 +84,8 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
         except KeeperUnavailable as exc:
             # Said once: this startup goes on without the keeper (nothing is given to it).
             why = f"keeper {link.path}: {exc}"
-            log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
+            if link.named or not exc.absent:  # at auto, a socket left behind is no keeper
+                log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
             rt.keeper = None
         except AttachRefused as exc:
             why = f"attach rejected: {exc}"

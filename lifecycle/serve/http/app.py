@@ -38,7 +38,8 @@ from lifecycle.serve.http.metrics import Metrics
 from lifecycle.serve.http.requestline import RETRY_AFTER_S
 from lifecycle.serve.http.servedranks import Reply
 from lifecycle.serve.http.service import Service
-from lifecycle.serve.http.sleepwake import Conflict, rest
+from lifecycle.serve.keeper.resting import Conflict
+from lifecycle.serve.keeper.sleepwake import rest
 from lifecycle.serve.openai.routes import add_openai_routes
 from lifecycle.serve.openai.runner import JobRunner
 from lifecycle.serve.ranks.cancel import RequestPastDeadline, RequestWithdrawn

@@ -26,7 +26,7 @@ from lifecycle.serve.http.rankjson import ranks_json
 from lifecycle.serve.http.requestline import RequestLine
 from lifecycle.serve.http.restarts import Relaunch, Restarts, replace_ranks
 from lifecycle.serve.http.servedranks import Ranks, Reply, request_model
-from lifecycle.serve.http.sleepwake import AWAKE, Resting
+from lifecycle.serve.keeper.resting import AWAKE, Resting
 from lifecycle.serve.logs import say
 from lifecycle.serve.ranks.cancel import wait_within
 from lifecycle.serve.ranks.control import ControlChannel, RankLink, ServiceUnavailable
@@ -67,7 +67,7 @@ class Service:
         # Held while the journal is followed, and while the ranks are replaced.
         self._following = threading.Lock()
         self.restarts = Restarts(relaunch=relaunch, allowed=max_restarts)
-        self.resting = Resting()  # POST /sleep, /wake (serve.http.sleepwake)
+        self.resting = Resting()  # POST /sleep, /wake (serve.keeper.sleepwake)
         self.metrics = JournalMetrics(
             views=self.views_now,
             ended=self.ended_ranks,

@@ -14,6 +14,7 @@ from lifecycle.core.errors import ConfigError
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS, is_retryable, journal_error
 from lifecycle.store.backends.schema import events, metadata, runs
 from lifecycle.store.journal import Journal
+from lifecycle.store.keeperlog import prune_keeper_rows
 from lifecycle.store.learned.artifacts import ArtifactStore, prune_artifacts
 from lifecycle.store.upkeep.dumps import ThisJournal, find_dumps, remove_dumps
 
@@ -78,6 +79,7 @@ class RunActivity:
 class PrunePlan:
     remove: tuple[RunActivity, ...]
     kept: int
+    kept_runs: tuple[RunActivity, ...] = ()
     skipped_active: int  # selected, but written to within the margin
     keep_runs: int | None
     cutoff: float | None  # runs created before this are old enough (seconds since the epoch)
@@ -99,6 +101,8 @@ class PruneOutcome:
     artifacts_removed: int = 0
     artifact_files_removed: int = 0
     artifact_files_left: tuple[str, ...] = ()
+    # The weight keepers' rows (keeper_log) older than every run kept, removed.
+    keeper_rows_removed: int = 0
 
 
 def plan_prune(
@@ -114,8 +118,10 @@ def plan_prune(
         candidates = [run for run in candidates if run.created_at < cutoff]
     active_since = now - policy.active_margin_s
     remove = tuple(run for run in candidates if _last_activity(run) <= active_since)
+    removed = {run.run_id for run in remove}
     return PrunePlan(
         remove=remove,
+        kept_runs=tuple(run for run in ordered if run.run_id not in removed),
         kept=len(ordered) - len(candidates),
         skipped_active=len(candidates) - len(remove),
         keep_runs=policy.keep_runs,
@@ -154,6 +160,8 @@ def format_outcome(outcome: PruneOutcome, location: str) -> str:
     if outcome.artifact_files_left:
         left = outcome.artifact_files_left
         line += f"; {len(left)} file(s) not removed ({left[0]})"
+    if outcome.keeper_rows_removed:
+        line += f"; removed {outcome.keeper_rows_removed} keeper row(s) older than every run kept"
     if plan.skipped_active:
         line += f"; skipped {plan.skipped_active} still being written"
     return line
@@ -205,6 +213,8 @@ def prune(
     finally:
         reader.dispose()
     artifacts = _prune_artifacts(journal, before=now - ACTIVE_MARGIN_S)
+    kept_since = min((r.created_at for r in plan.kept_runs), default=now - policy.active_margin_s)
+    keeper_rows = prune_keeper_rows(journal, before=kept_since)
     if journal.engine.dialect.name == "sqlite" and plan.remove:
         _truncate_wal(journal)
     return PruneOutcome(
@@ -217,6 +227,7 @@ def prune(
         artifacts_removed=artifacts.rows,
         artifact_files_removed=artifacts.files,
         artifact_files_left=artifacts.left,
+        keeper_rows_removed=keeper_rows,
     )
 
 
