@@ -101,10 +101,12 @@ def decide_path(rt: RankRuntime) -> None:
     outcomes = evaluate_gates(args, platform, reuse=reusing)
     local_reason = next((o.reason for o in outcomes if not o.passed), None)
     first = first_failed_gate(outcomes)
-    # Exchanging the minimum is enough to agree on the earliest failing gate.
-    decision = torch.tensor([first], dtype=torch.int64)
+    # Exchanging the minimum is enough to agree on the earliest failing gate; whether any rank
+    # attached or has a keeper rides along, negated (the minimum of -x is -max(x)).
+    decision = torch.tensor([first, -int(rt.attached), -int(rt.keeper is not None)])
     world.all_reduce(decision, op="min", purpose="gate-agree")
-    rows = [[int(decision.item()), 0]]
+    rt.group_keeping = bool(decision[1:].min().item() < 0)
+    rows = [[int(decision[0].item()), 0]]
     if rows[0][0] == RESIDENCY_GATE_INDEX:
         # Some rank would reuse a plan (or has no planner): which plan, rank by rank. Every
         # row starts as this rank's own, should the gather not run.
@@ -224,9 +226,7 @@ def verify_weights(rt: RankRuntime, *, always: bool = False) -> None:
         if bounded is not None and (bounded.shape, bounded.steps) == (shape, steps)
         else None
     )
-    keeping = torch.tensor([int(rt.attached), int(rt.keeper is not None)], dtype=torch.int64)
-    world.all_reduce(keeping, op="max", purpose="keeper-agree")
-    if free is None and not int(keeping.max().item()) and not always:
+    if free is None and not rt.group_keeping and not always:
         return
     ref_key = reference_key(rt, str(shape), steps)
     for attempt in range(2):

@@ -60,6 +60,7 @@ class RankRuntime:
     keeper: KeeperLink | None = None
     attached: bool = False
     kept: bool = False
+    group_keeping: bool = False  # some rank of the group attached or has a keeper (gate-check)
     weights_bytes: int = 0
 
     @property
