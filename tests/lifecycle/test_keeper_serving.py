@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from lifecycle.core.format.events import ReferenceOutput, WeightsPath, WeightsReleased
 from lifecycle.serve.ranks.supervisor import free_port
@@ -142,6 +143,13 @@ def test_sleep_drains_then_refuses_and_wake_verifies_and_serves(tmp_path: Path) 
         awake = client.post("/wake")
         assert (awake.status_code, awake.json()["state"]) == (409, "ready")
         assert _npy(client, SMALL) == before
+        scraped = {
+            (s.labels["rank"], s.labels["path"])
+            for f in text_string_to_metric_families(client.get("/metrics").text)
+            if f.name == "lifecycle_weights_seconds"
+            for s in f.samples
+        }
+        assert scraped == {("0", "attach")}  # the wake's, the latest
     (run,) = _runs(tmp_path / "j.db")
     released = [e for e in run[0] if isinstance(e, WeightsReleased)]
     assert len(released) == 1 and released[0].bytes > 60 * 2**20 and released[0].reason is None

@@ -45,6 +45,7 @@ from lifecycle.core.format.events import (
     RequestFinished,
     ResidencyEvent,
     StoredEvent,
+    WeightsPath,
 )
 from lifecycle.core.format.launchphase import launch_phase
 from lifecycle.core.format.records import Role
@@ -76,6 +77,8 @@ class JournalMetrics(Collector):
     _timeouts: Counter[int] = field(default_factory=Counter, init=False)
     # rank: (plan, status)
     _residency: dict[int, tuple[str, str]] = field(default_factory=dict, init=False)
+    # rank: (path, seconds, bytes) of its weights' latest attach or load (docs/keeper.md)
+    _weights: dict[int, tuple[str, float, int]] = field(default_factory=dict, init=False)
 
     def feed(self, events: Iterable[StoredEvent]) -> None:
         with self._lock:
@@ -88,6 +91,8 @@ class JournalMetrics(Collector):
                 elif isinstance(event, ResidencyEvent):
                     status = event.kind.removeprefix("residency_").replace("_", "-")
                     self._residency[stored.rank] = (event.plan.plan_id, status)
+                elif isinstance(event, WeightsPath):
+                    self._weights[stored.rank] = (event.path, event.seconds, event.bytes)
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
@@ -102,6 +107,7 @@ class JournalMetrics(Collector):
             requests = dict(self._requests)
             timeouts = dict(self._timeouts)
             residency = dict(self._residency)
+            weights = dict(self._weights)
         served = CounterMetricFamily(
             "lifecycle_requests",
             "Requests a rank finished after ready (smoke and /generate), by outcome.",
@@ -128,6 +134,22 @@ class JournalMetrics(Collector):
         for rank, (plan_id, status) in sorted(residency.items()):
             plan.add_metric([str(rank), plan_id, status], 1)
         yield plan
+        took = GaugeMetricFamily(
+            "lifecycle_weights_seconds",
+            "How long a rank's weights took to come in, by the path it took (attach from the"
+            " host's keeper, or load from disk), at its latest startup or wake.",
+            labels=["rank", "path"],
+        )
+        held = GaugeMetricFamily(
+            "lifecycle_weights_bytes",
+            "The bytes of a rank's weights, by the path they came in by.",
+            labels=["rank", "path"],
+        )
+        for rank, (path, seconds, nbytes) in sorted(weights.items()):
+            took.add_metric([str(rank), path], seconds)
+            held.add_metric([str(rank), path], nbytes)
+        yield took
+        yield held
         placed = GaugeMetricFamily(
             "lifecycle_rank_info",
             "Each rank and the host it runs on (1), as the rank said at its start.",
