@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -78,7 +79,8 @@ def run_keeper_command(ns: argparse.Namespace) -> int:
             for fd in fds:
                 os.close(fd)
             answer.pop("mac", None)
-            print(json.dumps(answer, indent=2))
+            with contextlib.suppress(BrokenPipeError):  # a reader that stopped early
+                print(json.dumps(answer, indent=2), flush=True)
             return 0
         try:
             budget = (

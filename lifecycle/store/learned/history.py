@@ -17,7 +17,7 @@ from lifecycle.core.decisions.deadlines import (
     durations_before_ready,
     load_key,
 )
-from lifecycle.core.format.events import LoadFinished
+from lifecycle.core.format.events import LoadFinished, WeightsPath
 from lifecycle.core.format.fold import MAX_CLOCK_OFFSET_S, RankFold
 from lifecycle.core.format.states import State
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS, journal_error
@@ -46,12 +46,17 @@ def history_values(fold: RankFold) -> dict[str, Any] | None:
 
 
 def _loads(fold: RankFold) -> dict[str, float]:
-    """Each component's load that ended well, by its history name (`load NAME`)."""
-    return {
+    """Each component's load that ended well, by its history name (`load NAME`), and the
+    weights' path at gate-check (`load weights (attach)` or `load weights (load)`)."""
+    loads = {
         load_key(event.component): event.seconds
         for _, _, event in fold.loads
         if isinstance(event, LoadFinished) and event.ok
     }
+    path = next((e for _, _, e in fold.compiles if isinstance(e, WeightsPath)), None)
+    if path is not None:
+        loads[load_key(f"weights ({path.path})")] = path.seconds
+    return loads
 
 
 def _process_ready_s(fold: RankFold, ready_wall: float) -> float | None:
