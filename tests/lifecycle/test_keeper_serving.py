@@ -17,7 +17,12 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from lifecycle.core.format.events import ReferenceOutput, WeightsPath, WeightsReleased
+from lifecycle.core.format.events import (
+    ReferenceOutput,
+    Transition,
+    WeightsPath,
+    WeightsReleased,
+)
 from lifecycle.serve.ranks.supervisor import free_port
 from lifecycle.store.journal import Journal
 from tests.conftest import run_cli
@@ -165,12 +170,18 @@ def test_sleep_drains_then_refuses_and_wake_verifies_and_serves(tmp_path: Path) 
 
 def test_without_a_keeper_sleep_keeps_the_weights_in_the_rank(tmp_path: Path) -> None:
     """With no keeper, a sleep lets nothing go and says why; the wake still runs the fixed
-    request (the first startup calibrated, at other steps: the wake's output is the reference)."""
+    request (the first startup calibrated, at other steps: the wake's output is the reference);
+    a server stopped while asleep stops cleanly, from asleep."""
     with serving(tmp_path, key_env(), "--keeper", "off") as client:
         assert client.post("/sleep").status_code == 200
         assert client.post("/wake").status_code == 200
         assert client.post("/generate", json=SMALL).status_code == 200
+        assert client.post("/sleep").status_code == 200
+        proc = client.proc  # type: ignore[attr-defined]
+    assert proc.returncode == 0
     (run,) = _runs(tmp_path / "j.db")
-    (released,) = [e for e in run[0] if isinstance(e, WeightsReleased)]
-    assert (released.bytes, released.reason) == (0, "no keeper holds them")
+    moves = [(e.source, e.dest) for e in run[0] if isinstance(e, Transition)]
+    assert moves[-2:] == [("ready", "asleep"), ("asleep", "stopped")]
+    released = [e for e in run[0] if isinstance(e, WeightsReleased)]
+    assert {(r.bytes, r.reason) for r in released} == {(0, "no keeper holds them")}
     assert [e.outcome for e in run[0] if isinstance(e, ReferenceOutput)] == ["new"]
