@@ -93,7 +93,7 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
             _drop(link, key, str(exc))
         else:
             if attached is not None:
-                rt.pipeline, rt.weights_bytes = attached, _blob_bytes(attached)
+                rt.pipeline, rt.weights_bytes = attached
                 rt.attached = rt.kept = True
                 rt.recorder.record(
                     WeightsPath(
@@ -124,14 +124,8 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
         give(rt, link, key)
 
 
-_BLOB_BYTES: dict[int, int] = {}
-
-
-def _blob_bytes(pipeline: Any) -> int:
-    return _BLOB_BYTES.pop(id(pipeline), 0)
-
-
-def _attach(rt: RankRuntime, link: KeeperLink, key: str) -> Any | None:
+def _attach(rt: RankRuntime, link: KeeperLink, key: str) -> tuple[Any, int] | None:
+    """The keeper's pipeline of `key` and its weights' bytes; None when it holds none."""
     answer, fds = ask(link.path, link.key, {"op": "attach", "key": key})
     try:
         if not answer.get("held"):
@@ -144,9 +138,9 @@ def _attach(rt: RankRuntime, link: KeeperLink, key: str) -> Any | None:
 
 def _unpacked(
     rt: RankRuntime, link: KeeperLink, key: str, answer: Mapping[str, Any], fds: list[int]
-) -> Any:
-    """The pipeline of the keeper's files `fds` as `answer` describes them; AttachRefused for
-    files that are not what was asked for."""
+) -> tuple[Any, int]:
+    """The pipeline of the keeper's files `fds` as `answer` describes them, and its weights'
+    bytes; AttachRefused for files that are not what was asked for."""
     sizes = answer.get("skeleton_bytes"), answer.get("blob_bytes")
     if len(fds) != 2 or not all(isinstance(n, int) and n >= 0 for n in sizes):
         raise AttachRefused("the keeper's answer does not name its two files and their sizes")
@@ -161,8 +155,7 @@ def _unpacked(
         pipeline = unpack(skeleton, slots, fds[1], blob_bytes, comm=rt.comm, device=rt.device)
     except (ValueError, OSError) as exc:
         raise AttachRefused(f"the keeper's files do not unpack ({exc})") from None
-    _BLOB_BYTES[id(pipeline)] = sum(s.nbytes for s in slots)
-    return pipeline
+    return pipeline, sum(s.nbytes for s in slots)
 
 
 def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
@@ -193,7 +186,7 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
                 outcome = str(answer.get("outcome"))
                 if outcome == "kept":
                     own = {**header, "held": True}
-                    _switch(rt, _unpacked(rt, link, key, own, [skeleton_fd, packed.blob_fd]))
+                    _switch(rt, *_unpacked(rt, link, key, own, [skeleton_fd, packed.blob_fd]))
                 elif outcome == "held":
                     # Another rank's copy, never held to a reference by this rank: it keeps
                     # its own until a startup attaches (and verifies); a sleep may let it go.
@@ -221,10 +214,9 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
     )
 
 
-def _switch(rt: RankRuntime, pipeline: Any) -> None:
+def _switch(rt: RankRuntime, pipeline: Any, nbytes: int) -> None:
     """Serve with the keeper's copy; the rank's own is let go."""
-    _BLOB_BYTES.pop(id(pipeline), None)
-    rt.pipeline = pipeline
+    rt.pipeline, rt.weights_bytes = pipeline, nbytes
     rt.kept = True
     gc.collect()
 
