@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ import torch
 from lifecycle.runtime.group.comm import Comm
 
 ALIGN = 64  # every storage starts on a cache line (and any element size)
+WRITE_CHUNK = 64 * 2**20
+WRITE_THREADS = 8
 # What the rank puts in place of its groups, by name.
 _COMM_PARTS = ("world", "ulysses", "cfg", "staging", "pending")
 
@@ -100,14 +103,7 @@ def pack(pipeline: Any, comm: Comm) -> Packed:
     fd = os.memfd_create("lifecycle-weights", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, blob_bytes)
-        with mmap.mmap(fd, blob_bytes, flags=mmap.MAP_SHARED) as blob:
-            for storage, slot in zip(packer.storages, slots, strict=True):
-                if slot.nbytes:
-                    target = torch.frombuffer(
-                        blob, dtype=torch.uint8, count=slot.nbytes, offset=slot.offset
-                    )
-                    target.copy_(_bytes_of(storage))
-                    del target
+        _write_storages(fd, packer.storages, slots)
     except BaseException:
         os.close(fd)
         raise
@@ -118,6 +114,31 @@ def pack(pipeline: Any, comm: Comm) -> Packed:
         blob_bytes=blob_bytes,
         weights_bytes=sum(s.nbytes for s in slots),
     )
+
+
+def _write_storages(fd: int, storages: list[torch.UntypedStorage], slots: list[Slot]) -> None:
+    """Every storage's bytes written into the blob at its slot: the kernel copies from the
+    tensors' memory into the shared pages (faster than faulting each page in through a
+    mapping), in chunks spread over a few threads (a write lets go of the GIL)."""
+    chunks = []
+    for storage, slot in zip(storages, slots, strict=True):
+        if not slot.nbytes:
+            continue
+        data = _bytes_of(storage).numpy().data
+        chunks += [
+            (data, start, slot.offset + start) for start in range(0, slot.nbytes, WRITE_CHUNK)
+        ]
+
+    def write(chunk: tuple[memoryview, int, int]) -> None:
+        data, start, at = chunk
+        piece = data[start : start + WRITE_CHUNK]
+        done = 0
+        while done < len(piece):
+            done += os.pwrite(fd, piece[done:], at + done)
+
+    workers = max(1, min(WRITE_THREADS, os.cpu_count() or 1, len(chunks)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="lifecycle-keep") as pool:
+        list(pool.map(write, chunks))
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import socket
 import socketserver
@@ -46,12 +47,16 @@ class Keeper:
         self.lock = threading.Lock()
         self.host = socket.gethostname()
         self.pid = os.getpid()
+        self._rows: queue.Queue[KeeperRow | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_rows, name="keeper-journal", daemon=True)
+        self._writer.start()
 
     def note(
         self, what: str, *, key: str | None = None, nbytes: int = 0, detail: str | None = None
     ) -> None:
-        """Journal one row of the keeper's life; a journal that cannot be written is said once
-        in the log and the keeper goes on (the weights matter more than their record)."""
+        """Journal one row of the keeper's life, off the answer's path (a thread writes them in
+        order); a journal that cannot be written is said in the log and the keeper goes on (the
+        weights matter more than their record)."""
         row = KeeperRow(
             host=self.host,
             keeper_pid=self.pid,
@@ -62,12 +67,35 @@ class Keeper:
             detail=detail,
         )
         log.info("keeper_" + what, key=key, bytes=nbytes, detail=detail)
-        if self.journal is None:
-            return
-        try:
-            append_keeper_rows(self.journal, [row])
-        except JournalError as exc:
-            log.warning("keeper_journal_failed", error=str(exc))
+        if self.journal is not None:
+            self._rows.put(row)
+
+    def _write_rows(self) -> None:
+        """Append the rows noted, a batch at a time, until the stop's None."""
+        stopping = False
+        while not stopping:
+            batch = [self._rows.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(self._rows.get_nowait())
+            stopping = None in batch
+            rows = [row for row in batch if row is not None]
+            if rows and self.journal is not None:
+                try:
+                    append_keeper_rows(self.journal, rows)
+                except JournalError as exc:
+                    log.warning("keeper_journal_failed", error=str(exc))
+            for _ in batch:
+                self._rows.task_done()
+
+    def settle(self) -> None:
+        """Wait until every row noted so far is journaled (its start, before it answers)."""
+        self._rows.join()
+
+    def flush(self) -> None:
+        """Every row noted so far journaled (at the keeper's stop)."""
+        self._rows.put(None)
+        self._writer.join(timeout=30)
 
     def answer(
         self, header: dict[str, Any], fds: list[int], peer_pid: int
@@ -293,6 +321,7 @@ def run_keeper(path: Path, keeper: Keeper, *, ready: threading.Event | None = No
                     " weights key(s): the ranks that mapped them keep them; the next startups load",
                 )
         keeper.note("started", nbytes=keeper.holdings.budget_bytes, detail=f"socket {path}")
+        keeper.settle()
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: object) -> None:
@@ -310,5 +339,6 @@ def run_keeper(path: Path, keeper: Keeper, *, ready: threading.Event | None = No
         )
         server.serve_forever(poll_interval=0.2)
         keeper.note("stopped", nbytes=keeper.holdings.used_bytes)
+        keeper.flush()
         keeper.close()
     return 0
