@@ -51,6 +51,7 @@ MODULES = (
     "bench.diffusers:RESIDENCY",
     "bench.nodes",
     "bench.parallelload",
+    "bench.keeper",
     "bench.accounted",
     "bench.otelexport",
     "bench.compilecache",
