@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lifecycle.core.format.events import (
     ReferenceOutput,
     Transition,
+    WeightsKept,
     WeightsPath,
     WeightsReleased,
 )
@@ -95,7 +96,7 @@ def test_a_group_killed_and_started_again_attaches_and_answers_bit_for_bit(
 ) -> None:
     """Two ranks SIGKILLed with their server, then started again: every rank attaches to the
     keeper's weights, matches the reference before ready, and the same request's video is the
-    same bytes."""
+    same bytes; at the cold start one rank gave the weights and the other packed nothing."""
     env = key_env()
     with running_keeper(tmp_path, env) as keeper:
         layout = ("--num-ranks", "2", "--keeper", str(keeper.socket))
@@ -107,6 +108,11 @@ def test_a_group_killed_and_started_again_attaches_and_answers_bit_for_bit(
             after = _npy(second, SMALL)
     assert after == before
     cold, restarted = _runs(tmp_path / "j.db")
+    # One rank of the cold start claims the key and gives its weights; the other packs nothing.
+    given = sorted(
+        (e.outcome, e.bytes > 0) for r in (0, 1) for e in cold[r] if isinstance(e, WeightsKept)
+    )
+    assert given == [("held", False), ("kept", True)]
     for rank in (0, 1):
         assert [e.path for e in cold[rank] if isinstance(e, WeightsPath)] == ["load"]
         assert [e.path for e in restarted[rank] if isinstance(e, WeightsPath)] == ["attach"]

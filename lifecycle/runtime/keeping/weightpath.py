@@ -165,6 +165,21 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
     started = time.perf_counter()
     outcome, reason, nbytes = "failed", None, 0
     try:
+        refusal = _claim(link, key)
+    except KeeperUnavailable as exc:
+        refusal = ("failed", str(exc))
+        log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
+    if refusal is not None:
+        # The keeper holds them already, or another rank of the host is giving them, or it
+        # cannot be asked: this rank serves with its own copy and packs nothing.
+        outcome, reason = refusal
+        rt.kept = reason == HELD_ALREADY
+        seconds = time.perf_counter() - started
+        rt.recorder.record(
+            WeightsKept(key=key, outcome=outcome, bytes=0, seconds=seconds, reason=reason)
+        )
+        return
+    try:
         packed = pack(rt.pipeline, rt.comm)
     except NotPackable as exc:
         reason = f"the pipeline's objects cannot be pickled ({exc})"
@@ -188,10 +203,10 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
                     own = {**header, "held": True}
                     _switch(rt, *_unpacked(rt, link, key, own, [skeleton_fd, packed.blob_fd]))
                 elif outcome == "held":
-                    # Another rank's copy, never held to a reference by this rank: it keeps
-                    # its own until a startup attaches (and verifies); a sleep may let it go.
+                    # Given by another rank since the claim: this rank keeps its own until a
+                    # startup attaches (and verifies); a sleep may let it go.
                     rt.kept = True
-                    reason = "held already: this rank serves with its own copy"
+                    reason = HELD_ALREADY
                 else:
                     reason = str(answer.get("reason") or "")[:300] or None
             finally:
@@ -212,6 +227,20 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
             reason=reason,
         )
     )
+
+
+HELD_ALREADY = "held already: this rank serves with its own copy"
+BEING_GIVEN = "another rank of this host is giving them: this rank serves with its own copy"
+
+
+def _claim(link: KeeperLink, key: str) -> tuple[str, str] | None:
+    """None when this rank is the one to give `key`'s weights; else the outcome and why not."""
+    answer, fds = ask(link.path, link.key, {"op": "claim", "key": key})
+    for fd in fds:
+        os.close(fd)
+    if answer.get("claimed") is True:
+        return None
+    return ("held", HELD_ALREADY if answer.get("held") else BEING_GIVEN)
 
 
 def _switch(rt: RankRuntime, pipeline: Any, nbytes: int) -> None:

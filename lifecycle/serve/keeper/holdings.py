@@ -17,7 +17,10 @@ def process_start(pid: int) -> str | None:
             text = stat.read().decode(errors="replace")
     except OSError:
         return None
-    return text.rpartition(")")[2].split()[19] if ")" in text else None
+    fields = text.rpartition(")")[2].split() if ")" in text else []
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None  # ended (a zombie not yet reaped holds no mapping)
+    return fields[19]
 
 
 @dataclass(slots=True, kw_only=True)

@@ -29,12 +29,14 @@ from lifecycle.runtime.keeping.keeperwire import (
     receive,
     send,
 )
-from lifecycle.serve.keeper.holdings import Held, Holdings
+from lifecycle.serve.keeper.holdings import Held, Holdings, process_start
 from lifecycle.store.journal import Journal
 from lifecycle.store.keeperlog import KeeperRow, append_keeper_rows, previous_keeper
 
 log = structlog.get_logger("lifecycle.keeper")
 _CRED = struct.Struct("3i")  # SO_PEERCRED's pid, uid, gid
+# How long a claim to give a key's weights holds while its rank lives (a pack of many GB).
+CLAIM_S = 600.0
 
 
 class Keeper:
@@ -48,6 +50,8 @@ class Keeper:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._rows: queue.Queue[KeeperRow | None] = queue.Queue()
+        # key: the rank giving its weights (pid, its start time, when it claimed)
+        self._claims: dict[str, tuple[int, str | None, float]] = {}
         self._writer = threading.Thread(target=self._write_rows, name="keeper-journal", daemon=True)
         self._writer.start()
 
@@ -110,6 +114,8 @@ class Keeper:
         with self.lock:
             if op == "attach":
                 return self._attach(key, peer_pid)
+            if op == "claim":
+                return self._claim(key, peer_pid), ()
             if op == "keep":
                 return self._keep(key, header, fds, peer_pid)
             if op == "drop":
@@ -160,9 +166,22 @@ class Keeper:
             "signature": held.signature,
         }
 
+    def _claim(self, key: str, peer_pid: int) -> dict[str, Any]:
+        """Whether `peer_pid` is the rank to give `key`'s weights: not when they are held, nor
+        while another live rank has the claim (for CLAIM_S at most); so that one rank of a
+        host packs them, not every one."""
+        if key in self.holdings.held:
+            return {"claimed": False, "held": True}
+        pid, began, at = self._claims.get(key, (0, None, 0.0))
+        if pid and process_start(pid) == began and time.time() - at < CLAIM_S:
+            return {"claimed": False, "held": False}
+        self._claims[key] = (peer_pid, process_start(peer_pid), time.time())
+        return {"claimed": True}
+
     def _keep(
         self, key: str, header: dict[str, Any], fds: list[int], peer_pid: int
     ) -> tuple[dict[str, Any], tuple[int, ...]]:
+        self._claims.pop(key, None)
         held = self.holdings.held.get(key)
         if held is not None:  # another rank kept them first: this one maps that copy
             _close(fds)
