@@ -48,11 +48,13 @@ def _checksum(pipeline: object) -> str:
 
 def test_a_pipeline_unpacked_from_shared_memory_answers_as_the_one_packed() -> None:
     """The tiny pipeline packed (skeleton and blob) and unpacked in its place gives the same
-    output bit for bit, its tensors mapped from the blob rather than copied."""
+    output bit for bit, its tensors mapped from the blob rather than copied; packed with
+    `release`, the original's storages are freed as they are written (never two copies)."""
     comm = Comm.alone(CPU)
     pipeline = build_pipeline(MODEL_PRESETS["micro-video"], comm)
     expected = _checksum(pipeline)
-    packed = pack(pipeline, comm)
+    packed = pack(pipeline, comm, release=True)
+    assert {p.untyped_storage().nbytes() for p in pipeline.dit.parameters()} == {0}
     fd, size = skeleton_file(packed)
     try:
         slots, skeleton = read_skeleton_file(read_fd(fd, size))

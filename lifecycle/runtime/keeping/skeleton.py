@@ -13,6 +13,8 @@ A skeleton is a pickle, code: the rank unpickles only a skeleton whose signature
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import io
 import json
@@ -88,8 +90,11 @@ class _Packer(pickle.Pickler):
         return None
 
 
-def pack(pipeline: Any, comm: Comm) -> Packed:
-    """`pipeline` packed into a new memfd; NotPackable where its objects cannot be pickled."""
+def pack(pipeline: Any, comm: Comm, *, release: bool = False) -> Packed:
+    """`pipeline` packed into a new memfd; NotPackable where its objects cannot be pickled.
+    With `release`, each storage on the host is freed once written (so that the host never
+    holds two copies): `pipeline` is then unusable, and the caller serves with the packed copy
+    (an OSError midway leaves it unusable too)."""
     out = io.BytesIO()
     packer = _Packer(out, comm)
     try:
@@ -104,7 +109,7 @@ def pack(pipeline: Any, comm: Comm) -> Packed:
     fd = os.memfd_create("lifecycle-weights", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, blob_bytes)
-        _write_storages(fd, packer.storages, slots)
+        _write_storages(fd, packer.storages, slots, release=release)
     except BaseException:
         os.close(fd)
         raise
@@ -117,18 +122,13 @@ def pack(pipeline: Any, comm: Comm) -> Packed:
     )
 
 
-def _write_storages(fd: int, storages: list[torch.UntypedStorage], slots: list[Slot]) -> None:
+def _write_storages(
+    fd: int, storages: list[torch.UntypedStorage], slots: list[Slot], *, release: bool
+) -> None:
     """Every storage's bytes written into the blob at its slot: the kernel copies from the
     tensors' memory into the shared pages (faster than faulting each page in through a
-    mapping), in chunks spread over a few threads (a write lets go of the GIL)."""
-    chunks = []
-    for storage, slot in zip(storages, slots, strict=True):
-        if not slot.nbytes:
-            continue
-        data = _bytes_of(storage).numpy().data
-        chunks += [
-            (data, start, slot.offset + start) for start in range(0, slot.nbytes, WRITE_CHUNK)
-        ]
+    mapping), in chunks spread over a few threads (a write lets go of the GIL); a host
+    storage freed once written when `release`."""
 
     def write(chunk: tuple[memoryview, int, int]) -> None:
         data, start, at = chunk
@@ -137,15 +137,26 @@ def _write_storages(fd: int, storages: list[torch.UntypedStorage], slots: list[S
         while done < len(piece):
             done += os.pwrite(fd, piece[done:], at + done)
 
-    workers = max(1, min(WRITE_THREADS, os.cpu_count() or 1, len(chunks)))
+    workers = max(1, min(WRITE_THREADS, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="lifecycle-keep") as pool:
-        list(pool.map(write, chunks))
+        for storage, slot in zip(storages, slots, strict=True):
+            if not slot.nbytes:
+                continue
+            host = storage if storage.device.type == "cpu" else storage.cpu()  # type: ignore[no-untyped-call]
+            data = _memory_of(host)
+            starts = range(0, slot.nbytes, WRITE_CHUNK)
+            list(pool.map(write, [(data, start, slot.offset + start) for start in starts]))
+            del data, host
+            if release and storage.device.type == "cpu":
+                with contextlib.suppress(RuntimeError):  # a storage that cannot be resized
+                    storage.resize_(0)
 
 
-def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A storage's bytes as a uint8 tensor on the host."""
-    as_bytes = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-    return as_bytes.cpu()
+def _memory_of(storage: torch.UntypedStorage) -> memoryview:
+    """A host storage's bytes as a buffer, without marking it as exported (numpy's view would
+    make it one that can no longer be freed by resizing)."""
+    array = (ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())
+    return memoryview(array).cast("B")
 
 
 class _Unpacker(pickle.Unpickler):

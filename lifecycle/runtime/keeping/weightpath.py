@@ -121,7 +121,7 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
         )
     )
     if link is not None and rt.keeper is not None:
-        give(rt, link, key)
+        give(rt, link, key, load)
 
 
 def _attach(rt: RankRuntime, link: KeeperLink, key: str) -> tuple[Any, int] | None:
@@ -158,10 +158,12 @@ def _unpacked(
     return pipeline, sum(s.nbytes for s in slots)
 
 
-def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
-    """Offer the rank's loaded weights to the keeper: once it keeps them, the rank maps the
-    keeper's copy in place of its own; where another rank's are held already, it serves with
-    its own. Journaled; never fails the startup."""
+def give(rt: RankRuntime, link: KeeperLink, key: str, load: Any) -> None:
+    """Offer the rank's loaded weights to the keeper, when this rank is the first of its host
+    to claim the key (another rank's claim, or weights held already: it serves with its own and
+    packs nothing). On the host each storage is let go as it is copied into the shared file
+    (never two copies at once), and the rank serves with that copy: the keeper's too once it
+    keeps it. Journaled; never fails the startup (a copy that fails midway loads again)."""
     started = time.perf_counter()
     outcome, reason, nbytes = "failed", None, 0
     try:
@@ -174,15 +176,19 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
         # cannot be asked: this rank serves with its own copy and packs nothing.
         outcome, reason = refusal
         rt.kept = reason == HELD_ALREADY
-        seconds = time.perf_counter() - started
-        rt.recorder.record(
-            WeightsKept(key=key, outcome=outcome, bytes=0, seconds=seconds, reason=reason)
-        )
+        _record_kept(rt, key, outcome, 0, started, reason)
         return
+    on_host = rt.device.type == "cpu"
     try:
-        packed = pack(rt.pipeline, rt.comm)
+        packed = pack(rt.pipeline, rt.comm, release=on_host)
     except NotPackable as exc:
         reason = f"the pipeline's objects cannot be pickled ({exc})"
+    except OSError as exc:
+        # Part of the rank's weights were let go into a copy that could not be finished.
+        reason = f"the copy for the keeper failed ({exc.strerror or exc}): loaded again"
+        _record_kept(rt, key, "failed", 0, started, reason)
+        _load_again(rt, load, reason)
+        return
     else:
         nbytes = packed.weights_bytes
         skeleton_fd, size = skeleton_file(packed)
@@ -196,28 +202,36 @@ def give(rt: RankRuntime, link: KeeperLink, key: str) -> None:
                 "blob_bytes": packed.blob_bytes,
                 "signature": signature,
             }
-            answer, fds = ask(link.path, link.key, header, (skeleton_fd, packed.blob_fd))
             try:
-                outcome = str(answer.get("outcome"))
-                if outcome == "kept":
-                    own = {**header, "held": True}
+                answer, fds = ask(link.path, link.key, header, (skeleton_fd, packed.blob_fd))
+            except KeeperUnavailable as exc:
+                answer, fds = {"outcome": "failed", "reason": str(exc)}, []
+                log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
+            for fd in fds:
+                os.close(fd)
+            outcome = str(answer.get("outcome"))
+            reason = str(answer.get("reason") or "")[:300] or None
+            if outcome == "held":  # given by another rank since the claim expired
+                reason = HELD_ALREADY
+            if on_host:
+                # The rank's own copy was let go as it was written: it serves with the packed
+                # one, which is the keeper's too when it kept it.
+                own = {**header, "held": True}
+                try:
                     _switch(rt, *_unpacked(rt, link, key, own, [skeleton_fd, packed.blob_fd]))
-                elif outcome == "held":
-                    # Given by another rank since the claim: this rank keeps its own until a
-                    # startup attaches (and verifies); a sleep may let it go.
-                    rt.kept = True
-                    reason = HELD_ALREADY
-                else:
-                    reason = str(answer.get("reason") or "")[:300] or None
-            finally:
-                for fd in fds:
-                    os.close(fd)
-        except (KeeperUnavailable, AttachRefused) as exc:
-            outcome, reason = "failed", str(exc)
-            log.warning("keeper_unavailable", keeper=str(link.path), reason=str(exc))
+                except AttachRefused as exc:
+                    _load_again(rt, load, f"the packed copy could not be mapped ({exc})")
+                    outcome, reason = "failed", str(exc)
+            rt.kept = outcome in ("kept", "held")
         finally:
             os.close(skeleton_fd)
             os.close(packed.blob_fd)
+    _record_kept(rt, key, outcome, nbytes, started, reason)
+
+
+def _record_kept(
+    rt: RankRuntime, key: str, outcome: str, nbytes: int, started: float, reason: str | None
+) -> None:
     rt.recorder.record(
         WeightsKept(
             key=key,
@@ -244,9 +258,8 @@ def _claim(link: KeeperLink, key: str) -> tuple[str, str] | None:
 
 
 def _switch(rt: RankRuntime, pipeline: Any, nbytes: int) -> None:
-    """Serve with the keeper's copy; the rank's own is let go."""
+    """Serve with the packed copy; the rank's own is let go."""
     rt.pipeline, rt.weights_bytes = pipeline, nbytes
-    rt.kept = True
     gc.collect()
 
 
@@ -318,6 +331,11 @@ def reject_attached(rt: RankRuntime, why: str, load: Any) -> None:
     serves with what it read, held to the reference as any load is."""
     if rt.keeper is not None:
         _drop(rt.keeper, rt.weights_key, why)
+    _load_again(rt, load, f"attach rejected: {why}")
+
+
+def _load_again(rt: RankRuntime, load: Any, reason: str) -> None:
+    """The pipeline built and read from disk anew, journaled as a load with `reason`."""
     rt.pipeline = None
     gc.collect()
     started = time.perf_counter()
@@ -331,7 +349,7 @@ def reject_attached(rt: RankRuntime, why: str, load: Any) -> None:
             keeper=_where(rt.keeper),
             bytes=rt.weights_bytes,
             seconds=time.perf_counter() - started,
-            reason=f"attach rejected: {why}",
+            reason=reason,
         )
     )
 
