@@ -15,6 +15,7 @@ from lifecycle.core.format.kinds.weightevents import (
     WeightsPath,
     WeightsReleased,
 )
+from lifecycle.core.format.text import format_bytes
 from lifecycle.core.settings.config import ServerArgs
 
 ATTACH = "attach"
@@ -38,23 +39,20 @@ def weights_key(args: ServerArgs, *, device: str, torch_version: str, lifecycle:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
-
-
 def weights_text(event: CompileEvent) -> str | None:
     """A weights event in a few words; None for an event of another kind."""
+    size = format_bytes(getattr(event, "bytes", 0))
     match event:
         case WeightsPath(path="attach"):
             return (
-                f"weights attached from the keeper ({_mib(event.bytes)} in {event.seconds:.3f} s,"
+                f"weights attached from the keeper ({size} in {event.seconds:.3f} s,"
                 f" key {event.key})"
             )
         case WeightsPath():
             why = f": {event.reason}" if event.reason else ""
-            return f"weights loaded from disk ({_mib(event.bytes)} in {event.seconds:.2f} s){why}"
+            return f"weights loaded from disk ({size} in {event.seconds:.2f} s){why}"
         case WeightsKept():
-            said = f"weights given to the keeper: {event.outcome} ({_mib(event.bytes)}"
+            said = f"weights given to the keeper: {event.outcome} ({size}"
             said += f" in {event.seconds:.3f} s)"
             return said + (f": {event.reason}" if event.reason else "")
         case ReferenceOutput():
@@ -68,5 +66,5 @@ def weights_text(event: CompileEvent) -> str | None:
         case WeightsReleased():
             if event.reason:
                 return f"weights kept in the rank while asleep: {event.reason}"
-            return f"weights released to the keeper ({_mib(event.bytes)} in {event.seconds:.3f} s)"
+            return f"weights released to the keeper ({size} in {event.seconds:.3f} s)"
     return None

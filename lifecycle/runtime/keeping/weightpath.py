@@ -106,20 +106,7 @@ def load_or_attach(rt: RankRuntime, load: Any) -> None:
                 )
                 return
             why = "the keeper does not hold this weights key"
-    started = time.perf_counter()
-    load(rt)
-    rt.attached = rt.kept = False
-    rt.weights_bytes = weights_bytes(rt.pipeline)
-    rt.recorder.record(
-        WeightsPath(
-            path=LOAD,
-            key=key,
-            keeper=_where(link),
-            bytes=rt.weights_bytes,
-            seconds=time.perf_counter() - started,
-            reason=why or None,
-        )
-    )
+    _journaled_load(rt, load, why or None, keeper=link)
     if link is not None and rt.keeper is not None:
         give(rt, link, key, load)
 
@@ -187,7 +174,7 @@ def give(rt: RankRuntime, link: KeeperLink, key: str, load: Any) -> None:
         # Part of the rank's weights were let go into a copy that could not be finished.
         reason = f"the copy for the keeper failed ({exc.strerror or exc}): loaded again"
         _record_kept(rt, key, "failed", 0, started, reason)
-        _load_again(rt, load, reason)
+        _journaled_load(rt, load, reason, keeper=rt.keeper)
         return
     else:
         nbytes = packed.weights_bytes
@@ -220,7 +207,9 @@ def give(rt: RankRuntime, link: KeeperLink, key: str, load: Any) -> None:
                 try:
                     _switch(rt, *_unpacked(rt, link, key, own, [skeleton_fd, packed.blob_fd]))
                 except AttachRefused as exc:
-                    _load_again(rt, load, f"the packed copy could not be mapped ({exc})")
+                    _journaled_load(
+                        rt, load, f"the packed copy could not be mapped ({exc})", keeper=rt.keeper
+                    )
                     outcome, reason = "failed", str(exc)
             rt.kept = outcome in ("kept", "held")
         finally:
@@ -331,13 +320,17 @@ def reject_attached(rt: RankRuntime, why: str, load: Any) -> None:
     serves with what it read, held to the reference as any load is."""
     if rt.keeper is not None:
         _drop(rt.keeper, rt.weights_key, why)
-    _load_again(rt, load, f"attach rejected: {why}")
+    _journaled_load(rt, load, f"attach rejected: {why}", keeper=rt.keeper)
 
 
-def _load_again(rt: RankRuntime, load: Any, reason: str) -> None:
-    """The pipeline built and read from disk anew, journaled as a load with `reason`."""
-    rt.pipeline = None
-    gc.collect()
+def _journaled_load(
+    rt: RankRuntime, load: Any, reason: str | None, *, keeper: KeeperLink | None
+) -> None:
+    """The pipeline built and read from disk (anew: the one before let go first), journaled
+    as a load with `reason`, naming the keeper asked."""
+    if rt.pipeline is not None:
+        rt.pipeline = None
+        gc.collect()
     started = time.perf_counter()
     load(rt)
     rt.attached = rt.kept = False
@@ -346,7 +339,7 @@ def _load_again(rt: RankRuntime, load: Any, reason: str) -> None:
         WeightsPath(
             path=LOAD,
             key=rt.weights_key,
-            keeper=_where(rt.keeper),
+            keeper=_where(keeper),
             bytes=rt.weights_bytes,
             seconds=time.perf_counter() - started,
             reason=reason,
