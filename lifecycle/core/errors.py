@@ -24,6 +24,9 @@ class ErrorKind(StrEnum):
     JOURNAL = "journal"  # the journal cannot be opened, read or appended to as asked
     CONFIG = "config"
     RANK_DISAGREEMENT = "rank-disagreement"
+    # gate-check found a rank unfit: its environment differs in what matters, its probe
+    # figures are unusable, or it is slow under --on-slow-rank fail
+    RANK_CHECK = "rank-check"
     RENDEZVOUS = "rendezvous"
     REQUEST_ABORTED = "request-aborted"
     REQUEST_STALLED = "request-stalled"  # the server gave a request up: no step for too long
@@ -290,6 +293,17 @@ class RendezvousFailed(LifecycleError):
         self.address = address
         self.port = port
         self.reason = reason
+
+
+class RankCheckFailed(LifecycleError):
+    """gate-check found a rank unfit to serve with its group (docs/ranks.md): every rank
+    raises it with the same line; `culprits` are the ranks it names."""
+
+    error_kind: ClassVar[ErrorKind] = ErrorKind.RANK_CHECK
+
+    def __init__(self, message: str, *, culprits: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.culprits = culprits
 
 
 class RankDisagreement(LifecycleError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TypedDict
 
 import structlog
 import torch
@@ -31,14 +30,10 @@ from lifecycle.core.errors import JournalError
 from lifecycle.core.format.events import (
     GateDecided,
     PlanBuilt,
-    RequestFinished,
-    RequestStarted,
     WarmupRecord,
 )
 from lifecycle.core.format.records import (
     Generation,
-    GroupMark,
-    RequestResult,
     ReuseCode,
     Role,
     Shape,
@@ -46,10 +41,10 @@ from lifecycle.core.format.records import (
     shared_fields,
 )
 from lifecycle.core.format.states import State
-from lifecycle.core.requestid import request_id_of
 from lifecycle.core.settings.config import ServerArgs, SmokeRequest
 from lifecycle.runtime.compiler import compile_denoiser, keep_compiled
 from lifecycle.runtime.device import probe_platform, release_cache
+from lifecycle.runtime.group.gatecheck import check_ranks as check_group
 from lifecycle.runtime.keeping.sleeping import restore_weights
 from lifecycle.runtime.keeping.weightpath import (
     check_reference,
@@ -61,7 +56,7 @@ from lifecycle.runtime.learned import agreed_shapes, chosen_shapes
 from lifecycle.runtime.phases import recording_loads
 from lifecycle.runtime.pipeline import build_pipeline
 from lifecycle.runtime.rankruntime import RankRuntime
-from lifecycle.runtime.request import Generated, run_request
+from lifecycle.runtime.request import generate, run_request
 from lifecycle.runtime.residency import (
     apply_before_rewarm,
     apply_reused,
@@ -88,6 +83,21 @@ def load_pipeline(rt: RankRuntime) -> None:
 def _load_from_disk(rt: RankRuntime) -> None:
     with recording_loads(rt.recorder):
         rt.pipeline = build_pipeline(rt.args.model, rt.comm)
+
+
+def check_ranks(rt: RankRuntime) -> None:
+    """What every rank runs on, agreed, and each rank's speed measured against its group's
+    (runtime.group.gatecheck): the startup fails here, before any warmup, on a difference
+    that changes numerics, or a slow rank under --on-slow-rank fail."""
+    rt.slowdown.forgive()  # a slowed rank's load from disk is not the compute it slows
+    check_group(
+        args=rt.args,
+        comm=rt.comm,
+        recorder=rt.recorder,
+        device=rt.device,
+        pipeline=rt.pipeline,
+        stretch=rt.slowdown.stretch,
+    )
 
 
 def decide_path(rt: RankRuntime) -> None:
@@ -298,92 +308,6 @@ def warmup_generation(args: ServerArgs, shape: Shape, steps: int) -> Generation:
     )
 
 
-def generate(
-    rt: RankRuntime,
-    request: Generation,
-    *,
-    source: str,
-    request_id: str | None = None,
-    keep_video: bool = False,
-    after_step: Callable[[int], None] | None = None,
-    traceparent: str | None = None,
-) -> Generated:
-    """Run one request on this rank, journaled as request_started / request_finished under
-    `request_id` (the server's, the same on every rank; a new one when None); `after_step`
-    runs after each denoising step (see run_request). A request the server cancelled is
-    journaled with why (a non-fatal error) before it finishes. Its span, when traces are
-    sent, is a child of `traceparent` (the server's span of it)."""
-    from lifecycle.core.decisions.requesttime import RequestCancelled
-    from lifecycle.core.format.events import error_event
-    from lifecycle.runtime.telemetry.rankspans import current_rank_spans
-
-    assert rt.pipeline is not None
-    request_id = request_id_of(request_id)
-    spans = current_rank_spans()
-    if spans is not None:
-        spans.join_request(request_id, traceparent)
-    before = sum(m.count for m in rt.comm.marks())
-    rt.recorder.record(_started(request, request_id=request_id, source=source))
-    try:
-        generated = run_request(
-            rt.pipeline,
-            request,
-            meter=rt.meter,
-            device=rt.device,
-            decode=rt.decodes,
-            keep_video=keep_video,
-            after_step=after_step,
-        )
-    except Exception as exc:
-        if isinstance(exc, RequestCancelled):
-            rt.recorder.record(error_event(exc, fatal=False, trigger=None, traceback=""))
-        rt.recorder.record(_finished(rt, request_id, None, before=before))
-        raise
-    rt.recorder.record(_finished(rt, request_id, generated.result, before=before))
-    return generated
-
-
-def _started(request: Generation, *, request_id: str, source: str) -> RequestStarted:
-    """What a rank journals of a request as it starts: its shape and settings, not its text."""
-    return RequestStarted(
-        request_id=request_id,
-        source=source,
-        shape=request.shape,
-        steps=request.steps,
-        prompt_chars=len(request.prompt),
-        negative_prompt_chars=len(request.negative_prompt),
-        guidance_scale=request.guidance_scale,
-        seed=request.seed,
-    )
-
-
-def _finished(
-    rt: RankRuntime, request_id: str, result: RequestResult | None, *, before: int
-) -> RequestFinished:
-    """A request's end as journaled: its result, or none when it failed; the collectives it
-    ran since `before` (the groups' count when it started)."""
-    return RequestFinished(
-        request_id=request_id,
-        ok=result is not None,
-        total_s=0.0 if result is None else result.total_s,
-        checksum=None if result is None else result.checksum,
-        peak_bytes=None if result is None else result.peak_bytes,
-        **_collectives_since(rt, before),
-    )
-
-
-class _CollectivesSummary(TypedDict):
-    collectives: int
-    groups: tuple[GroupMark, ...]
-
-
-def _collectives_since(rt: RankRuntime, before: int) -> _CollectivesSummary:
-    """What a request's summary says of its collectives: how many ran, and every group's
-    progress at its end (after ready their records stay in the ring)."""
-    marks = rt.comm.marks()
-    return {"collectives": sum(m.count for m in marks) - before, "groups": marks}
-
-
 Action = Callable[[RankRuntime], None]
 
 # The actions each state runs on entry, in order, by name: declared once. A test holds this
@@ -392,6 +316,7 @@ STARTUP_ACTIONS: Mapping[State, tuple[tuple[str, Action], ...]] = MappingProxyTy
     {
         State.GATE_CHECK: (
             ("load-pipeline", load_pipeline),
+            ("check-ranks", check_ranks),
             ("decide-path", decide_path),
             ("compile", compile_denoiser),
         ),

@@ -1,5 +1,6 @@
 """Fault injection on one rank: the faults `--fault` and LIFECYCLE_FAULTS name for it, fired
-where they name (entering a state, half-way through the Nth request, a collective skipped)."""
+where they name (entering a state, half-way through the Nth request, a collective skipped,
+the rank's compute slowed from there on)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lifecycle.core.format.events import FaultInjected
 from lifecycle.core.format.states import State
 from lifecycle.core.settings.config import ServerArgs, fault_for, request_fault_for
 from lifecycle.core.settings.faults import FaultKind, FaultSpec
+from lifecycle.runtime.group.slowdown import Slowdown
 from lifecycle.runtime.recorder import Recorder
 
 if TYPE_CHECKING:
@@ -34,12 +36,13 @@ class RankFaults:
     state_of: Callable[[], State]
     runtime_of: Callable[[], RankRuntime | None]
     skip_armed: FaultSpec | None = field(default=None, init=False)
+    slowdown: Slowdown = field(default_factory=Slowdown, init=False)
 
     def inject_on_entering(self, state: State) -> None:
         """Fire the fault named for entering `state`, if any."""
-        kind = fault_for(self.args, rank=self.rank, state=state)
-        if kind is not None:
-            self._fire(FaultSpec(rank=self.rank, state=state, kind=kind))
+        spec = fault_for(self.args, rank=self.rank, state=state)
+        if spec is not None:
+            self._fire(spec)
 
     def inject_in_request(self, request: int) -> None:
         """Fire the fault named for the `request`th request after ready, if any: called
@@ -57,6 +60,8 @@ class RankFaults:
         runtime = self.runtime_of()
         if kind is FaultKind.OVER_BUDGET and runtime is not None:
             runtime.over_budget_fault = True  # the residency verification reads it
+        if kind is FaultKind.SLOW:
+            self.slowdown.start(spec.factor)
         if kind is FaultKind.RAISE:
             raise InjectedFault(rank=self.rank, state=spec.where)
         if kind is FaultKind.EXIT:
@@ -65,7 +70,11 @@ class RankFaults:
             threading.Event().wait()  # forever; the heartbeat thread goes on
 
     def skip_collective(self, group: str, group_seq: int, op: str) -> bool:
-        """Whether to skip this collective (an armed skip-collective fault in this state)."""
+        """Whether to skip this collective (an armed skip-collective fault in this state);
+        asked before each, it first stretches a slowed rank's compute since its last one."""
+        if self.slowdown.factor > 1.0:
+            runtime = self.runtime_of()
+            self.slowdown.stretch(runtime.comm.pending.left_at if runtime is not None else None)
         spec = self.skip_armed
         if spec is None or self.state_of() != spec.state:
             return False

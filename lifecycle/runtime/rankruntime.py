@@ -15,6 +15,7 @@ from lifecycle.core.format.records import Fingerprint, Platform, RequestResult, 
 from lifecycle.core.settings.config import RankLayout, ServerArgs
 from lifecycle.runtime.device import MemoryMeter
 from lifecycle.runtime.group.comm import Comm
+from lifecycle.runtime.group.slowdown import Slowdown
 from lifecycle.runtime.keeping.keeperwire import KeeperLink
 from lifecycle.runtime.pipeline import Pipeline
 from lifecycle.runtime.recorder import Recorder
@@ -62,6 +63,8 @@ class RankRuntime:
     kept: bool = False
     group_keeping: bool = False  # some rank of the group attached or has a keeper (gate-check)
     weights_bytes: int = 0
+    # A `slow` fault's model of a throttled device (none fired: factor 1, nothing stretched).
+    slowdown: Slowdown = field(default_factory=Slowdown)
 
     @property
     def decodes(self) -> bool:

@@ -247,6 +247,24 @@ class Recorder:
         with self._lock:
             self._ring = deque(maxlen=capacity)
 
+    @property
+    def ring_active(self) -> bool:
+        """Whether collective records go to the ring (after ready)."""
+        return self._ring is not None
+
+    def ring_entries(self, group: str, *, first: int, last: int) -> dict[int, float]:
+        """When this rank entered each of `group`'s collectives `first`..`last` (their
+        sequence numbers) that its ring still holds, on rank 0's clock."""
+        with self._lock:
+            records = list(self._ring or ())
+        return {
+            event.group_seq: wall
+            for event, _, wall, _ in records
+            if isinstance(event, CollectiveStarted)
+            and event.group == group
+            and first <= event.group_seq <= last
+        }
+
     def dump(self, reason: str) -> int:
         """Write the ring to the journal now (and what else is kept for trouble); how many
         collective records the ring held."""

@@ -6,13 +6,17 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
-from lifecycle.core.format.records import Generation, RequestResult, StageRecord
+from lifecycle.core.format.events import RequestFinished, RequestStarted
+from lifecycle.core.format.records import Generation, GroupMark, RequestResult, StageRecord
+from lifecycle.core.requestid import request_id_of
 from lifecycle.runtime.device import MemoryMeter, synchronize
+from lifecycle.runtime.group.lags import RankLag, request_lag
 from lifecycle.runtime.pipeline import Pipeline
+from lifecycle.runtime.rankruntime import RankRuntime
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +158,102 @@ def video_checksum(video: torch.Tensor) -> str:
     """A short, stable digest of an output tensor's bytes."""
     data = video.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
     return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def generate(
+    rt: RankRuntime,
+    request: Generation,
+    *,
+    source: str,
+    request_id: str | None = None,
+    keep_video: bool = False,
+    after_step: Callable[[int], None] | None = None,
+    traceparent: str | None = None,
+) -> Generated:
+    """Run one request on this rank, journaled as request_started / request_finished under
+    `request_id` (the server's, the same on every rank; a new one when None); `after_step`
+    runs after each denoising step (see run_request). A request the server cancelled is
+    journaled with why (a non-fatal error) before it finishes. Its span, when traces are
+    sent, is a child of `traceparent` (the server's span of it)."""
+    from lifecycle.core.decisions.requesttime import RequestCancelled
+    from lifecycle.core.format.events import error_event
+    from lifecycle.runtime.telemetry.rankspans import current_rank_spans
+
+    assert rt.pipeline is not None
+    request_id = request_id_of(request_id)
+    spans = current_rank_spans()
+    if spans is not None:
+        spans.join_request(request_id, traceparent)
+    marks = rt.comm.marks()
+    before = sum(m.count for m in marks)
+    rt.recorder.record(_started(request, request_id=request_id, source=source))
+    try:
+        generated = run_request(
+            rt.pipeline,
+            request,
+            meter=rt.meter,
+            device=rt.device,
+            decode=rt.decodes,
+            keep_video=keep_video,
+            after_step=after_step,
+        )
+    except Exception as exc:
+        if isinstance(exc, RequestCancelled):
+            rt.recorder.record(error_event(exc, fatal=False, trigger=None, traceback=""))
+        rt.recorder.record(_finished(rt, request_id, None, before=before))
+        raise
+    try:
+        lag = request_lag(rt.comm, rt.recorder, since=marks)
+    except Exception:
+        rt.recorder.record(_finished(rt, request_id, None, before=before))
+        raise
+    rt.recorder.record(_finished(rt, request_id, generated.result, before=before, lag=lag))
+    return generated
+
+
+def _started(request: Generation, *, request_id: str, source: str) -> RequestStarted:
+    """What a rank journals of a request as it starts: its shape and settings, not its text."""
+    return RequestStarted(
+        request_id=request_id,
+        source=source,
+        shape=request.shape,
+        steps=request.steps,
+        prompt_chars=len(request.prompt),
+        negative_prompt_chars=len(request.negative_prompt),
+        guidance_scale=request.guidance_scale,
+        seed=request.seed,
+    )
+
+
+def _finished(
+    rt: RankRuntime,
+    request_id: str,
+    result: RequestResult | None,
+    *,
+    before: int,
+    lag: RankLag | None = None,
+) -> RequestFinished:
+    """A request's end as journaled: its result, or none when it failed; the collectives it
+    ran since `before` (the groups' count when it started); this rank's lag entering them."""
+    return RequestFinished(
+        lag_s=None if lag is None else lag.seconds,
+        lag_group="" if lag is None else lag.group,
+        request_id=request_id,
+        ok=result is not None,
+        total_s=0.0 if result is None else result.total_s,
+        checksum=None if result is None else result.checksum,
+        peak_bytes=None if result is None else result.peak_bytes,
+        **_collectives_since(rt, before),
+    )
+
+
+class _CollectivesSummary(TypedDict):
+    collectives: int
+    groups: tuple[GroupMark, ...]
+
+
+def _collectives_since(rt: RankRuntime, before: int) -> _CollectivesSummary:
+    """What a request's summary says of its collectives: how many ran, and every group's
+    progress at its end (after ready their records stay in the ring)."""
+    marks = rt.comm.marks()
+    return {"collectives": sum(m.count for m in marks) - before, "groups": marks}

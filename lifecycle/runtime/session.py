@@ -40,6 +40,7 @@ from lifecycle.runtime.group.abort import AbortWatcher, watch_peers
 from lifecycle.runtime.group.clocksync import measure_clock_offset
 from lifecycle.runtime.group.comm import Comm
 from lifecycle.runtime.group.flightrecorder import FlightDumper, folder_for, turn_on
+from lifecycle.runtime.group.gatecheck import nccl_diagnostics_env
 from lifecycle.runtime.group.heartbeat import HeartbeatThread
 from lifecycle.runtime.group.process_group import (
     join_process_group,
@@ -155,6 +156,10 @@ class RankSession(RankEnding):
         fr_on = self.launch.distributed and turn_on(
             os.environ, entries=self.args.flight_recorder_entries, folder=flight
         )
+        if self.launch.distributed and device.type == "cuda" and self.args.nccl_diagnostics:
+            # Before the communicators are made: NCCL reads them as it makes each.
+            flight.mkdir(parents=True, exist_ok=True)
+            os.environ.update(nccl_diagnostics_env(self.args, folder=flight, rank=self.launch.rank))
         if self.launch.distributed:
             self._join_group(device)
         comm = Comm(
@@ -183,6 +188,7 @@ class RankSession(RankEnding):
             device=device,
             meter=memory_meter(device),
             local_ranks=self.launch.local_ranks,
+            slowdown=self.faults.slowdown,
         )
 
     def _journal_start(self, device: torch.device) -> None:

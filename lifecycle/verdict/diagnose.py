@@ -39,6 +39,7 @@ from lifecycle.verdict.evidence import (
     WaitEnd,
 )
 from lifecycle.verdict.outcome import Outcome, run_outcome
+from lifecycle.verdict.rankchecks import rank_check_evidence
 from lifecycle.verdict.status import (
     RankVerdict,
     Status,
@@ -341,4 +342,5 @@ def _evidence(
         for m in analysis.mismatches
     )
     evidence.extend(MissingRank(rank=rank) for rank in analysis.missing_ranks)
+    evidence.extend(rank_check_evidence(analysis.views))
     return tuple(evidence)

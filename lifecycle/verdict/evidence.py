@@ -32,6 +32,9 @@ class Code(StrEnum):
     BROKEN_BY_STOP = "broken-by-stop"
     ENDED_AT_TIMEOUT = "ended-at-timeout"
     ABORTED = "aborted"
+    ENVIRONMENT = "environment"
+    SLOW_RANK = "slow-rank"
+    STRAGGLER = "straggler"
 
 
 class WaitEnd(StrEnum):
@@ -218,3 +221,41 @@ class BrokenByStop(RankEvidence):
     code: ClassVar[Code] = Code.BROKEN_BY_STOP
     at_s: float
     stopped_at_s: float  # when the first rank journaled a stop by a signal
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvironmentDiffers(RankEvidence):
+    """At gate-check this rank ran on another `value` of a field than most of its group
+    (`expected`); `matters` when the field changes numerics or collectives (it failed the
+    startup)."""
+
+    code: ClassVar[Code] = Code.ENVIRONMENT
+    field: str
+    value: str
+    expected: str
+    matters: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowAtGate(RankEvidence):
+    """gate-check measured this rank below the threshold of its group's median speed."""
+
+    code: ClassVar[Code] = Code.SLOW_RANK
+    measure: str  # "compute" or "link"
+    group: str
+    figure_s: float
+    median_s: float
+    ratio: float
+    threshold: float
+    action: str  # "warn" or "fail"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Straggling(RankEvidence):
+    """While serving, this rank entered its group's collectives consistently late: the median
+    of its latest requests' lags."""
+
+    code: ClassVar[Code] = Code.STRAGGLER
+    group: str
+    median_lag_s: float
+    requests: int

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from lifecycle.core.errors import ErrorKind
 from lifecycle.verdict.analysis import Run, RunAnalysis
 from lifecycle.verdict.culprits import hang_culprits
 from lifecycle.verdict.evidence import FirstError
+from lifecycle.verdict.rankchecks import rank_check_culprits
 from lifecycle.verdict.status import RankVerdict, Status, blocked
 
 
@@ -48,6 +50,12 @@ def run_outcome(
     if hung_evidence:
         return Outcome.HUNG, hang_culprits(verdicts, analysis)
     if errors or failed:
+        if errors and errors[0].kind is ErrorKind.RANK_CHECK:
+            # Every rank fails the check with the same line: the ranks it names, not the
+            # first to journal it.
+            named = rank_check_culprits(analysis.views)
+            if named:
+                return Outcome.FAILED, named
         return Outcome.FAILED, [errors[0].rank] if errors else failed[:1]
     # Aborted for a rank whose own journal holds no failure, announced lost by the server or
     # a peer: the group took it for lost (its process stopped, its host cut off), whatever it

@@ -31,8 +31,9 @@ from lifecycle.core.format.view import OpenCollective, RecentStart
 # 2: the residency planner's events are noted; 3: Flight Recorder dumps; 4: agreed aborts;
 # 5: residency_verified version 2 (times); 6: run_started version 2 (the launch phase), and
 # the expectations a rank journals from history; 7: run_started version 3 (the phases before
-# the journal), each finished action's time and each component load; 8: the compile's events
-FOLD_VERSION = 8
+# the journal), each finished action's time and each component load; 8: the compile's events;
+# 9: gate-check's check of the ranks, and each request's lag
+FOLD_VERSION = 9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

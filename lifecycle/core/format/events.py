@@ -28,6 +28,12 @@ from lifecycle.core.format.kinds.groupevents import (
     Heartbeat,
     Stalled,
 )
+from lifecycle.core.format.kinds.rankevents import (
+    EnvironmentChecked,
+    RankCheckEvent,
+    RankProbed,
+    SlowRank,
+)
 from lifecycle.core.format.kinds.residencyevents import (
     ResidencyApplied,
     ResidencyEvent,
@@ -70,6 +76,7 @@ __all__ = [
     "CompileEvent",
     "CompileKept",
     "Compiled",
+    "EnvironmentChecked",
     "Error",
     "Event",
     "Expectations",
@@ -81,6 +88,8 @@ __all__ = [
     "LoadFinished",
     "LoadStarted",
     "PlanBuilt",
+    "RankCheckEvent",
+    "RankProbed",
     "ReferenceOutput",
     "RequestFinished",
     "RequestStarted",
@@ -92,6 +101,7 @@ __all__ = [
     "RunStarted",
     "ShapesChosen",
     "Shutdown",
+    "SlowRank",
     "Stalled",
     "StoredEvent",
     "Transition",
@@ -289,7 +299,8 @@ class RequestStarted(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFinished(Event):
     """Version 2 adds what the request's collectives did (their records stay in the ring after
-    ready): how many ran, and every group's progress when it ended."""
+    ready): how many ran, and every group's progress when it ended; and, optional, the rank's
+    lag entering them against its peers."""
 
     kind: ClassVar[str] = "request_finished"
     version: ClassVar[int] = 2
@@ -300,6 +311,11 @@ class RequestFinished(Event):
     peak_bytes: int | None
     collectives: int = 0
     groups: tuple[GroupMark, ...] = ()
+    # The rank's lag entering the request's collectives against its peers (the median, in
+    # the group where it lagged most); None on one rank, or when the request failed. Optional:
+    # a journal without it reads as before.
+    lag_s: float | None = None
+    lag_group: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -341,6 +357,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ReferenceOutput,
         AttachRejected,
         WeightsReleased,
+        EnvironmentChecked,
+        RankProbed,
+        SlowRank,
         WarmupRecord,
         CollectiveStarted,
         CollectiveFinished,

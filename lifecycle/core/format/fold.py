@@ -17,6 +17,7 @@ from lifecycle.core.format.view import (
     OpenCollective,
     RankView,
     RecentStart,
+    RequestLag,
     SeqGap,
     Span,
 )
@@ -30,6 +31,9 @@ RECENT_STARTS = 16
 MAX_ACTIONS = 256
 # Beyond this a measured clock offset is no offset (a clock not set at all): left as recorded.
 MAX_CLOCK_OFFSET_S = 1e8
+# Each rank's lag entering collectives, for this many of its latest requests (a straggler is
+# named from their median).
+RECENT_LAGS = 50
 # Each rank's last few heartbeats: a rank that wrote nothing while a peer wrote several was dead.
 RECENT_HEARTBEATS = 4
 
@@ -48,6 +52,7 @@ NOTED_LISTS: tuple[tuple[type[ev.Event], str], ...] = (
     (ev.Aborted, "aborts"),
     (ev.LoadEvent, "loads"),
     (ev.CompileEvent, "compiles"),
+    (ev.RankCheckEvent, "rank_checks"),
 )
 
 
@@ -108,6 +113,8 @@ class RankFold:
     aborts: list[tuple[float, str, ev.Aborted]] = field(default_factory=list)
     loads: list[tuple[float, str, ev.LoadEvent]] = field(default_factory=list)
     compiles: list[tuple[float, str, ev.CompileEvent]] = field(default_factory=list)
+    rank_checks: list[tuple[float, str, ev.RankCheckEvent]] = field(default_factory=list)
+    lags: list[RequestLag] = field(default_factory=list)
     actions_done: list[ActionTime] = field(default_factory=list)
     recent_starts: dict[str, deque[RecentStart]] = field(default_factory=dict)
     recent_heartbeats: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_HEARTBEATS))
@@ -153,6 +160,9 @@ class RankFold:
             case ev.RequestFinished():
                 self.requests_finished += 1
                 merge_marks(self.groups, event.groups)
+                if event.lag_s is not None:
+                    self.lags.append(RequestLag(at=at, lag_s=event.lag_s, group=event.lag_group))
+                    del self.lags[:-RECENT_LAGS]
             case ev.ClockAligned():
                 self.clock = event
                 self._onto_rank0_clock(event.offset_s, before=at)

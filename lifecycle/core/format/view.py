@@ -64,6 +64,16 @@ class SeqGap:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RequestLag:
+    """A request's lag on one rank, as its request_finished says: the median of how late it
+    entered the request's collectives against its peers, in `group`."""
+
+    at: float
+    lag_s: float
+    group: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RankView:
     """Everything known of one rank after its events, and nothing that did not come from them."""
 
@@ -114,6 +124,9 @@ class RankView:
     actions_done: tuple[ActionTime, ...] = ()  # before ready: each finished action, in order
     loads: tuple[tuple[float, str, ev.LoadEvent], ...] = ()  # each component load's steps
     compiles: tuple[tuple[float, str, ev.CompileEvent], ...] = ()  # compiled, artifact kept
+    # gate-check's check of the ranks: environment, probe figures, slow
+    rank_checks: tuple[tuple[float, str, ev.RankCheckEvent], ...] = ()
+    lags: tuple[RequestLag, ...] = ()  # its latest requests' lags (fold.RECENT_LAGS)
 
     @property
     def terminal(self) -> bool:

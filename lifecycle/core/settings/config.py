@@ -5,6 +5,7 @@ injects where (models and their presets are core/modelspec.py)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -51,6 +52,13 @@ class PeerFailure(StrEnum):
 
     ABORT = "abort"  # learn it within seconds, journal why, and stop (the agreed abort)
     WAIT = "wait"  # wait in their next collective until the process-group timeout ends it
+
+
+class SlowRankPolicy(StrEnum):
+    """What gate-check does with a rank its probes measured slow (docs/ranks.md)."""
+
+    WARN = "warn"  # journal it (slow_rank), say it, and go on
+    FAIL = "fail"  # stop the startup, naming the rank
 
 
 class SmokeRequest(StrEnum):
@@ -105,6 +113,12 @@ class ServerArgs:
     keeper: str = "auto"
     dist_timeout_s: float = 600.0
     on_peer_failure: PeerFailure = PeerFailure.ABORT
+    # gate-check's check of the ranks: a rank whose probed speed is below this fraction of its
+    # group's median is slow, and warned of or failed on; NCCL's own diagnostics for the gate's
+    # communicators (NCCL 2.31+; nothing on gloo).
+    slow_rank_threshold: float = 0.7
+    on_slow_rank: SlowRankPolicy = SlowRankPolicy.WARN
+    nccl_diagnostics: bool = False
     # How long a request may go without a denoising step on some rank before the server gives
     # it up; None: --dist-timeout plus REQUEST_MARGIN_S (a decode reports no step).
     request_silence_s: float | None = None
@@ -177,6 +191,12 @@ def _check_layout(args: ServerArgs) -> None:
             ULYSSES, f" {args.ulysses} must divide the {args.model.attention_heads} attention"
             f" heads of {args.model.name}",
         )  # fmt: skip
+    if not (math.isfinite(args.slow_rank_threshold) and 0 < args.slow_rank_threshold <= 1):
+        raise ConfigError(
+            Setting("slow_rank_threshold"),
+            f" must be in (0, 1] (a fraction of the group's median speed), not"
+            f" {args.slow_rank_threshold}",
+        )
     if args.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(Setting("device"), f" must be auto, cpu or cuda, not {args.device!r}")
     if parse_dtype(args.dtype) != args.dtype:
@@ -304,6 +324,7 @@ def args_from_json(doc: dict[str, Any]) -> ServerArgs:
             "disagg_role": DisaggRole,
             "smoke_request": SmokeRequest,
             "on_peer_failure": PeerFailure,
+            "on_slow_rank": SlowRankPolicy,
         }
         for key, enum in enums.items():
             if key in values:
@@ -315,11 +336,11 @@ def args_from_json(doc: dict[str, Any]) -> ServerArgs:
         raise ConfigError(f"recorded config cannot be read: {exc}") from exc
 
 
-def fault_for(args: ServerArgs, *, rank: int, state: State) -> FaultKind | None:
+def fault_for(args: ServerArgs, *, rank: int, state: State) -> FaultSpec | None:
     """The fault to inject on `rank` when it enters `state`, if any."""
     for fault in args.faults:
         if fault.rank == rank and fault.state is state and fault.request is None:
-            return fault.kind
+            return fault
     return None
 
 

@@ -16,6 +16,12 @@ class FaultKind(StrEnum):
     EXIT = "exit"
     SKIP_COLLECTIVE = "skip-collective"
     OVER_BUDGET = "over-budget"  # re-warm only: the residency plan's verification measures over
+    SLOW = "slow"  # the rank's compute FACTOR times slower from there on
+
+
+# `RANK:STATE:slow` without a factor.
+DEFAULT_SLOW_FACTOR = 3.0
+MAX_SLOW_FACTOR = 1000.0
 
 
 # A fault fires on entering a state that runs actions; anywhere else it would never fire.
@@ -35,10 +41,16 @@ class FaultSpec:
     state: State
     kind: FaultKind
     request: int | None = None  # N for a fault in the Nth request after ready (state: ready)
+    factor: float = DEFAULT_SLOW_FACTOR  # how much slower a `slow` fault makes the compute
 
     def __str__(self) -> str:
         if self.request is None:
-            return f"{self.rank}:{self.state.value}:{self.kind.value}"
+            slower = (
+                f":{self.factor:g}"
+                if self.kind is FaultKind.SLOW and self.factor != DEFAULT_SLOW_FACTOR
+                else ""
+            )
+            return f"{self.rank}:{self.state.value}:{self.kind.value}{slower}"
         nth = "" if self.request == 1 else f":{self.request}"
         return f"{self.rank}:{REQUEST}:{self.kind.value}{nth}"
 
@@ -53,13 +65,17 @@ def parse_fault(spec: str) -> FaultSpec:
     text = spec.strip()
     parts = [p.strip() for p in text.split(":")]
     request: int | None = None
+    factor = DEFAULT_SLOW_FACTOR
+    if len(parts) == 4 and parts[1] != REQUEST and parts[2] == FaultKind.SLOW.value:
+        factor = _slow_factor(spec, parts[3])
+        parts = parts[:3]
     if len(parts) in (3, 4) and parts[1] == REQUEST:
         request = _request_number(spec, parts[3] if len(parts) == 4 else "1")
         parts = parts[:3]
     if len(parts) != 3:
         raise FaultSpecError(
-            f"bad fault spec {spec!r}: expected RANK:STATE:KIND or RANK:request:KIND[:N],"
-            " e.g. 1:drop-buffers:raise",
+            f"bad fault spec {spec!r}: expected RANK:STATE:KIND, RANK:STATE:slow[:FACTOR] or"
+            " RANK:request:KIND[:N], e.g. 1:drop-buffers:raise",
             spec=spec,
         )
     rank_text, state_text, kind_text = parts
@@ -94,7 +110,23 @@ def parse_fault(spec: str) -> FaultSpec:
             " no collective; name a state that does, or request",
             spec=spec,
         )
-    return FaultSpec(rank=int(rank_text), state=state, kind=kinds[kind_text], request=request)
+    return FaultSpec(
+        rank=int(rank_text), state=state, kind=kinds[kind_text], request=request, factor=factor
+    )
+
+
+def _slow_factor(spec: str, text: str) -> float:
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = float("nan")
+    if not 1 < factor <= MAX_SLOW_FACTOR:  # NaN fails too
+        raise FaultSpecError(
+            f"bad fault spec {spec!r}: slow factor {text!r} is not a number in"
+            f" (1, {MAX_SLOW_FACTOR:g}]",
+            spec=spec,
+        )
+    return factor
 
 
 def _request_number(spec: str, text: str) -> int:

@@ -24,6 +24,8 @@ class PendingTracker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: Pending | None = None
+        # When the rank last left a collective (perf_counter): where its compute since began.
+        self.left_at = time.perf_counter()
 
     def set(self, pending: Pending) -> None:
         with self._lock:
@@ -32,6 +34,7 @@ class PendingTracker:
     def clear(self) -> None:
         with self._lock:
             self._pending = None
+        self.left_at = time.perf_counter()
 
     def snapshot(self) -> PendingCollective | None:
         with self._lock:

@@ -232,6 +232,17 @@ def weights_bytes(pipeline: Any) -> int:
     return sum(seen.values())
 
 
+def weights_dtypes(pipeline: Any) -> str:
+    """The floating dtypes of the pipeline's modules' parameters, sorted ("bfloat16,float32")."""
+    found = {
+        str(tensor.dtype).removeprefix("torch.")
+        for module in _modules(pipeline)
+        for tensor in module.parameters()
+        if tensor.is_floating_point()
+    }
+    return ",".join(sorted(found))
+
+
 def _modules(pipeline: Any) -> list[torch.nn.Module]:
     """The top-level modules among the pipeline's attributes (and its library pipeline's)."""
     found: list[torch.nn.Module] = []

@@ -26,6 +26,7 @@ from lifecycle.core.settings.config import (
     PeerFailure,
     PerformanceMode,
     ServerArgs,
+    SlowRankPolicy,
     SmokeRequest,
     WarmupMode,
 )
@@ -239,6 +240,9 @@ def server_args(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> 
         keeper=ns.keeper,
         dist_timeout_s=ns.dist_timeout,
         on_peer_failure=PeerFailure(ns.on_peer_failure),
+        slow_rank_threshold=ns.slow_rank_threshold,
+        on_slow_rank=SlowRankPolicy(ns.on_slow_rank),
+        nccl_diagnostics=ns.nccl_diagnostics,
         request_silence_s=getattr(ns, "request_silence", None),
         heartbeat_interval_s=ns.heartbeat_interval,
         state_deadline_s=ns.state_deadline,

@@ -18,6 +18,7 @@ from lifecycle.core.settings.config import (
     DEFAULT_STARTUP_TIMEOUT_S,
     PeerFailure,
     PerformanceMode,
+    SlowRankPolicy,
     SmokeRequest,
     WarmupMode,
 )
@@ -130,6 +131,14 @@ HELP = {
     "--on-peer-failure": "when a rank fails for good, the others abort within seconds (journaling"
     " the failed rank and its error), or wait in their next collective until --dist-timeout"
     " (default: %(default)s)",
+    "--slow-rank-threshold": "gate-check times each rank's compute and each group's all-to-all;"
+    " a rank below this fraction of its group's median speed is slow, in (0, 1] (default:"
+    " %(default)g)",
+    "--on-slow-rank": "a slow rank is warned of and the startup goes on, or the startup fails"
+    " naming it (default: %(default)s)",
+    "--nccl-diagnostics": "turn on NCCL's own diagnostics for the gate's communicators"
+    " (NCCL_RUN_DIAGNOSTICS, NCCL_RUN_RAS_DIAGNOSTICS; NCCL 2.31+) and journal their report"
+    " beside the probes' figures; nothing on gloo (default: off)",
     "--warmup-mode": "how ranks warm up before ready (default: %(default)s)",
     "--calibrate": "calibrate even when a verified residency plan could be reused or the"
     " default shape is within the bounded request's (the probe then runs at the default"
@@ -222,6 +231,9 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     add(ranks, "--ulysses", "--ulysses-degree", action=Spelled, type=int, metavar="N")
     add(ranks, "--dist-timeout", default=600.0, **seconds)
     add(ranks, "--on-peer-failure", choices=[p.value for p in PeerFailure], default="abort")
+    add(ranks, "--slow-rank-threshold", type=float, default=0.7, metavar="FRACTION")
+    add(ranks, "--on-slow-rank", choices=[p.value for p in SlowRankPolicy], default="warn")
+    add(ranks, "--nccl-diagnostics", action="store_true")
 
     warmup = p.add_argument_group("warmup and calibration")
     add(warmup, "--warmup-mode", choices=[m.value for m in WarmupMode], default="server")

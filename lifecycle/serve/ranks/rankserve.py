@@ -130,7 +130,7 @@ def _serve_request(
 ) -> bool:
     """Run the rank's `nth` request and answer it; False once the rank serves no more (it
     stopped or failed)."""
-    from lifecycle.runtime.actions import generate
+    from lifecycle.runtime.request import generate
 
     request_id = message.request_id
     reply = functools.partial(Result, request_id=request_id, rank=session.launch.rank)
