@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 # A rank is named late only when the median of its latest lags is at least this: below it,
 # a lag is the scheduling noise of a loaded host, not a slow device or link.
-STRAGGLER_MIN_S = 0.005
+STRAGGLER_MIN_S = 0.002
 # ... and at least this many times the next latest rank's median.
 STRAGGLER_MARGIN = 3.0
 # The fewest requests a rank's median is taken over before it may be named.
