@@ -45,11 +45,13 @@ DESIGN_KINDS = {
 # held to, learned from the journal's history at gate-check; and each pipeline component's
 # load, before it reads and after (the startup accounted); and the compile, and the compiler's
 # artifact kept, and the learned shapes chosen to warm (docs/compile.md); and the weights'
-# path, kept, reference, rejected and released (docs/keeper.md).
+# path, kept, reference, rejected and released (docs/keeper.md); and gate-check's check of
+# the ranks: environment, probe figures, slow (docs/ranks.md).
 BEYOND_DESIGN_KINDS = {
     "collectives_dumped", "clock_aligned", "flight_recorder_dumped", "expectations",
     "load_started", "load_finished", "compiled", "compile_kept", "shapes_chosen",
     "weights_path", "weights_kept", "reference_output", "attach_rejected", "weights_released",
+    "environment_checked", "rank_probed", "slow_rank",
 }  # fmt: skip
 
 

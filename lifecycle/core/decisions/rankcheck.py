@@ -152,7 +152,7 @@ def slow_findings(figures: Sequence[ProbeFigures], *, threshold: float) -> tuple
 
 
 def _below(
-    measure: str, group: str, seconds: Mapping[object, float], threshold: float
+    measure: str, group: str, seconds: Mapping[int, float] | Mapping[str, float], threshold: float
 ) -> list[SlowFinding]:
     """Each key whose speed is below `threshold` of the median speed (a rank, or a group)."""
     median_s = 1.0 / statistics.median(1.0 / s for s in seconds.values())

@@ -153,7 +153,7 @@ def local_environment(
         host=socket.gethostname(),
         torch=torch.__version__,
         cuda=torch.version.cuda or "",
-        nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else "",
+        nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else "",  # type: ignore[no-untyped-call]
         driver=_nvidia_driver() if cuda else "",
         python=platform.python_version(),
         device=torch.cuda.get_device_name(device) if cuda else _cpu_name(),

@@ -54,6 +54,11 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     (FAULTS_ENV, "more RANK:STATE:KIND faults, comma-separated"),
     ("LIFECYCLE_DISABLE_AUTO_RESIDENCY", "1, true, yes or on: no calibration, no plan"),
     ("LIFECYCLE_CLOCK_SKEW", "RANK:SECONDS,...: shift a rank's wall clock (tests)"),
+    (
+        "LIFECYCLE_TEST_RANK_ENVIRONMENT",
+        "RANK:FIELD=VALUE,...: a rank reports VALUE for a field of its environment at"
+        " gate-check, e.g. 1:torch=2.99.0 (tests)",
+    ),
     ("LIFECYCLE_RUN_ID", "the run id all ranks record (the launcher sets it)"),
     ("LIFECYCLE_WORKER", "a rank process's orders (the launcher sets it)"),
     ("LIFECYCLE_STEPS_FD", "the pipe a rank reports its steps to (the launcher sets it)"),
