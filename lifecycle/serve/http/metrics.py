@@ -4,7 +4,7 @@ Three sources, one registry (prometheus_client):
 - what the journal says, folded by the server as it follows it (`JournalMetrics`): each rank's
   state, time in each state, its launch, startup to ready from the launch, warmup requests by
   role, the probe's shape, collective timeouts, last heartbeat, requests served and failed,
-  the residency plan;
+  the residency plan, each rank's lag entering its requests' collectives;
 - what the rank processes measure themselves (their journal appends and write errors), which
   they write to PROMETHEUS_MULTIPROC_DIR and MultiProcessCollector adds up;
 - what the server measures itself: each /generate's duration, the requests in line, the
@@ -18,9 +18,11 @@ import shutil
 import tempfile
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from prometheus_client import (
     CollectorRegistry,
@@ -32,9 +34,15 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from lifecycle import __version__
 from lifecycle.core.command import installed_torch
@@ -57,6 +65,9 @@ LOST = "lost"  # the state lifecycle_rank_state gives a rank lost (its host gone
 # From a micro model's request on a quiet machine (a tenth of a second) to a video model's at
 # full size (minutes), as text-to-video serving spans them.
 REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+# From ranks on one quiet host (a fraction of a millisecond of scheduling) to a rank whose
+# device or link is several times slower than its peers' on a video model (seconds).
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 @dataclass(kw_only=True, eq=False)  # eq=False: a collector is registered by its identity
@@ -75,6 +86,9 @@ class JournalMetrics(Collector):
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _requests: Counter[tuple[int, str]] = field(default_factory=Counter, init=False)
     _timeouts: Counter[int] = field(default_factory=Counter, init=False)
+    # (rank, index of the first LAG_BUCKETS bound the lag is within; len(LAG_BUCKETS): +Inf)
+    _lag_counts: Counter[tuple[int, int]] = field(default_factory=Counter, init=False)
+    _lag_sums: dict[int, float] = field(default_factory=dict, init=False)
     # rank: (plan, status)
     _residency: dict[int, tuple[str, str]] = field(default_factory=dict, init=False)
     # rank: (path, seconds, bytes) of its weights' latest attach or load (docs/keeper.md)
@@ -86,6 +100,11 @@ class JournalMetrics(Collector):
                 event = stored.event
                 if isinstance(event, RequestFinished):
                     self._requests[(stored.rank, "ok" if event.ok else "failed")] += 1
+                    if event.lag_s is not None:
+                        self._lag_counts[(stored.rank, bisect_left(LAG_BUCKETS, event.lag_s))] += 1
+                        self._lag_sums[stored.rank] = (
+                            self._lag_sums.get(stored.rank, 0.0) + event.lag_s
+                        )
                 elif isinstance(event, Error) and event.error_kind == ErrorKind.COLLECTIVE_TIMEOUT:
                     self._timeouts[stored.rank] += 1
                 elif isinstance(event, ResidencyEvent):
@@ -108,6 +127,8 @@ class JournalMetrics(Collector):
             timeouts = dict(self._timeouts)
             residency = dict(self._residency)
             weights = dict(self._weights)
+            lags = _lag_histogram(self._lag_counts, self._lag_sums)
+        yield lags
         served = CounterMetricFamily(
             "lifecycle_requests",
             "Requests a rank finished after ready (smoke and /generate), by outcome.",
@@ -167,6 +188,22 @@ class JournalMetrics(Collector):
         for (rank, channel), total in sorted(self.rejected().items()):
             dropped.add_metric([str(rank), channel], total)
         yield dropped
+
+
+def _lag_histogram(counts: Counter[tuple[int, int]], sums: dict[int, float]) -> Metric:
+    """Each rank's lags as a histogram: `counts` per (rank, bucket index), made cumulative
+    here as Prometheus's `le` buckets are; a rank appears once it has a lag."""
+    lag = HistogramMetricFamily(
+        "lifecycle_rank_lag_seconds",
+        "Each rank's lag entering a request's collectives against its peers: the median over"
+        " the request (requests that ran on two ranks or more and finished ok).",
+        labels=["rank"],
+    )
+    bounds = [floatToGoString(b) for b in LAG_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
+    for rank, total in sorted(sums.items()):
+        within = accumulate(counts[(rank, i)] for i in range(len(bounds)))
+        lag.add_metric([str(rank)], list(zip(bounds, within, strict=True)), total)
+    return lag
 
 
 def _state_metrics(

@@ -1,8 +1,10 @@
 """One rank as /lifecycle shows it: its folded state, its exit, its launch and startup, and
-its progress."""
+its progress; and what gate-check and the requests' lags say of the ranks."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from lifecycle.core.format.accounting import account, account_json
@@ -11,7 +13,9 @@ from lifecycle.core.format.states import State
 from lifecycle.core.format.view import RankView
 from lifecycle.serve.console.progress import eta_s
 from lifecycle.serve.console.steps import StepMark
+from lifecycle.verdict.evidence import EnvironmentDiffers, SlowAtGate
 from lifecycle.verdict.launched import ended_unjournaled, exit_text
+from lifecycle.verdict.rankchecks import rank_check_evidence, serving_straggler
 
 
 def at(codes: list[int | None], index: int) -> int | None:
@@ -109,4 +113,32 @@ def ranks_json(
             **({"state": "lost", "healthy": False} if r in lost else {}),
         }
         for r, view in views.items()
+    ]
+
+
+def straggler_json(views: Mapping[int, RankView]) -> dict[str, Any] | None:
+    """The rank consistently late entering its requests' collectives, if one is: its group,
+    the median of its latest lags over `requests`, the next latest rank's median, and the
+    sentence a person reads."""
+    late = serving_straggler(views)
+    if late is None:
+        return None
+    return {
+        "rank": late.rank,
+        "group": late.group,
+        "median_lag_s": late.median_lag_s,
+        "requests": late.requests,
+        "next_lag_s": late.next_lag_s,
+        "text": late.describe(),
+    }
+
+
+def rank_checks_json(views: Mapping[int, RankView]) -> list[dict[str, Any]]:
+    """What gate-check found of the ranks: each field a rank's environment differs in from
+    its group's (`environment`), each figure it measured slow (`slow-rank`); `code` names
+    which, the evidence item's fields follow."""
+    return [
+        {"code": item.code.value, **dataclasses.asdict(item)}
+        for item in rank_check_evidence(views)
+        if isinstance(item, EnvironmentDiffers | SlowAtGate)
     ]

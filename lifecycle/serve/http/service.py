@@ -22,7 +22,7 @@ from lifecycle.serve.console.terminal import PlainConsole
 from lifecycle.serve.http.bounds import RequestBounds
 from lifecycle.serve.http.failure import RunFailure
 from lifecycle.serve.http.metrics import JournalMetrics
-from lifecycle.serve.http.rankjson import ranks_json
+from lifecycle.serve.http.rankjson import rank_checks_json, ranks_json, straggler_json
 from lifecycle.serve.http.requestline import RequestLine
 from lifecycle.serve.http.restarts import Relaunch, Restarts, replace_ranks
 from lifecycle.serve.http.servedranks import Ranks, Reply, request_model
@@ -286,6 +286,8 @@ class Service:
                 "rejected": sum(self.control.rejected().values()),
             },
             "ranks": ranks_json(views, codes=codes, steps=steps, hosts=hosts, lost=lost, now=now),
+            "straggler": straggler_json(views),
+            "rank_checks": rank_checks_json(views),
             "admission": self.bounds.describe(views),
             "restarts": self.restarts.describe(),
         }
