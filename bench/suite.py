@@ -53,6 +53,7 @@ MODULES = (
     "bench.parallelload",
     "bench.keeper",
     "bench.accounted",
+    "bench.rankgate",
     "bench.otelexport",
     "bench.compilecache",
     "bench.compilecache:LEARNED_SHAPES",
