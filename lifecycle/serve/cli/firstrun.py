@@ -114,7 +114,8 @@ class FirstRun:
         # On CUDA, NCCL's own diagnostics of the gate's communicators too (docs/ranks.md).
         nccl = ("--nccl-diagnostics",) if self.device == "cuda" else ()
         args = ["boot", "--device", self.device, "--model", self.model, "--db", str(self.db),
-                "--flight-recorder", str(ENTRIES), "--log-level", "warning", *nccl, *extra]  # fmt: skip
+                "--flight-recorder", str(ENTRIES), "--log-level", "warning", *nccl,
+                *extra]  # fmt: skip
         return self._run(name, "lifecycle", args, timeout=timeout)[0]
 
     def diagnose(self, name: str) -> dict[str, Any]:
