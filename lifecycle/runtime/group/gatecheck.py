@@ -50,7 +50,7 @@ VALUE_CHARS = 200
 # The compute probe: a square matmul of this side, timed this many times (the best counts),
 # sized for a few milliseconds each on the device class (CPU float32; CUDA bfloat16).
 PROBE_SIDE = {"cpu": 256, "cuda": 4096}
-PROBE_REPEATS = {"cpu": 5, "cuda": 10}
+PROBE_REPEATS = {"cpu": 10, "cuda": 10}
 # The link probe: each member sends this many float32 to each peer, timed this many times
 # after one that lines the members up (the best counts).
 LINK_ELEMENTS_PER_PEER = 65536
