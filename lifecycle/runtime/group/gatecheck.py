@@ -209,7 +209,8 @@ def _gather_environments(comm: Comm, mine: RankEnvironment) -> list[RankEnvironm
     local = torch.zeros(ENVIRONMENT_BYTES, dtype=torch.uint8)
     local[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     world = comm.world
-    everyone = torch.zeros((world.size, ENVIRONMENT_BYTES), dtype=torch.uint8)
+    # Every row starts as this rank's own, should the gather not run (a skip-collective fault).
+    everyone = local.repeat(world.size, 1)
     world.all_gather(everyone, local, purpose="environment-agree")
     return [
         RankEnvironment(**json.loads(bytes(row.tolist()).rstrip(b"\0").decode()))
@@ -274,7 +275,7 @@ def _gather_figures(comm: Comm, compute_s: float, links: dict[str, float]) -> li
         dtype=torch.float64,
     )
     world = comm.world
-    everyone = torch.empty((world.size, 3), dtype=torch.float64)
+    everyone = mine.repeat(world.size, 1)  # as the environments' rows
     world.all_gather(everyone, mine, purpose="probe-figures")
     figures = []
     for rank, (compute, ulysses, cfg) in enumerate(everyone.tolist()):
