@@ -147,6 +147,7 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from replay.flight.view import entries_json, rank_lines
     from replay.load import Journals
     from replay.verdict.analysis import analyze, combine
+    from replay.views.rankchecks import group_checks, host_lines
     from replay.views.timeline import (
         event_line,
         format_at,
@@ -173,6 +174,8 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         analysis = combine(run, journals.views(run))
         facts = _flight(journals, run, analysis.views, ns.flight_recorder)
         chosen = [r for r in analysis.views if ns.rank is None or r in ns.rank]
+        if not ns.json and (hosts := host_lines(analysis.views, chosen)):
+            print("\n" + "\n".join(hosts), file=out, flush=True)
         if ns.json:
             last = {r: journals.last_collectives(run, r, ns.last) for r in chosen}
             _warn(journals.problems, err)
@@ -181,15 +184,17 @@ def cmd_show(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 doc["flight_recorder"] = entries_json(facts, analysis, ranks=chosen)
             _dump(doc, out)
             return ReplayExit.OK
+        checks = group_checks(analysis.views)
         for rank in chosen:
             view = analysis.views[rank]
             if ns.all:
-                print("\n" + "\n".join(format_rank(view, analysis, style, None)), file=out)
+                lines = format_rank(view, analysis, style, None, checks=checks)
+                print("\n" + "\n".join(lines), file=out)
                 for stored in journals.events(run, rank=rank):
                     print("  " + event_line(stored, analysis), file=out)
             else:
                 last_records = journals.last_collectives(run, rank, ns.last)
-                lines = format_rank(view, analysis, style, last_records)
+                lines = format_rank(view, analysis, style, last_records, checks=checks)
                 if facts is not None:
                     lines.extend(rank_lines(facts, rank, analysis, last=ns.last))
                 print("\n" + "\n".join(lines), file=out, flush=True)
@@ -294,17 +299,23 @@ def cmd_diff(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_history(ns: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from replay.gatehistory import format_gate_figures, gate_figures, gate_figures_json
     from replay.history import format_history, histories, history_json, history_rows
     from replay.load import Journals
 
     with Journals.open(_locations(ns.journals)) as journals:
         runs = journals.runs()
         found_histories = histories(runs, history_rows(journals, say_older=True))
+        figures = gate_figures(journals, runs)
         _warn(journals.problems, err)
     if ns.json:
-        _dump(history_json(found_histories), out)
+        _dump({**history_json(found_histories), "gate_figures": gate_figures_json(figures)}, out)
     else:
-        print(format_history(found_histories, _style(out)), file=out)
+        style = _style(out)
+        text = format_history(found_histories, style)
+        if figures:
+            text += "\n\n" + format_gate_figures(figures, style)
+        print(text, file=out)
     return ReplayExit.OK
 
 

@@ -52,13 +52,16 @@ DIAGNOSE_HELP = "the verdict: outcome, culprit rank and state, first error, evid
 HISTORY_HELP = (
     "per fingerprint and path, each startup state's median, p95 and count over the journal's"
     " healthy startups, their startup to ready, and the runs that regressed (a state or a"
-    " startup over 1.5x the median of the runs before it)"
+    " startup over 1.5x the median of the runs before it); then each host's probe figures at"
+    " gate-check, run by run"
 )
 HISTORY_NOTE = """\
 The history is what each rank keeps when its startup reaches ready (revision 0004 on):
 a startup learns its states' deadlines from the newest runs of its own fingerprint
 (model, configuration, layout, device, versions, budget) and path (calibrated, reused,
-bounded). Runs journaled before a journal's `lifecycle db upgrade` to 0004 have none."""
+bounded). Runs journaled before a journal's `lifecycle db upgrade` to 0004 have none.
+The probe figures (the compute probe's time and speed, each group's all-to-all) are
+each run's own, failed startups included, read from its `rank_probed` events."""
 
 
 def epilog(name: str, *, run: bool = True) -> str:

@@ -11,12 +11,17 @@ from lifecycle.verdict.headline import out_of_step
 from lifecycle.verdict.outcome import LOSS_ANNOUNCERS, Outcome
 from lifecycle.verdict.status import PendingInfo, RankVerdict, Status
 from replay.verdict.diagnose import Diagnosis
+from replay.verdict.rankchecks import evidence_note
 
 _MISMATCH_REASONS = {
     MismatchReason.OPS: "different ops",
     MismatchReason.TYPES_OR_SHAPES: "different types or shapes",
     MismatchReason.SPLIT_LENGTHS: "split lists of different lengths",
 }
+
+# The check of the ranks' findings the summary tells (a thousand ranks on two drivers would
+# otherwise fill it); the diagnosis lists every one.
+CHECKS_SUMMARIZED = 3
 
 
 def mismatch_text(reason: MismatchReason, split: SplitDisagreement | None) -> str:
@@ -67,9 +72,11 @@ def _stop_cause(signal: str | None, reason: str | None) -> str:
     return f"({reason})" if reason is not None else "from outside"
 
 
-def _item_note(item: ev.RankEvidence) -> str | None:
+def _item_note(item: ev.RankEvidence, d: Diagnosis) -> str | None:
     """The part of a rank's note that `item` makes; None for items told elsewhere."""
     match item:
+        case ev.EnvironmentDiffers() | ev.SlowAtGate() | ev.Straggling():
+            return evidence_note(item, d.analysis.views)
         case ev.FirstError():
             return f"{item.error_type} in {item.state}: {item.message}"
         case ev.CrashedSilent():
@@ -112,7 +119,7 @@ def _item_note(item: ev.RankEvidence) -> str | None:
 def rank_note(d: Diagnosis, verdict: RankVerdict) -> str:
     """One line on a rank: where it waits, its error, and what the evidence says of it."""
     parts = [] if verdict.pending is None else [_pending_note(verdict.pending)]
-    parts.extend(text for item in d.about(verdict.rank) if (text := _item_note(item)))
+    parts.extend(text for item in d.about(verdict.rank) if (text := _item_note(item, d)))
     return "; ".join(parts)
 
 
@@ -172,6 +179,11 @@ def _culprit_text(d: Diagnosis, rank: int, late: dict[int, ev.LateArrival]) -> l
             f"rank {rank} failed {'first, ' if first else ''}in {e.state} at"
             f" +{e.at_s:.2f} s: {e.error_type}: {e.message}"
         )
+    elif checked := _failed_checks(d, rank):
+        text = (
+            f"rank {rank} in {verdict.last_state}, named by the check of the ranks: "
+            + "; ".join(evidence_note(item, d.analysis.views) for item in checked)
+        )
     elif verdict.status is Status.CRASHED:
         text = f"rank {rank} crashed in {verdict.last_state} ({rank_note(d, verdict)})"
     elif verdict.status is Status.HUNG:
@@ -196,6 +208,35 @@ def _culprit_text(d: Diagnosis, rank: int, late: dict[int, ev.LateArrival]) -> l
     if verdict.faults:
         return [text, f"(fault injected: {', '.join(verdict.faults)})"]
     return [text]
+
+
+def _failed_checks(d: Diagnosis, rank: int) -> list[ev.EnvironmentDiffers | ev.SlowAtGate]:
+    """What gate-check's check of the ranks failed the startup for on `rank`: an environment
+    field that matters, a slow figure under --on-slow-rank fail."""
+    return [
+        item
+        for item in d.about(rank)
+        if (isinstance(item, ev.EnvironmentDiffers) and item.matters)
+        or (isinstance(item, ev.SlowAtGate) and item.action == "fail")
+    ]
+
+
+def _checked_parts(d: Diagnosis) -> list[str]:
+    """The check of the ranks' findings on ranks the summary does not name as culprits (a
+    warning at gate-check, a straggler while serving), the first CHECKS_SUMMARIZED of them."""
+    found = [
+        item
+        for item in d.evidence
+        if isinstance(item, ev.EnvironmentDiffers | ev.SlowAtGate | ev.Straggling)
+        and item.rank not in d.culprit_ranks
+    ]
+    parts = [
+        f"rank {item.rank} {evidence_note(item, d.analysis.views)}"
+        for item in found[:CHECKS_SUMMARIZED]
+    ]
+    if len(found) > CHECKS_SUMMARIZED:
+        parts.append(f"{len(found) - CHECKS_SUMMARIZED} more findings of the check of the ranks")
+    return parts
 
 
 def _aborted_for(d: Diagnosis, rank: int) -> ev.AbortedBy | None:
@@ -278,6 +319,7 @@ def summary(d: Diagnosis) -> str:
     if mismatched:
         m = mismatched[0]
         parts.append(f"mismatch at {m.group} #{m.group_seq}: {mismatch_text(m.reason, m.split)}")
+    parts.extend(_checked_parts(d))
     if d.missing_ranks:
         parts.append("no journal for rank " + ", ".join(map(str, d.missing_ranks)))
     return f"{d.outcome.value}: " + "; ".join(parts)

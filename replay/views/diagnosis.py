@@ -8,9 +8,16 @@ from enum import StrEnum
 from typing import Any
 
 from lifecycle.core.format.text import clean
-from lifecycle.verdict.evidence import Evidence, FirstError
+from lifecycle.verdict.evidence import (
+    EnvironmentDiffers,
+    Evidence,
+    FirstError,
+    SlowAtGate,
+    Straggling,
+)
 from lifecycle.verdict.status import PendingInfo, RankVerdict
 from replay.verdict.diagnose import Diagnosis
+from replay.verdict.rankchecks import evidence_note
 from replay.verdict.summary import mismatch_reason, purpose_text, rank_note, signature_text, summary
 from replay.views.render import Style, table
 
@@ -55,12 +62,30 @@ def format_diagnosis(d: Diagnosis, style: Style) -> str:
     out.append(
         table(["rank", "state", "status", "pending collective", "heartbeat age", "error"], rows)
     )
+    out.extend(_rank_check_lines(d))
     out.extend(_collective_lines(d))
     out.extend(_stall_lines(d))
     if d.missing_ranks:
         out.append("")
         out.append("absent: no events from rank " + ", ".join(map(str, d.missing_ranks)))
     return "\n".join(out)
+
+
+def _rank_check_lines(d: Diagnosis) -> list[str]:
+    """What gate-check's check of the ranks found of each rank, and the straggler while
+    serving, one line each."""
+    found = [
+        item
+        for item in d.evidence
+        if isinstance(item, EnvironmentDiffers | SlowAtGate | Straggling)
+    ]
+    if not found:
+        return []
+    return [
+        "",
+        "checks of the ranks:",
+        *(f"  rank {item.rank}: {clean(evidence_note(item, d.analysis.views))}" for item in found),
+    ]
 
 
 def _collective_lines(d: Diagnosis) -> list[str]:

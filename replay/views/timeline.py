@@ -34,6 +34,7 @@ from lifecycle.core.format.view import RankView
 from replay.load import RunInfo
 from replay.verdict.analysis import RunAnalysis
 from replay.views.launch import launch_text
+from replay.views.rankchecks import GroupChecks, group_checks, rank_check_lines
 from replay.views.render import Style, mib, table, when
 
 
@@ -55,9 +56,13 @@ def format_rank(
     analysis: RunAnalysis,
     style: Style,
     collectives: Sequence[StoredEvent] | None,
+    *,
+    checks: GroupChecks | None = None,
 ) -> list[str]:
-    """One rank's timeline, then its last collective records (None: not shown)."""
-    lines = _rank_timeline(view, analysis, style)
+    """One rank's timeline, then its last collective records (None: not shown); `checks`, the
+    group's part of the check of the ranks, found once for every rank shown (else here)."""
+    checked = group_checks(analysis.views) if checks is None else checks
+    lines = _rank_timeline(view, analysis, style, checked)
     if collectives is None:
         return lines
     count = sum(g.count for g in view.groups)
@@ -117,7 +122,9 @@ def _scalars(event: Event) -> list[tuple[str, object]]:
     ]
 
 
-def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[str]:
+def _rank_timeline(
+    view: RankView, analysis: RunAnalysis, style: Style, checks: GroupChecks
+) -> list[str]:
     started = view.run_started
     where = f"pid {started.pid}, {clean(started.device)}" if started else "no run_started"
     lines = [style.bold(f"rank {view.rank}") + f"  ({where})  now {clean(view.state)}"]
@@ -126,6 +133,7 @@ def _rank_timeline(view: RankView, analysis: RunAnalysis, style: Style) -> list[
     lines.extend(startup_lines(account(view)))
     lines.extend(_warmup_lines(view))
     lines.extend(_setup_lines(view, analysis))
+    lines.extend(rank_check_lines(view, checks))
     lines.extend(_trouble_lines(view, analysis))
     lines.extend(_caveat_lines(view))
     # Below the styled first line, plain text with journal values in it (states, groups, ops).

@@ -17,6 +17,7 @@ from lifecycle.core.format.events import (
 from lifecycle.core.format.launchphase import LaunchPhase, launch_phase
 from lifecycle.core.format.view import RankView
 from replay.verdict.analysis import RunAnalysis
+from replay.views.rankchecks import GroupChecks, group_checks, hosts_json, rank_checks_json
 from replay.views.timeline import residency_text
 
 
@@ -38,18 +39,27 @@ def show_json(
     at: float | None,
     collectives: Mapping[int, Sequence[StoredEvent]],
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"run_id": analysis.run.run_id, "ranks": []}
+    out: dict[str, Any] = {
+        "run_id": analysis.run.run_id,
+        "hosts": hosts_json(analysis.views, ranks),
+        "ranks": [],
+    }
     if at is not None:
         out["at_s"] = at
+    checks = group_checks(analysis.views)
     for rank, view in analysis.views.items():
         if ranks is not None and rank not in ranks:
             continue
-        out["ranks"].append(_rank_json(rank, view, analysis, collectives.get(rank, ())))
+        out["ranks"].append(_rank_json(rank, view, analysis, collectives.get(rank, ()), checks))
     return out
 
 
 def _rank_json(
-    rank: int, view: RankView, analysis: RunAnalysis, last: Sequence[StoredEvent]
+    rank: int,
+    view: RankView,
+    analysis: RunAnalysis,
+    last: Sequence[StoredEvent],
+    checks: GroupChecks,
 ) -> dict[str, Any]:
     """One rank in `replay show --json`, with its last collective records."""
     return {
@@ -78,6 +88,7 @@ def _rank_json(
             {"state": s, "at_s": analysis.at(t), "key": a.key, "bytes": a.bytes}
             for t, s, a in view.buffer_allocations
         ],
+        "rank_checks": rank_checks_json(view, checks),
         "errors": _errors_json(view, analysis),
         "pending_collective": _pending_json(view),
         "last_collectives": _collectives_json(last, analysis),

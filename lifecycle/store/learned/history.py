@@ -1,11 +1,13 @@
 """The startup history: each healthy rank's time in each state, written with the append that
 finished its ready action, and read back by key (a startup at gate-check) or whole (`replay
-history`), never from the events."""
+history`), never from the events; and beside it the gate's probe figures of each run, which are
+read from their own events through the index on (run_id, kind)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,14 +19,17 @@ from lifecycle.core.decisions.deadlines import (
     durations_before_ready,
     load_key,
 )
-from lifecycle.core.format.events import LoadFinished, WeightsPath
+from lifecycle.core.format.events import LoadFinished, RankProbed, StoredEvent, WeightsPath
 from lifecycle.core.format.fold import MAX_CLOCK_OFFSET_S, RankFold
 from lifecycle.core.format.states import State
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS, journal_error
-from lifecycle.store.backends.schema import KNOWN_REVISIONS, startup_history
+from lifecycle.store.backends.schema import KNOWN_REVISIONS, events, startup_history
+from lifecycle.store.decode import EVENT_ROW, decode_row
 from lifecycle.store.rows import is_int, is_number, json_column
 
 HISTORY_REVISION = "0004"
+# Runs per query of their probe figures: well under any database's limit on bound parameters.
+PROBE_RUNS_PER_QUERY = 500
 # A row's state durations: a few dozen states' names and seconds, far below this.
 MAX_DURATIONS_CHARS = 64 * 1024  # the first revision with startup_history
 
@@ -168,3 +173,27 @@ def decoded(row: Any) -> RankDurations | None:
         process_ready_s=None if process_ready_s is None else float(process_ready_s),
         durations=tuple((state, float(seconds)) for state, seconds in spent.items()),
     )
+
+
+def probes_of(
+    engine: Engine, location: str, run_ids: Sequence[str]
+) -> tuple[list[StoredEvent], list[str]]:
+    """Each rank's `rank_probed` event of the given runs, in (run_id, rank, seq) order, and
+    what is wrong with the rows that do not decode (left out)."""
+    found: list[StoredEvent] = []
+    problems: list[str] = []
+    try:
+        with engine.connect() as conn:
+            for start in range(0, len(run_ids), PROBE_RUNS_PER_QUERY):
+                chunk = list(run_ids[start : start + PROBE_RUNS_PER_QUERY])
+                stmt = EVENT_ROW.where(
+                    events.c.run_id.in_(chunk), events.c.kind == RankProbed.kind
+                ).order_by(events.c.run_id, events.c.rank, events.c.seq)
+                for row in conn.execute(stmt):
+                    stored, wrong = decode_row(row, location)
+                    problems.extend(wrong)
+                    if stored is not None and isinstance(stored.event, RankProbed):
+                        found.append(stored)
+    except DATABASE_ERRORS as exc:
+        raise journal_error(exc, location, opened=True) from None
+    return found, problems
