@@ -26,7 +26,9 @@ def rank_check_evidence(views: Mapping[int, RankView]) -> list[Evidence]:
         (),
     )
     for difference in differences:
-        for rank, value in zip(difference.ranks, difference.values, strict=True):
+        # A journal's record is read as written: ranks and values of unequal length (a
+        # corrupt or foreign row) pair as far as both go.
+        for rank, value in zip(difference.ranks, difference.values, strict=False):
             found.append(
                 EnvironmentDiffers(
                     rank=rank,

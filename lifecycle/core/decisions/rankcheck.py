@@ -57,7 +57,7 @@ def describe_difference(difference: EnvironmentDifference) -> str:
     """'rank 1 runs torch 2.99.0; ranks 0, 2, 3 run 2.13.0' ("" for a value shows as none)."""
     odd = "; ".join(
         f"rank {rank} runs {difference.field} {value or 'none'}"
-        for rank, value in zip(difference.ranks, difference.values, strict=True)
+        for rank, value in zip(difference.ranks, difference.values, strict=False)
     )
     run = "runs" if len(difference.expected_ranks) == 1 else "run"
     return f"{odd}; {_ranks(difference.expected_ranks)} {run} {difference.expected or 'none'}"
