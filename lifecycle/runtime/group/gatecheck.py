@@ -51,6 +51,9 @@ VALUE_CHARS = 200
 # sized for a few milliseconds each on the device class (CPU float32; CUDA bfloat16).
 PROBE_SIDE = {"cpu": 256, "cuda": 4096}
 PROBE_REPEATS = {"cpu": 10, "cuda": 10}
+# ... at least this many, and no more once this long has passed.
+MIN_REPEATS = 3
+PROBE_BUDGET_S = 0.05
 # The link probe: each member sends this many float32 to each peer, timed this many times
 # after one that lines the members up (the best counts).
 LINK_ELEMENTS_PER_PEER = 65536
@@ -219,7 +222,20 @@ def _gather_environments(comm: Comm, mine: RankEnvironment) -> list[RankEnvironm
 
 
 def _probe_compute(device: torch.device, stretch: Callable[[float], float]) -> tuple[float, int]:
-    """The best time of the device class's fixed matmul, and its floating point operations."""
+    """The best time of the device class's fixed matmul, and its floating point operations.
+    On CPU on one thread: every rank's figure is one core's, whatever its share of the host's
+    cores, and a loaded host's thread pool does not stretch it."""
+    if device.type == "cuda":
+        return _timed_matmul(device, stretch)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _timed_matmul(device, stretch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed_matmul(device: torch.device, stretch: Callable[[float], float]) -> tuple[float, int]:
     kind = "cuda" if device.type == "cuda" else "cpu"
     side, repeats = PROBE_SIDE[kind], PROBE_REPEATS[kind]
     dtype = torch.bfloat16 if kind == "cuda" else torch.float32
@@ -229,7 +245,10 @@ def _probe_compute(device: torch.device, stretch: Callable[[float], float]) -> t
     torch.mm(a, b)  # the first run pays the kernels' selection
     synchronize(device)
     best = float("inf")
-    for _ in range(repeats):
+    began = time.perf_counter()
+    for done in range(repeats):
+        if done >= MIN_REPEATS and time.perf_counter() - began > PROBE_BUDGET_S:
+            break  # a loaded host: the best of those so far
         started = time.perf_counter()
         torch.mm(a, b)
         synchronize(device)
