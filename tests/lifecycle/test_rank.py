@@ -116,6 +116,7 @@ def test_the_boot_path_logs_each_step_bound_to_run_rank_and_state(tmp_path: Path
     assert steps == [
         ("transition", "gate-check", "gate-check"),
         ("action_started", "gate-check", "load-pipeline"),
+        ("action_started", "gate-check", "check-ranks"),
         ("action_started", "gate-check", "decide-path"),
         ("transition", "bounded-warm", "bounded-warm"),
         ("action_started", "bounded-warm", "apply-reused-residency"),

@@ -97,7 +97,12 @@ def test_a_failed_verification_rolls_every_rank_back_and_the_plan_is_never_reuse
         (applied,) = [e for e in of(third, ev.ResidencyApplied) if e.rank == rank]
         assert applied.event.reused_from == second[0].run_id
     purposes = [e.event.purpose for e in third if e.kind == "collective_started" and e.rank == 0]  # type: ignore[attr-defined]
-    assert purposes[:2] == ["gate-agree", "reuse-agree"]
+    # After the check of the ranks (environments, probes: docs/ranks.md), the gate's agreement.
+    decided = purposes.index("gate-agree")
+    assert purposes[:decided] == [
+        "environment-agree", "link-probe", "link-probe", "link-probe", "probe-figures",
+    ]  # fmt: skip
+    assert purposes[decided : decided + 2] == ["gate-agree", "reuse-agree"]
     assert f"calibration skipped: {reason}" in reused.stdout
 
 

@@ -59,7 +59,7 @@ def test_every_action_is_announced_on_disk_before_it_runs(tmp_path: Path) -> Non
     assert session.boot() is State.READY
     session.close()
     assert [name for name, *_ in seen] == [
-        "load-pipeline", "decide-path", "apply-reused-residency", "bounded-warmup",
+        "load-pipeline", "check-ranks", "decide-path", "apply-reused-residency", "bounded-warmup",
         "verify-weights", "warm-learned-shapes", "probe",
         "plan-residency", "apply-residency", "re-warmup", "verify-residency", "drop-buffers",
         "mark-ready",

@@ -14,11 +14,16 @@ import pytest
 from lifecycle.core.format.events import (
     ActionFinished,
     ActionStarted,
+    EnvironmentChecked,
     Error,
+    RankProbed,
+    RequestFinished,
     RunStarted,
     Shutdown,
+    SlowRank,
     Stalled,
 )
+from lifecycle.core.format.kinds.rankevents import EnvironmentDifference, RankEnvironment
 from lifecycle.testing.journals import (
     AS_WRITTEN,
     T0,
@@ -218,6 +223,38 @@ def ended_at_its_timeout(b: JournalBuilder) -> None:
     b.rank(1).add(12.0, signalled(12))
 
 
+def checked_and_straggling(b: JournalBuilder) -> None:
+    """At gate-check rank 1 runs another driver (a warning) and is slow (warned of); while
+    serving it enters ulysses0's collectives late, request after request."""
+    environment = RankEnvironment(
+        host="gpu-a", torch="2.13.0", cuda="12.8", nccl="2.27.3", driver="570.1",
+        python="3.11.7", device="NVIDIA H100", capability="9.0", memory_bytes=80 << 30,
+        dtype="bfloat16",
+    )  # fmt: skip
+    differs = EnvironmentDifference(
+        field="driver", matters=False, expected="570.1", expected_ranks=(0,), ranks=(1,),
+        values=("570.2",),
+    )  # fmt: skip
+    for rank in (0, 1):
+        stream = b.rank(rank)
+        stream.walk(0.1, "gate-check")
+        stream.add(0.5, EnvironmentChecked(environment=environment, differences=(differs,)))
+        stream.add(0.6, RankProbed(host="gpu-a", device="NVIDIA H100", compute_s=0.003,
+                                   compute_flop=1 << 37))  # fmt: skip
+    slow = SlowRank(measure="compute", group="world", figure_s=0.012, median_s=0.003,
+                    ratio=0.25, threshold=0.7, action="warn")  # fmt: skip
+    b.rank(1).add(0.7, slow)
+    for rank in (0, 1):
+        b.rank(rank).walk(1.0, "bounded-warm", "ready")
+        b.rank(rank).add(1.5, ActionStarted(action="mark-ready"))
+        b.rank(rank).add(1.6, ActionFinished(action="mark-ready", duration_s=0.1, ok=True))
+        for n in range(5):
+            b.rank(rank).add(2.0 + n, RequestFinished(
+                request_id=f"r{n}", ok=True, total_s=0.5, checksum="00", peak_bytes=1,
+                lag_s=0.18 if rank == 1 else 0.0, lag_group="ulysses0",
+            ))  # fmt: skip
+
+
 SCENARIOS: dict[str, tuple[Callable[[JournalBuilder], None], int, frozenset[int]]] = {
     "late": (lambda b: late_arrival(b, error_type="CollectiveTimeout",
                                     kind="collective-timeout"), 2, frozenset()),
@@ -232,6 +269,7 @@ SCENARIOS: dict[str, tuple[Callable[[JournalBuilder], None], int, frozenset[int]
     "missing": (one_rank_missing, 2, frozenset()),
     "ended-at-timeout": (ended_at_its_timeout, 2, frozenset()),
     "aborted": (aborted_by_a_peer, 2, frozenset()),
+    "checked-and-straggling": (checked_and_straggling, 2, frozenset()),
 }  # fmt: skip
 
 # A string that is a name (a code, a state, a group, an op, a signal), not a sentence.
