@@ -244,7 +244,11 @@ def weights_dtypes(pipeline: Any) -> str:
 
 
 def _modules(pipeline: Any) -> list[torch.nn.Module]:
-    """The top-level modules among the pipeline's attributes (and its library pipeline's)."""
+    """The top-level modules among the pipeline's attributes (and its library pipeline's),
+    through a wrapper that keeps the pipeline it wraps as `_inner` (the console's step
+    counter)."""
+    while hasattr(pipeline, "__dict__") and "_inner" in vars(pipeline):
+        pipeline = vars(pipeline)["_inner"]
     found: list[torch.nn.Module] = []
     for owner in (pipeline, getattr(pipeline, "pipe", None)):
         if owner is None:
