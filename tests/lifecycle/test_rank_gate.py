@@ -261,4 +261,8 @@ def test_the_gate_runs_on_one_rank_and_journals_its_figures(
     assert done.returncode == 0, done.stderr[-2000:]
     ((event,),) = checks(tmp_path, ev.RankProbed).values()
     assert isinstance(event, ev.RankProbed) and event.compute_s > 0 and event.links == ()
+    ((environment,),) = checks(tmp_path, ev.EnvironmentChecked).values()
+    assert isinstance(environment, ev.EnvironmentChecked)
+    assert environment.environment.dtype == "float32"  # the built-in model's weights on CPU
+    assert environment.differences == ()
     assert checks(tmp_path, ev.SlowRank) == {}
