@@ -10,9 +10,7 @@ itself is its baseline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from bench.accounted import builtin_models
+from bench.accounted import Case, builtin_models
 from bench.bootrun import Booted, boot, clean_env
 from bench.stats import median, median_interval
 from bench.suite import Benchmark, Settings, progress
@@ -23,20 +21,12 @@ PHASE = "gate-check/check-ranks"
 BOOT_TIMEOUT_S = 900.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Case:
-    model: str
-    ranks: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}, {self.ranks} rank{'s' if self.ranks > 1 else ''}"
-
-    def args(self) -> list[str]:
-        layout = ["--num-ranks", str(self.ranks)] if self.ranks > 1 else []
-        if self.ranks == 4:
-            layout += ["--cfg-parallel", "2"]
-        return ["--model", self.model, *layout]
+def _args(case: Case) -> list[str]:
+    """`lifecycle boot`'s arguments for `case`: four ranks as CFG 2 x Ulysses 2."""
+    layout = ["--num-ranks", str(case.ranks)] if case.ranks > 1 else []
+    if case.ranks == 4:
+        layout += ["--cfg-parallel", "2"]
+    return ["--model", case.model, *layout]
 
 
 def _cases(settings: Settings) -> tuple[tuple[Case, ...], int]:
@@ -63,7 +53,7 @@ def measure(settings: Settings) -> list[Row]:
             progress(f"rankgate: round {index + 1}/{rounds}, {case.label}")
             db = settings.workdir / f"rankgate-{case.model}-{case.ranks}-{index}.db"
             booted = boot(
-                case.args(), db=db, cwd=settings.workdir, env=env, timeout_s=BOOT_TIMEOUT_S,
+                _args(case), db=db, cwd=settings.workdir, env=env, timeout_s=BOOT_TIMEOUT_S,
                 ranks=case.ranks,
             )  # fmt: skip
             boots.setdefault(case, []).append(booted)
@@ -89,7 +79,7 @@ def _row(case: Case, boots: list[Booted], *, rounds: int) -> Row:
         ratio=f"{share:.2%}",
         target=at_most(share, TARGET_SHARE, spec=".0%"),
         how=(
-            f"`lifecycle boot {' '.join(case.args())}` on a fresh journal (the calibrating"
+            f"`lifecycle boot {' '.join(_args(case))}` on a fresh journal (the calibrating"
             f" path); `replay show RUN --json`'s startup phases: the `{PHASE}` action's seconds"
             f" (environments gathered and compared, the compute probe, each group's timed"
             f" all-to-all, the figures gathered) on the rank it took the least on (the last to"

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from lifecycle.core.decisions.stragglers import Straggler, straggler
 from lifecycle.core.format import events as ev
+from lifecycle.core.format.kinds.rankevents import EnvironmentDifference
 from lifecycle.core.format.view import RankView
 from lifecycle.verdict.evidence import EnvironmentDiffers, Evidence, SlowAtGate, Straggling
 
@@ -16,16 +17,7 @@ def rank_check_evidence(views: Mapping[int, RankView]) -> list[Evidence]:
     """Each rank's environment differences (as the lowest rank that journaled them saw the
     group's), its slow figures at gate-check, then the straggler while serving, if any."""
     found: list[Evidence] = []
-    differences = next(
-        (
-            event.differences
-            for rank in sorted(views)
-            for _, _, event in views[rank].rank_checks
-            if isinstance(event, ev.EnvironmentChecked)
-        ),
-        (),
-    )
-    for difference in differences:
+    for difference in group_differences(views):
         # A journal's record is read as written: ranks and values of unequal length (a
         # corrupt or foreign row) pair as far as both go.
         for rank, value in zip(difference.ranks, difference.values, strict=False):
@@ -64,6 +56,20 @@ def rank_check_evidence(views: Mapping[int, RankView]) -> list[Evidence]:
             )
         )
     return found
+
+
+def group_differences(views: Mapping[int, RankView]) -> tuple[EnvironmentDifference, ...]:
+    """The fields the group's ranks differ in, from the lowest rank that journaled them (every
+    rank journals the same)."""
+    return next(
+        (
+            event.differences
+            for rank in sorted(views)
+            for _, _, event in views[rank].rank_checks
+            if isinstance(event, ev.EnvironmentChecked)
+        ),
+        (),
+    )
 
 
 def serving_straggler(views: Mapping[int, RankView]) -> Straggler | None:

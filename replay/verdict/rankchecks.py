@@ -7,13 +7,13 @@ from collections.abc import Mapping
 
 from lifecycle.core.format import events as ev
 from lifecycle.core.format.kinds.rankevents import (
-    EnvironmentDifference,
     LinkFigure,
     RankEnvironment,
 )
 from lifecycle.core.format.text import format_bytes
 from lifecycle.core.format.view import RankView
 from lifecycle.verdict.evidence import EnvironmentDiffers, SlowAtGate, Straggling
+from lifecycle.verdict.rankchecks import group_differences
 
 # What --on-slow-rank made of a slow finding.
 _ACTIONS = {"warn": "warned", "fail": "failed the startup"}
@@ -36,8 +36,8 @@ def speed_text(flop: int, seconds: float) -> str:
     """The compute probe's speed: GFLOP/s, TFLOP/s from a thousand GFLOP/s on."""
     if seconds <= 0:
         return "no speed (the figure is not a time)"
-    gflops = flop / seconds / 1e9
-    return f"{gflops / 1e3:.1f} TFLOP/s" if gflops >= 1e3 else f"{gflops:.1f} GFLOP/s"
+    speed = flop / seconds / 1e9
+    return f"{speed / 1e3:.1f} TFLOP/s" if speed >= 1e3 else f"{speed:.1f} GFLOP/s"
 
 
 def gflops(flop: int, seconds: float) -> float | None:
@@ -107,20 +107,6 @@ def difference_text(
     return (
         f"{_field(field)} {_value(field, value)} ({peers}{_value(field, expected)}),"
         f" {'fails the startup' if matters else 'warned'}"
-    )
-
-
-def group_differences(views: Mapping[int, RankView]) -> tuple[EnvironmentDifference, ...]:
-    """The fields the group's ranks differ in, from the lowest rank that journaled them (every
-    rank journals the same)."""
-    return next(
-        (
-            event.differences
-            for rank in sorted(views)
-            for _, _, event in views[rank].rank_checks
-            if isinstance(event, ev.EnvironmentChecked)
-        ),
-        (),
     )
 
 

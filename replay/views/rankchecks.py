@@ -14,12 +14,11 @@ from lifecycle.core.format import events as ev
 from lifecycle.core.format.kinds.rankevents import EnvironmentDifference, RankEnvironment
 from lifecycle.core.format.text import clean
 from lifecycle.core.format.view import RankView
-from lifecycle.verdict.rankchecks import serving_straggler
+from lifecycle.verdict.rankchecks import group_differences, serving_straggler
 from replay.verdict.rankchecks import (
     difference_text,
     environment_text,
     gflops,
-    group_differences,
     probe_text,
     slow_text,
     straggler_text,

@@ -36,6 +36,7 @@ from lifecycle.core.format.kinds.rankevents import LinkFigure, RankEnvironment
 from lifecycle.core.settings.config import ServerArgs, SlowRankPolicy
 from lifecycle.runtime.device import synchronize
 from lifecycle.runtime.group.comm import Comm, RecordedGroup
+from lifecycle.runtime.keeping.skeleton import weights_dtypes
 from lifecycle.runtime.recorder import Recorder
 
 log = structlog.get_logger("lifecycle.runtime")
@@ -149,8 +150,6 @@ def local_environment(
 ) -> RankEnvironment:
     """What this rank runs on; the test hook's values in place of its own where it names
     this rank."""
-    from lifecycle.runtime.keeping.skeleton import weights_dtypes
-
     cuda = device.type == "cuda"
     found = RankEnvironment(
         host=socket.gethostname(),
