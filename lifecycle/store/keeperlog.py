@@ -4,8 +4,9 @@ lives, read back newest first, and what a keeper that started finds of the one b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import Select, delete, insert, select
 
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS, journal_error
 from lifecycle.store.backends.schema import keeper_log
@@ -13,6 +14,9 @@ from lifecycle.store.journal import Journal
 
 STARTED = "started"
 STOPPED = "stopped"
+_LIFE_LIMIT = 100_000  # rows of one keeper's life read back (a life of months is fewer)
+_C = keeper_log.c
+_ROW = select(_C.host, _C.keeper_pid, _C.wall, _C.what, _C.key, _C.bytes, _C.detail)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,10 +58,53 @@ def append_keeper_rows(journal: Journal, rows: list[KeeperRow]) -> None:
 def keeper_rows(journal: Journal, *, host: str | None = None, limit: int = 200) -> list[KeeperRow]:
     """The newest `limit` rows (of `host`'s keepers where given), newest first."""
     c = keeper_log.c
-    stmt = select(c.host, c.keeper_pid, c.wall, c.what, c.key, c.bytes, c.detail)
-    if host is not None:
-        stmt = stmt.where(c.host == host)
-    stmt = stmt.order_by(c.wall.desc(), c.id.desc()).limit(limit)
+    stmt = _ROW.where(c.host == host) if host is not None else _ROW
+    return _rows(journal, stmt.order_by(c.wall.desc(), c.id.desc()).limit(limit))
+
+
+def started_detail(socket: str) -> str:
+    """The `started` row's detail: the socket the keeper listens on, which names the keeper
+    across its lives (a pid does not: a sidecar's keeper is pid 1 in every life)."""
+    return f"socket {socket}"
+
+
+def previous_keeper(journal: Journal, *, host: str, socket: str) -> tuple[KeeperRow, int] | None:
+    """The keeper that listened on `socket` of `host` before this one, when it ended without
+    stopping: its last row and how many keys it held then (what is lost with it). Called before
+    this keeper journals its start; a keeper of another socket, alive or not, is not this one's
+    predecessor."""
+    c = keeper_log.c
+    latest = (
+        select(c.id, c.keeper_pid)
+        .where(c.host == host, c.what == STARTED, c.detail == started_detail(socket))
+        .order_by(c.wall.desc(), c.id.desc())
+        .limit(1)
+    )
+    try:
+        with journal.engine.connect() as conn:
+            start = conn.execute(latest).first()
+    except DATABASE_ERRORS as exc:
+        raise journal_error(exc, journal.location) from None
+    if start is None:
+        return None
+    since = _ROW.where(c.host == host, c.keeper_pid == start.keeper_pid, c.id >= start.id)
+    life = _rows(journal, since.order_by(c.id).limit(_LIFE_LIMIT))
+    held: set[str] = set()
+    last = life[0]
+    for n, row in enumerate(life):
+        if row.what == STARTED and n > 0:
+            break  # the same pid started again, on another socket: that life is another's
+        last = row
+        if row.what == "holds" and row.key:
+            held.add(row.key)
+        elif row.what in ("evicted", "dropped") and row.key:
+            held.discard(row.key)
+    if last.what == STOPPED:
+        return None
+    return last, len(held)
+
+
+def _rows(journal: Journal, stmt: Select[Any]) -> list[KeeperRow]:
     try:
         with journal.engine.connect() as conn:
             found = conn.execute(stmt).all()
@@ -75,24 +122,6 @@ def keeper_rows(journal: Journal, *, host: str | None = None, limit: int = 200) 
         )
         for r in found
     ]
-
-
-def previous_keeper(journal: Journal, *, host: str, pid: int) -> tuple[KeeperRow, int] | None:
-    """The keeper of `host` before this one (`pid`), when it ended without stopping: its last
-    row and how many keys it held then (what is lost with it)."""
-    rows = [r for r in keeper_rows(journal, host=host, limit=500) if r.keeper_pid != pid]
-    if not rows or rows[0].what == STOPPED:
-        return None
-    last = rows[0]
-    held: set[str] = set()
-    for row in reversed([r for r in rows if r.keeper_pid == last.keeper_pid]):
-        if row.what == "holds" and row.key:
-            held.add(row.key)
-        elif row.what in ("evicted", "dropped") and row.key:
-            held.discard(row.key)
-        elif row.what == STARTED:
-            held.clear()
-    return last, len(held)
 
 
 def prune_keeper_rows(journal: Journal, *, before: float) -> int:

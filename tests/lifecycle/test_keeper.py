@@ -226,14 +226,18 @@ def test_the_keeper_socket_is_its_users_alone_and_one_keeper_listens(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
     """The socket is mode 0600 in a folder of mode 0700; a second keeper on it is refused in
-    one line; a keeper killed without stopping is journaled as lost by the next."""
+    one line; a keeper killed without stopping is journaled as lost by the next keeper of its
+    socket, once, and a keeper of another socket started meanwhile journals no loss."""
     env = key_env()
     with running_keeper(tmp_path, env) as keeper:
+        with running_keeper(tmp_path, env, folder="beside") as beside:
+            beside.stop()
         assert stat.S_IMODE(keeper.socket.stat().st_mode) == 0o600
         assert stat.S_IMODE(keeper.socket.parent.stat().st_mode) == 0o700
         again = lifecycle_cli("keeper", "--socket", str(keeper.socket), "--db", "j.db", env=env)
         assert again.returncode == 2
         assert "a keeper already listens there" in one_clear_line(again)
+        killed = keeper.proc.pid
         keeper.proc.kill()
         keeper.proc.wait(timeout=30)
     with running_keeper(tmp_path, env) as keeper:
@@ -243,7 +247,8 @@ def test_the_keeper_socket_is_its_users_alone_and_one_keeper_listens(
         lost = [r for r in keeper_rows(journal) if r.what == "lost"]
     finally:
         journal.close()
-    assert len(lost) == 1 and "ended without stopping" in (lost[0].detail or "")
+    assert len(lost) == 1 and lost[0].keeper_pid == keeper.proc.pid
+    assert f"keeper pid {killed} ended without stopping" in (lost[0].detail or "")
 
 
 def test_bad_keeper_options_are_one_line(

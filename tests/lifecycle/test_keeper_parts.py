@@ -4,7 +4,10 @@ messages and skeletons, and which weights a keeper at its budget lets go (docs/k
 from __future__ import annotations
 
 import os
+import socket
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ from lifecycle.core.settings.modelspec import MODEL_PRESETS
 from lifecycle.pipelines import Comm
 from lifecycle.runtime.actions import warmup_generation
 from lifecycle.runtime.device import memory_meter
-from lifecycle.runtime.keeping.keeperwire import KeeperKey
+from lifecycle.runtime.keeping.keeperwire import KeeperKey, KeeperUnavailable, ask
 from lifecycle.runtime.keeping.skeleton import (
     NotPackable,
     Slot,
@@ -28,6 +31,8 @@ from lifecycle.runtime.keeping.skeleton import (
 from lifecycle.runtime.pipeline import build_pipeline
 from lifecycle.runtime.request import run_request
 from lifecycle.serve.keeper.holdings import Held, Holdings
+from lifecycle.store.journal import Journal
+from lifecycle.store.keeperlog import KeeperRow, append_keeper_rows, previous_keeper, started_detail
 
 CPU = torch.device("cpu")
 
@@ -105,6 +110,68 @@ def test_messages_and_skeletons_verify_only_under_their_key() -> None:
     assert not key.skeleton_verifies(signature, b"pickle", key="k2", blob_bytes=10)
     assert not key.skeleton_verifies(signature, b"pickle", key="k1", blob_bytes=11)
     assert not other.skeleton_verifies(signature, b"pickle", key="k1", blob_bytes=10)
+
+
+def test_a_keeper_answering_a_byte_at_a_time_is_as_slow_as_a_silent_one(tmp_path: Path) -> None:
+    """The keeper's timeout bounds its whole answer: one that sends a header's length, then a
+    byte every fifth of the timeout, is given up at the timeout, not after its last byte."""
+    folder = tmp_path / "k"
+    folder.mkdir(mode=0o700)
+    path = folder / "k.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    os.chmod(path, 0o600)
+    server.listen(1)
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall((200).to_bytes(4, "big"))
+            for _ in range(200):
+                time.sleep(0.1)
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeeperUnavailable, match="answered too slowly"):
+        ask(path, KeeperKey.derived(b"a" * 32), {"op": "status"}, timeout_s=0.5)
+    assert time.monotonic() - started < 2.0
+    server.close()
+
+
+def test_a_sidecar_keeper_is_pid_1_in_every_life_and_its_loss_is_still_seen(
+    tmp_path: Path,
+) -> None:
+    """What a keeper that starts finds of the one before it goes by its socket, not its pid: a
+    sidecar restarted in its pod is pid 1 again, and the keeper of another socket is another's.
+    On a real SQLite journal."""
+    journal = Journal.open_for_write(str(tmp_path / "j.db"))
+    try:
+
+        def row(pid: int, wall: float, what: str, **kw: object) -> KeeperRow:
+            return KeeperRow(host="pod", keeper_pid=pid, wall=wall, what=what, **kw)  # type: ignore[arg-type]
+
+        append_keeper_rows(journal, [
+            row(1, 1.0, "started", detail=started_detail("/run/k.sock")),
+            row(1, 2.0, "holds", key="w1", bytes=10),
+            row(1, 3.0, "holds", key="w2", bytes=10),
+            row(1, 4.0, "evicted", key="w1", bytes=10),
+            row(7, 5.0, "started", detail=started_detail("/run/other.sock")),
+        ])  # fmt: skip
+        lost = previous_keeper(journal, host="pod", socket="/run/k.sock")
+        assert lost is not None and (lost[0].what, lost[0].key, lost[1]) == ("evicted", "w1", 1)
+        assert previous_keeper(journal, host="pod", socket="/run/other.sock") is not None
+        assert previous_keeper(journal, host="pod", socket="/run/none.sock") is None
+        assert previous_keeper(journal, host="node", socket="/run/k.sock") is None
+        again = row(1, 6.0, "started", detail=started_detail("/run/k.sock"))
+        append_keeper_rows(journal, [row(1, 6.0, "lost"), again, row(1, 7.0, "stopped")])
+        assert previous_keeper(journal, host="pod", socket="/run/k.sock") is None
+    finally:
+        journal.close()
 
 
 def _held(key: str, nbytes: int, last_used: float, holder: int | None = None) -> Held:

@@ -44,12 +44,16 @@ class RunningKeeper:
 
 @contextlib.contextmanager
 def running_keeper(
-    tmp_path: Path, env: dict[str, str], *, budget: str = "1GiB", db: str = "j.db"
+    tmp_path: Path,
+    env: dict[str, str],
+    *,
+    budget: str = "1GiB",
+    db: str = "j.db",
+    folder: str = "keeper",
 ) -> Iterator[RunningKeeper]:
-    """A keeper on `tmp_path`/keeper/k.sock journaling into `db`, ready to answer."""
-    folder = tmp_path / "keeper"
-    sock = folder / "k.sock"
-    log = tmp_path / "keeper.log"
+    """A keeper on `tmp_path`/`folder`/k.sock journaling into `db`, ready to answer."""
+    sock = tmp_path / folder / "k.sock"
+    log = tmp_path / f"{folder}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lifecycle", "keeper", "--socket", str(sock), "--db", db,

@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,8 +123,11 @@ def send(sock: socket.socket, header: Mapping[str, Any], fds: tuple[int, ...] = 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One message: its header and the files passed with it (the caller closes them);
-    KeeperUnavailable for anything that is not one."""
+    KeeperUnavailable for anything that is not one. The socket's timeout bounds the whole
+    message, not each read: a peer sending a byte at a time is as slow as a silent one."""
     fds: list[int] = []
+    budget = sock.gettimeout()
+    deadline = None if budget is None else time.monotonic() + budget
     try:
         data, fds, _flags, _addr = socket.recv_fds(sock, 65536, MAX_FDS)
         if len(data) < 4:
@@ -133,6 +137,8 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
             raise KeeperUnavailable("answered garbage (a header too long)")
         body = data[4:]
         while len(body) < length:
+            if deadline is not None:
+                sock.settimeout(_left(deadline))
             more = sock.recv(length - len(body))
             if not more:
                 raise KeeperUnavailable("hung up mid-answer")
@@ -155,6 +161,14 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return header, fds
 
 
+def _left(deadline: float) -> float:
+    """The seconds left before `deadline`; TimeoutError once none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
 def _close(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
@@ -172,11 +186,13 @@ def ask(
     why = private_socket(path)
     if why is not None:
         raise KeeperUnavailable(why, absent=not path.exists())
+    deadline = time.monotonic() + timeout_s
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         try:
             sock.connect(str(path))
             send(sock, key.signed(header), fds)
+            sock.settimeout(_left(deadline))
         except TimeoutError:
             raise KeeperUnavailable("answered too slowly") from None
         except (ConnectionRefusedError, FileNotFoundError):

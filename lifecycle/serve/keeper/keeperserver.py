@@ -31,7 +31,12 @@ from lifecycle.runtime.keeping.keeperwire import (
 )
 from lifecycle.serve.keeper.holdings import Held, Holdings, process_start
 from lifecycle.store.journal import Journal
-from lifecycle.store.keeperlog import KeeperRow, append_keeper_rows, previous_keeper
+from lifecycle.store.keeperlog import (
+    KeeperRow,
+    append_keeper_rows,
+    previous_keeper,
+    started_detail,
+)
 
 log = structlog.get_logger("lifecycle.keeper")
 _CRED = struct.Struct("3i")  # SO_PEERCRED's pid, uid, gid
@@ -326,10 +331,11 @@ def _answers(path: Path) -> bool:
 def run_keeper(path: Path, keeper: Keeper, *, ready: threading.Event | None = None) -> int:
     """Serve until SIGTERM or SIGINT; journal the start (and what an earlier keeper lost) and
     the stop."""
+    where = str(path.absolute())
     with listening(path, keeper) as server:
         if keeper.journal is not None:
             try:
-                before = previous_keeper(keeper.journal, host=keeper.host, pid=keeper.pid)
+                before = previous_keeper(keeper.journal, host=keeper.host, socket=where)
             except JournalError:
                 before = None
             if before is not None:
@@ -339,7 +345,7 @@ def run_keeper(path: Path, keeper: Keeper, *, ready: threading.Event | None = No
                     detail=f"keeper pid {row.keeper_pid} ended without stopping, holding {held}"
                     " weights key(s): the ranks that mapped them keep them; the next startups load",
                 )
-        keeper.note("started", nbytes=keeper.holdings.budget_bytes, detail=f"socket {path}")
+        keeper.note("started", nbytes=keeper.holdings.budget_bytes, detail=started_detail(where))
         keeper.settle()
         stop = threading.Event()
 
