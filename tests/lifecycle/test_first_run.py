@@ -28,10 +28,12 @@ def test_the_dry_run_holds_every_check_and_keeps_what_it_ran(tmp_path: Path) -> 
     assert lines[0].split() == ["check", "result", "detail"]
     table = lines[2 : lines.index("")]
     results = [line[36:].split("  ")[0] for line in table]
-    assert results == ["held"] * 8, result.stdout
+    assert results == ["held"] * 9, result.stdout
     assert table[-1].startswith("time") and "limit 10 min" in table[-1]
     wan = next(line for line in lines if line.startswith("tiny-wan (diffusers)"))
     assert "ready in" in wan and "2 ranks" in wan and "; plan " in wan
+    rested = next(line for line in lines if line.startswith("sleep and wake"))
+    assert "device memory not measured on cpu" in rested and "reference output matched" in rested
     hang = next(line for line in lines if line.startswith("the field's hang"))
     assert "hung, culprit rank 1 in bounded-warm" in hang
     assert "dry run" in lines[2]
@@ -42,6 +44,7 @@ def test_the_dry_run_holds_every_check_and_keeps_what_it_ran(tmp_path: Path) -> 
         "calibrating.log",
         "hang.log",
         "hang-diagnose.log",
+        "sleep-wake.log",
     }
 
 

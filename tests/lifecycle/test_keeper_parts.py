@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lifecycle.core.decisions.weightskey import weights_text
+from lifecycle.core.format.codec import decode, encode
+from lifecycle.core.format.events import WeightsReleased
 from lifecycle.core.format.records import Shape
 from lifecycle.core.settings.config import ServerArgs
 from lifecycle.core.settings.modelspec import MODEL_PRESETS
@@ -205,3 +208,17 @@ def test_a_dead_rank_holds_nothing() -> None:
     held = _held("k", 1, 0.0, holder=child)
     os.waitpid(child, 0)
     assert held.live_holders() == 0
+
+
+def test_a_sleep_says_the_device_memory_it_gave_back_where_it_was_measured() -> None:
+    """On CUDA the sleep journals the allocator's reserve it returned to the device, and replay
+    says it; on a CPU there is no such measure and nothing is said of it."""
+    cuda = WeightsReleased(key="k", bytes=71 * 2**20, seconds=0.01, device_bytes=3 * 2**30)
+    cpu = WeightsReleased(key="k", bytes=71 * 2**20, seconds=0.01)
+    assert weights_text(cuda) == (
+        "weights released to the keeper (71 MiB in 0.010 s; device memory freed 3.00 GiB)"
+    )
+    assert weights_text(cpu) == "weights released to the keeper (71 MiB in 0.010 s)"
+    assert decode(cuda.kind, cuda.version, encode(cuda)) == cuda
+    older = encode(cpu).replace(',"device_bytes":null', "")  # journaled before the field
+    assert "device_bytes" not in older and decode(cpu.kind, cpu.version, older) == cpu

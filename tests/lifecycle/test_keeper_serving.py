@@ -164,6 +164,7 @@ def test_sleep_drains_then_refuses_and_wake_verifies_and_serves(tmp_path: Path) 
     (run,) = _runs(tmp_path / "j.db")
     released = [e for e in run[0] if isinstance(e, WeightsReleased)]
     assert len(released) == 1 and released[0].bytes > 60 * 2**20 and released[0].reason is None
+    assert released[0].device_bytes is None  # measured on CUDA alone: no device memory here
     paths = [e.path for e in run[0] if isinstance(e, WeightsPath)]
     assert paths == ["load", "attach"]
     shown = run_cli("replay", ["show", "latest", "j.db"], cwd=tmp_path)

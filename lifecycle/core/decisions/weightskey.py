@@ -66,5 +66,10 @@ def weights_text(event: CompileEvent) -> str | None:
         case WeightsReleased():
             if event.reason:
                 return f"weights kept in the rank while asleep: {event.reason}"
-            return f"weights released to the keeper ({size} in {event.seconds:.3f} s)"
+            freed = (
+                ""
+                if event.device_bytes is None
+                else f"; device memory freed {format_bytes(event.device_bytes)}"
+            )
+            return f"weights released to the keeper ({size} in {event.seconds:.3f} s{freed})"
     return None

@@ -28,9 +28,14 @@ def release_weights(rt: RankRuntime) -> None:
     released = rt.weights_bytes
     rt.pipeline = None
     gc.collect()
-    release_cache(rt.device)
+    freed = release_cache(rt.device)
     rt.recorder.record(
-        WeightsReleased(key=rt.weights_key, bytes=released, seconds=time.perf_counter() - started)
+        WeightsReleased(
+            key=rt.weights_key,
+            bytes=released,
+            seconds=time.perf_counter() - started,
+            device_bytes=freed,
+        )
     )
 
 

@@ -12,11 +12,15 @@ the output folder. `--device cpu` runs the same steps on gloo as a dry run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +29,12 @@ from typing import Any
 from lifecycle.core.command import extra
 from lifecycle.core.format.events import (
     FlightRecorderDumped,
+    ReferenceOutput,
     ResidencyApplied,
     ResidencyPlanned,
     ResidencyVerified,
     RunStarted,
+    WeightsReleased,
 )
 
 HELD, NOT_HELD, NOT_RUN = "held", "did not hold", "not run"
@@ -40,6 +46,7 @@ CHECK_NAMES = (
     "devices",
     "boot 1 rank, calibrating",
     "boot 1 rank, bounded (plan reused)",
+    "sleep and wake",
     "tiny-wan (diffusers)",
     "boot 2 ranks",
     "the field's hang, 2 ranks",
@@ -129,8 +136,9 @@ class FirstRun:
             return {"outcome": f"replay exited {status} without a verdict"}
         return doc
 
-    def events(self, kind: type) -> list[Any]:
-        """Events of `kind` of the latest run, every rank's, as (rank, event)."""
+    def events(self, kind: type | tuple[type, ...]) -> list[Any]:
+        """Events of `kind` of the latest run, every rank's, as (rank, event), in the journal's
+        order."""
         from lifecycle.store.journal import Journal
 
         journal = Journal.open_for_read(str(self.db))
@@ -178,6 +186,85 @@ def _verdict(doc: dict[str, Any]) -> str:
             )
             break
     return text
+
+
+def _http(method: str, url: str, *, timeout: float) -> tuple[int, dict[str, Any]]:
+    """One request: the status and the JSON answer ({} for none); status 0 when none came."""
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            status, body = answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    except OSError:
+        return 0, {}
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = {}
+    return status, doc if isinstance(doc, dict) else {}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _sleep_check(fr: FirstRun) -> Check:
+    """A serving rank with a keeper of its own put to sleep and woken (docs/keeper.md): the
+    device memory the sleep gave back, measured on CUDA, the wake's time, and the weights held
+    to the reference again."""
+    name = "sleep and wake"
+    sock, port = fr.out / "keeper" / "k.sock", _free_port()
+    python = [sys.executable, "-P", "-m", "lifecycle"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    url = f"http://127.0.0.1:{port}"
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context((fr.out / "sleep-wake.log").open("w"))
+        procs = []
+        for args in (
+            ["keeper", "--socket", str(sock), "--db", str(fr.db)],
+            ["serve", "--device", fr.device, "--model", fr.model, "--db", str(fr.db), "--port",
+             str(port), "--keeper", str(sock), "--log-level", "warning"],
+        ):  # fmt: skip
+            procs.append(subprocess.Popen([*python, *args], cwd=fr.out, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))  # fmt: skip
+        stack.callback(_stop, procs)
+        deadline = time.monotonic() + 300
+        while _http("GET", f"{url}/health", timeout=5)[0] != 200:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                return Check(name, NOT_HELD, "the server was not ready within 300 s")
+            time.sleep(0.5)
+        slept = _http("POST", f"{url}/sleep", timeout=300)
+        health = _http("GET", f"{url}/health", timeout=5)
+        woke = _http("POST", f"{url}/wake", timeout=300)
+        ready = _http("GET", f"{url}/health", timeout=5)[0] == 200
+    released = [e for _, e in fr.events(WeightsReleased)]
+    after = [e for _, e in fr.events((WeightsReleased, ReferenceOutput))]
+    woken = after[after.index(released[0]) :] if released else []
+    matched = [e for e in woken if isinstance(e, ReferenceOutput) and e.outcome == "matched"]
+    if slept[0] != 200 or health[1].get("status") != "asleep" or woke[0] != 200 or not ready:
+        return Check(name, NOT_HELD, f"/sleep {slept[0]}, /health asleep {health[1]}, /wake"
+                     f" {woke[0]}, ready again: {ready}")  # fmt: skip
+    freed = released[0].device_bytes if released else None
+    memory = "not measured on cpu" if freed is None else f"{freed / 2**20:.0f} MiB freed"
+    detail = (f"asleep in {slept[1].get('seconds', 0):.2f} s (device memory {memory}), awake"
+              f" in {woke[1].get('seconds', 0):.2f} s, reference output"
+              f" {'matched' if matched else 'not matched'}")  # fmt: skip
+    kept = bool(released) and released[0].reason is None
+    return Check(name, HELD if kept and matched else NOT_HELD, detail)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each (the server first, then its keeper), a minute each, then SIGKILL."""
+    for proc in reversed(procs):
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def _diffusers_check(fr: FirstRun, devices: int) -> Check:
@@ -235,6 +322,7 @@ def run_checks(fr: FirstRun, say: Callable[[Check], None]) -> None:
             _ready(doc),
         )
     )
+    say(_sleep_check(fr))
     say(_diffusers_check(fr, devices))
     if devices < 2:
         say(Check("boot 2 ranks", NOT_RUN, "needs 2 GPUs"))

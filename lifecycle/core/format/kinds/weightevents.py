@@ -68,10 +68,13 @@ class AttachRejected(CompileEvent):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightsReleased(CompileEvent):
     """Going to sleep: the rank let its weights go (`bytes`; the keeper keeps them), or kept
-    them where no keeper holds them (`bytes` 0, `reason`)."""
+    them where no keeper holds them (`bytes` 0, `reason`). `device_bytes`: the device memory
+    given back, measured (CUDA's allocator's reserve before and after); None where there is no
+    such measure (a CPU's weights are the keeper's shared memory, which stays)."""
 
     kind: ClassVar[str] = "weights_released"
     key: str
     bytes: int
     seconds: float
     reason: str | None = None
+    device_bytes: int | None = None
