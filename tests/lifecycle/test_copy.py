@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from lifecycle.core.format.events import Heartbeat
+from lifecycle.core.format.events import Compiled, Heartbeat
 from lifecycle.store import Journal, RunRow
 from lifecycle.store.learned.artifacts import ArtifactStore
 from tests.conftest import Completed, one_clear_line, run_cli
@@ -399,3 +399,31 @@ def test_copying_a_run_that_only_loaded_an_artifact_carries_it(
     pruned = lifecycle_cli("db", "prune", "--db", str(fleet), "--keep-runs", "1", timeout=120)
     assert pruned.returncode == 0, pruned.stderr
     assert len(decoded(str(fleet))[2]) == 1
+
+
+def test_a_run_that_loaded_an_artifact_a_later_run_loaded_too_still_carries_it(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """The artifact's row names only the last run that loaded it: `db copy --run R` of an
+    earlier run that loaded it (its journal says `hit`) carries it all the same, marked as
+    used by R."""
+    source = tmp_path / "node.db"
+    first, second, third = journal_of_runs(source, runs=3, ranks=1, events=3)
+    hit = Compiled(key=KEY.key, blocks=1, backend="inductor", mode="default", seconds=1.0,
+                   cache="hit", reason=None, artifact_bytes=8)  # fmt: skip
+    with Journal.open_for_write(str(source)) as journal:
+        store = ArtifactStore(journal.engine, journal.backend.url)
+        assert store.keep(KEY, b"artifact", run_id=first, signature=SIGNATURE) is None
+        for run_id in (second, third):
+            writer = journal.writer(run_id=run_id, rank=0, resume=True)
+            writer.append_batch([(hit, "gate-check", 1_800_000_100.0, 3)])
+            writer.close()
+            store.mark_used(KEY.key, run_id=run_id)
+    settle(source)
+    fleet = tmp_path / "fleet.db"
+    done = copy(lifecycle_cli, source, fleet, "--run", second)
+    assert done.returncode == 0, done.stderr
+    assert "1 compile artifact(s) carried" in done.stdout, done.stdout
+    (carried,) = decoded(str(fleet))[2]
+    assert carried == (KEY.key, hashlib.sha256(b"artifact").hexdigest(), SIGNATURE, second,
+                       b"artifact")  # fmt: skip

@@ -14,8 +14,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from lifecycle.core.decisions.compiling import CacheUse
 from lifecycle.core.errors import ConfigError, JournalConflict, JournalError, JournalWriteFailed
-from lifecycle.core.format.events import UnknownEvent
+from lifecycle.core.format.events import Compiled, UnknownEvent
 from lifecycle.core.format.runid import checked_run_id
 from lifecycle.store.backends.dberrors import DATABASE_ERRORS
 from lifecycle.store.journal import Journal
@@ -41,6 +42,9 @@ class Copied:
     left_out_why: str | None = None  # what the first row left out is, in words
     artifacts: int = 0  # compile artifacts of the runs copied, carried with them
     artifacts_left: list[str] = field(default_factory=list)  # why each one was not
+    # The artifacts the copied runs loaded (a hit), by key: the newest such run of each. The
+    # source's row names only the last run that used one, which may not be copied.
+    loaded: dict[str, str] = field(default_factory=dict)
 
     def written(self) -> str:
         return f"{self.events:,} events of {self.ranks} rank(s) in {self.runs} run(s)"
@@ -133,7 +137,11 @@ def _copy_artifacts(source: Journal, destination: Journal, run_ids: set[str], do
     copied run that used it; one the destination has (by key) is left as it is there."""
     origin = ArtifactStore(source.engine, source.backend.url)
     try:
-        wanted = [a for a in origin.every() if a.stored_run in run_ids or a.used_run in run_ids]
+        wanted = [
+            a
+            for a in origin.every()
+            if a.stored_run in run_ids or a.used_run in run_ids or a.key in done.loaded
+        ]
     except DATABASE_ERRORS as exc:
         done.artifacts_left.append(f"{source.location}: could not be read: {exc}"[:200])
         return
@@ -147,12 +155,14 @@ def _copy_artifacts(source: Journal, destination: Journal, run_ids: set[str], do
         why = into.keep(
             artifact.compile_key, data, run_id=artifact.stored_run, signature=artifact.signature
         )
-        if why is None:
-            done.artifacts += 1
-            if artifact.used_run in run_ids:
-                _mark_used(into, artifact.key, artifact.used_run, done)
-        elif why != FIRST_KEPT:
+        if why is not None and why != FIRST_KEPT:
             done.artifacts_left.append(f"{artifact.key}: {why}")
+            continue
+        done.artifacts += why is None
+        used = artifact.used_run if artifact.used_run in run_ids else None
+        used = max(filter(None, (used, done.loaded.get(artifact.key))), default=None)
+        if used is not None:
+            _mark_used(into, artifact.key, used, done)
 
 
 def _mark_used(into: ArtifactStore, key: str, run_id: str | None, done: Copied) -> None:
@@ -217,6 +227,7 @@ def _copy_rank(
                 )
                 continue
             batch.append(row)
+            _note_loaded(row, run_id, done)
             if len(batch) == COPY_BATCH:
                 flush()
         if batch:
@@ -233,6 +244,13 @@ def _copy_rank(
         if writer is not None:
             writer.close()
     return written
+
+
+def _note_loaded(row: StoredRow, run_id: str, done: Copied) -> None:
+    """Note the artifact a copied row says its run loaded, so that it is carried."""
+    event = row.stored.event
+    if isinstance(event, Compiled) and event.cache == CacheUse.HIT.value and event.key:
+        done.loaded[event.key] = max(run_id, done.loaded.get(event.key, run_id))
 
 
 def _refuse(constant: str) -> object:
