@@ -156,13 +156,17 @@ def test_a_plugin_whose_import_raises_is_one_line_and_exit_2(
         ("fixed_bytes=float('nan'), bytes_per_token=1024, bytes_per_pixel=3", "fixed_bytes"),
         ("fixed_bytes=0, bytes_per_token=float('inf'), bytes_per_pixel=3", "bytes_per_token"),
         ("fixed_bytes=16 * 2**20, bytes_per_token=1024, bytes_per_pixel=-3", "bytes_per_pixel"),
+        # finite, but infinite once multiplied by a request's tokens; too large for a float
+        ("fixed_bytes=0, bytes_per_token=1e308, bytes_per_pixel=3", "bytes_per_token"),
+        ("fixed_bytes=10**400, bytes_per_token=1024, bytes_per_pixel=3", "fixed_bytes"),
     ],
 )
 def test_a_plugin_whose_memory_model_is_not_bytes_is_refused_when_loaded(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed], memory: str, named: str
 ) -> None:
-    """A plug-in whose spec's MemoryModel holds NaN, infinity or a negative number is one line
-    naming the plug-in and the field, exit 2, before any rank starts (no journal)."""
+    """A plug-in whose spec's MemoryModel holds NaN, infinity, a negative number or more than
+    16 EiB is one line naming the plug-in and the field, exit 2, before any rank starts (no
+    journal)."""
     source = EARLIER + (
         "\nfrom lifecycle.pipelines import MemoryModel\n"
         f"SPEC = dataclasses.replace(SPEC, memory=MemoryModel({memory}))\n"

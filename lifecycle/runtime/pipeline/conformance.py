@@ -126,22 +126,23 @@ def refusal(what: str, gaps: Sequence[str]) -> ConfigError:
 
 
 MEMORY_FIELDS = ("fixed_bytes", "bytes_per_token", "bytes_per_pixel")
+MEMORY_FIELD_LIMIT = 2**64  # bytes: more than any device holds, and finite times any request
 
 
 def memory_gaps(spec: ModelSpec) -> list[str]:
-    """Each field of the spec's memory model that is not a number of bytes (finite, 0 or
-    more), in words: an estimate made of it is NaN, infinite or negative, which admission can
-    neither compare with a budget nor count in bytes."""
+    """Each field of the spec's memory model that is not a number of bytes (finite, 0 to
+    16 EiB), in words: an estimate made of it is NaN, infinite or negative, or becomes infinite
+    once multiplied by a request's tokens, which admission can neither compare with a budget
+    nor count in bytes."""
     gaps = []
     for name in MEMORY_FIELDS:
         value = getattr(spec.memory, name, None)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-        ):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             gaps.append(f"memory.{name} is {str(value)[:40]}")
+        elif isinstance(value, float) and not math.isfinite(value) or value < 0:
+            gaps.append(f"memory.{name} is {str(value)[:40]}")
+        elif value > MEMORY_FIELD_LIMIT:
+            gaps.append(f"memory.{name} is {str(value)[:40]}, more than 16 EiB")
     return gaps
 
 
@@ -152,7 +153,7 @@ def check_memory(target: str, spec: ModelSpec) -> None:
         raise ConfigError(
             PIPELINE,
             f" {target}: its ModelSpec's {'; '.join(gaps)}: a MemoryModel's fields are bytes,"
-            " finite and 0 or more (all 0 declares no estimate)",
+            " finite, 0 to 16 EiB (all 0 declares no estimate)",
         )
 
 
