@@ -128,7 +128,9 @@ def test_every_invalid_field_is_named_in_one_400_in_openais_shape(
 ) -> None:
     """A multipart POST with a size off the grid and a frame count off the rule names both in
     one message (param: the first); a JSON body and a bad query are refused in OpenAI's shape,
-    never FastAPI's detail list, which /generate keeps."""
+    never FastAPI's detail list, which /generate keeps; a file sent in a form is named beside
+    the other fields, a body over the limit is a 413 in the same shape, and JSON sent as a
+    form (`curl -d`) is read as JSON."""
     with pytest.raises(openai.BadRequestError) as raised:
         client.videos.create(prompt="x", size="47x32", extra_body={"num_frames": 8})
     assert raised.value.param == "size" and raised.value.code == "invalid_value"
@@ -146,6 +148,26 @@ def test_every_invalid_field_is_named_in_one_400_in_openais_shape(
     assert listing.status_code == 400 and listing.json()["error"]["param"] == "limit"
     legacy = server.client.post("/generate", json={"prompt": ""})
     assert legacy.status_code == 422 and "detail" in legacy.json()
+    with_file = server.client.post(
+        "/v1/videos",
+        data={"prompt": "", "size": "axb", "seconds": "-1"},
+        files={"input_reference": ("cat.png", b"\x89PNG", "image/png")},
+    )
+    assert with_file.status_code == 400
+    said = with_file.json()["error"]["message"]
+    for field in ("input_reference", "prompt", "size", "seconds"):
+        assert f"{field}: " in said, said
+    too_large = server.client.post(
+        "/v1/videos", files={"input_reference": ("big.bin", b"\0" * 100_000)}
+    )
+    assert too_large.status_code == 413
+    assert too_large.json()["error"]["code"] == "request_too_large"
+    as_form = server.client.post(  # curl -d '{...}' sends JSON as a URL-encoded form
+        "/v1/videos",
+        content=b'{"prompt": "a cat", "size": "47x32"}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert as_form.status_code == 400 and as_form.json()["error"]["param"] == "size"
 
 
 def test_the_models_are_listed_as_openai_and_described_as_sglang(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -79,3 +80,23 @@ def test_what_an_image_model_cannot_make_is_a_400_naming_the_field(client: opena
     with pytest.raises(openai.BadRequestError) as video:
         client.videos.create(prompt="x")
     assert video.value.param == "model" and "/v1/images/generations" in video.value.message
+
+
+def test_images_past_a_full_line_are_a_429_to_come_back_later(server: Served) -> None:
+    """Twenty images asked at once: those the line (one running, eight waiting) has no room
+    for are OpenAI's 429 with Retry-After, which its SDK retries; the others are made."""
+    body = {"prompt": "a cat", "size": "48x32", "response_format": "b64_json",
+            "num_inference_steps": 40, "seed": 1}  # fmt: skip
+    with (
+        httpx.Client(
+            base_url=server.url, timeout=300, limits=httpx.Limits(max_connections=30)
+        ) as http,
+        ThreadPoolExecutor(20) as pool,
+    ):
+        pending = [pool.submit(http.post, "/v1/images/generations", json=body) for _ in range(20)]
+        replies = [p.result(timeout=300) for p in pending]
+    assert {r.status_code for r in replies} == {200, 429}, [r.text for r in replies]
+    for full in (r for r in replies if r.status_code == 429):
+        assert full.headers["retry-after"]
+        error = full.json()["error"]
+        assert (error["code"], error["type"]) == ("queue_full", "rate_limit_exceeded")

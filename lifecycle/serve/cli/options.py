@@ -109,8 +109,10 @@ HELP = {
     " Wan text-to-video or Qwen-Image text-to-image pipeline at a small size, built at start;"
     " the diffusers extra), or a --pipeline plug-in's model (default: the --pipeline plug-in's"
     f" model, else {DEFAULT_MODEL})",
-    "--model-path": "a diffusers pipeline directory (model_index.json, as save_pretrained or a"
-    " hub snapshot writes it), loaded offline; the diffusers extra (default: none)",
+    "--model-path": "a diffusers pipeline directory (model_index.json, as save_pretrained"
+    " writes it), or a hub ID ORG/NAME[@REVISION] read from huggingface_hub's cache (HF_HOME,"
+    " HF_HUB_CACHE; HF_HUB_OFFLINE=1 never downloads) or else downloaded; the diffusers extra"
+    " (default: none)",
     "--default-shape": "the model's default request WIDTHxHEIGHTxFRAMES, which calibration"
     " probes (default: the model's own)",
     "--default-steps": "the model's default denoising steps (default: the model's own)",
@@ -211,7 +213,7 @@ def add_startup_options(p: argparse.ArgumentParser, *, serve: bool) -> dict[str,
     seconds: dict[str, Any] = {"type": float, "metavar": "SECONDS"}
     model = p.add_argument_group("model")
     add(model, "--model", metavar="NAME")
-    add(model, "--model-path", metavar="DIR")
+    add(model, "--model-path", metavar="DIR|ORG/NAME")
     add(model, "--pipeline", metavar="MODULE:ATTR")
     add(model, "--default-shape", type=shape_arg, metavar="WxHxF")
     add(model, "--default-steps", type=BoundedInt(1, 10_000), metavar="N")

@@ -26,6 +26,7 @@ from lifecycle.core.settings.validation import (
     shape_problems,
 )
 from lifecycle.serve.http.media import format_refusal, makes_images
+from lifecycle.serve.openai.apierrors import CODES, PREFIX, OpenAIError
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_GUIDANCE = 100.0
@@ -121,8 +122,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length = dict(scope["headers"]).get(b"content-length")
+        v1 = str(scope.get("path", "")).startswith(PREFIX)
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await self._refuse(send)
+            await self._refuse(send, v1=v1)
             return
         received = 0
         over = False
@@ -148,10 +150,13 @@ class BodyLimit:
         with contextlib.suppress(BodyTooLarge):
             await self.app(scope, counted_receive, guarded_send)
         if over and not responded:
-            await self._refuse(send)
+            await self._refuse(send, v1=v1)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": f"body over {self.max_bytes} bytes"}).encode()
+    async def _refuse(self, send: Send, *, v1: bool) -> None:
+        """The 413: in OpenAI's error shape on /v1 paths, FastAPI's elsewhere."""
+        said = f"body over {self.max_bytes} bytes"
+        refusal = OpenAIError(413, said, code=CODES[413]).body() if v1 else {"detail": said}
+        body = json.dumps(refusal).encode()
         await send(
             {
                 "type": "http.response.start",

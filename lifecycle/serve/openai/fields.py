@@ -54,14 +54,21 @@ class ImageFields(Common):
     response_format: Literal["url", "b64_json"] = "url"
 
 
+class FileSent:
+    """A form field sent as a file: refused by `read_fields` beside every other field's
+    problem (this server takes no reference assets)."""
+
+
 async def posted_fields(request: Request) -> dict[str, Any]:
     """The fields of a POST: a multipart form (as OpenAI's SDK sends /v1/videos), a URL-encoded
-    form, or a JSON object. A file is refused: this server takes no reference assets."""
+    form, or a JSON object (also when sent as a form: `curl -d '{...}'` says it is one)."""
     content_type = request.headers.get("content-type", "")
     body = await request.body()
     if content_type.startswith("multipart/form-data"):
         return _multipart(content_type, body)
-    if content_type.startswith("application/x-www-form-urlencoded"):
+    if content_type.startswith("application/x-www-form-urlencoded") and not body.lstrip(
+        b" \t\r\n"
+    ).startswith(b"{"):
         from urllib.parse import parse_qsl
 
         return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
@@ -85,27 +92,30 @@ def _multipart(content_type: str, body: bytes) -> dict[str, Any]:
         if not isinstance(name, str):
             continue
         if part.get_filename() is not None:
-            raise OpenAIError(
-                400, f"{name}: files are not taken here (text-to-video and text-to-image only)",
-                code="unsupported_value", param=name,
-            )  # fmt: skip
+            fields[name] = FileSent()
+            continue
         payload = part.get_payload(decode=True)
         fields[name] = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else ""
     return fields
 
 
 F = TypeVar("F", bound=Common)
+NO_FILES = "files are not taken here (text-to-video and text-to-image only)"
 
 
 def read_fields(kind: type[F], values: dict[str, Any]) -> tuple[F, list[tuple[str, str]]]:
     """The fields as `kind` reads them, and every refused field with why; a refused field is
     left out (a refused prompt stood in for), so that what the model cannot make of the others
     is found too."""
+    files = [name for name, value in values.items() if isinstance(value, FileSent)]
+    problems = [(name, NO_FILES) for name in files]
+    values = {k: v for k, v in values.items() if k not in files}
     try:
-        return kind.model_validate(values), []
+        fields = kind.model_validate(values)
     except ValidationError as exc:
         errors = exc.errors()
-    problems = []
+    else:
+        return fields, problems
     for error in errors:
         param = ".".join(str(p) for p in error["loc"]) or "body"
         extra = error["type"] == "extra_forbidden"

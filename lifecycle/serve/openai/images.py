@@ -93,6 +93,8 @@ async def _made(service: Service, run: partial[Reply]) -> Reply:
     except (ServiceUnavailable, RequestWithdrawn) as exc:
         retry = getattr(exc, "retry_after_s", None)
         headers = None if retry is None else {"Retry-After": str(retry)}
+        if getattr(exc, "status", None) == "busy":  # the line is full: come back later
+            raise OpenAIError(429, str(exc), code="queue_full", headers=headers) from None
         raise OpenAIError(
             503, str(exc), kind="server_error", code="unavailable", headers=headers
         ) from None
