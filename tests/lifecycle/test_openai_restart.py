@@ -72,3 +72,25 @@ def test_jobs_stopped_with_the_server_read_failed_and_completed_ones_are_served_
                 client.videos.download_content(running.id)
             assert gone.value.code == "job_failed"
         assert again.stop() == 0
+
+
+def test_a_job_whose_rank_failed_reads_failed_with_the_culprit_and_the_command(
+    tmp_path: Path,
+) -> None:
+    """A rank that raises in a job's request (the fault `0:request:raise`): the job reads
+    failed, code rank_failed, its error naming the rank and the `replay diagnose` command that
+    explains it; its content is a 404 saying it failed."""
+    with serve(tmp_path, "--model", "micro-video", *QUICK, "--fault", "0:request:raise") as server:
+        server.wait_for_health(200, within=240)
+        with sdk_client(server) as client:
+            failed = client.videos.create_and_poll(
+                prompt="a cat", size="128x128", extra_body={"num_frames": 5, "seed": 1}
+            )
+            assert failed.status == "failed", failed
+            assert failed.error is not None and failed.error.code == "rank_failed"
+            assert "rank 0" in failed.error.message
+            assert "replay diagnose" in failed.error.message, failed.error.message
+            with pytest.raises(openai.NotFoundError) as gone:
+                client.videos.download_content(failed.id)
+            assert gone.value.code == "job_failed"
+        assert server.stop() == 0  # the request failed alone: the server went on
