@@ -172,7 +172,7 @@ def test_tiny_wan_at_bfloat16_equals_wan_pipeline_loaded_in_bfloat16(
         (r, c) for r in range(ranks) for c in ("text_encoder", "transformer", "vae")
     }
     assert set(loaded.values()) == {"bfloat16"}
-    assert (described["dit_precision"], described["vae_precision"]) == ("bfloat16", "bfloat16")
+    assert (described["dit_precision"], described["vae_precision"]) == ("bf16", "bf16")
 
 
 # How far a bfloat16 transformer between float32 components serves from the library's output,
@@ -218,6 +218,6 @@ def test_per_component_dtypes_load_as_asked_and_equal_the_library_loading_them(
         (0, "transformer"): "bfloat16",
         (0, "vae"): "float32",
     }
-    assert (described["dit_precision"], described["vae_precision"]) == ("bfloat16", "float32")
-    assert described["text_encoder_precision"] == "float32"
+    assert (described["dit_precision"], described["vae_precision"]) == ("bf16", "fp32")
+    assert described["text_encoder_precision"] == "fp32"
     assert int(np.abs(output.astype(int) - reference.astype(int)).max()) <= MIXED_STEPS

@@ -71,14 +71,17 @@ def test_a_hub_id_in_the_cache_serves_offline_and_names_its_commit(
     tmp_path: Path, hub_cache: Path
 ) -> None:
     """`--model-path org/tiny-wan` with HF_HUB_OFFLINE=1 gets to ready from the cache's
-    snapshot of main; /lifecycle and `replay show` name the model with its commit, and the
-    OpenAI API takes the hub ID alone for it."""
+    snapshot of main; /lifecycle and `replay show` name the model with its commit, the
+    OpenAI API takes the hub ID alone for it, and SGLang's /models names the hub ID and its
+    commit."""
     with serve(tmp_path, "--model-path", "org/tiny-wan", *QUICK, env=offline(hub_cache)) as up:
         up.wait_for_health(200, within=240)
         model = up.client.get("/lifecycle").json()["model"]
         snapshot = hub_cache.resolve() / "models--org--tiny-wan" / "snapshots" / MAIN
         assert model == {"name": f"org/tiny-wan@{MAIN}", "source": str(snapshot)}
         assert up.client.get("/v1/models/org/tiny-wan").status_code == 200
+        described = up.client.get("/models").json()  # as SGLang says it: the hub ID served
+        assert (described["model_path"], described["revision"]) == ("org/tiny-wan", MAIN)
         assert up.stop() == 0
     shown = run_cli("replay", ["show", "latest", "j.db"], cwd=tmp_path).stdout
     assert f"model org/tiny-wan@{MAIN}" in shown

@@ -188,7 +188,7 @@ def test_the_models_are_listed_as_openai_and_described_as_sglang(
         "pipeline_class": "WanPipeline",
         "backend": "diffusers-components",
         "num_gpus": 1,
-        "dit_precision": "float32",
-        "vae_precision": "float32",
-        "text_encoder_precision": "float32",
+        "dit_precision": "fp32",
+        "vae_precision": "fp32",
+        "text_encoder_precision": "fp32",
     }

@@ -15,7 +15,7 @@ import math
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, TypeGuard, Unpack
 
 import structlog
 import torch
@@ -137,13 +137,22 @@ def memory_gaps(spec: ModelSpec) -> list[str]:
     gaps = []
     for name in MEMORY_FIELDS:
         value = getattr(spec.memory, name, None)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            gaps.append(f"memory.{name} is {str(value)[:40]}")
-        elif isinstance(value, float) and not math.isfinite(value) or value < 0:
-            gaps.append(f"memory.{name} is {str(value)[:40]}")
+        said = f"memory.{name} is {str(value)[:40]}"
+        if not _bytes_at_all(value):
+            gaps.append(said)
         elif value > MEMORY_FIELD_LIMIT:
-            gaps.append(f"memory.{name} is {str(value)[:40]}, more than 16 EiB")
+            gaps.append(f"{said}, more than 16 EiB")
     return gaps
+
+
+def _bytes_at_all(value: object) -> TypeGuard[int | float]:
+    """A number (not a bool), finite, 0 or more; an int is compared as it is (10**400 has no
+    float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return value >= 0
 
 
 def check_memory(target: str, spec: ModelSpec) -> None:

@@ -33,6 +33,10 @@ PRECISIONS = {
 }
 
 
+# SGLang's names of the precisions it reports (its server_args' "bf16", "fp16", "fp32").
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
 def add_models(app: FastAPI, service: Service) -> None:
     model = service.args.model
 
@@ -66,12 +70,16 @@ def describe_model(
     model: ModelSpec, *, num_gpus: int, views: dict[int, RankView]
 ) -> dict[str, Any]:
     """SGLang's description of the model served: precisions as the ranks journaled their
-    components' loads (torch's dtype names), float32 for one not journaled on CPU."""
+    components' loads, in SGLang's names (bf16, fp16, fp32; another dtype by torch's name),
+    fp32 for one not journaled on CPU; a model read from the hub's cache by its hub ID, as
+    the server was started, with the commit served as `revision`."""
     cls = pipeline_class(model)
     found = _dtypes(views)
     on_cpu = any(v.gate is not None and v.gate.platform.device == "cpu" for v in views.values())
+    hub_id, _, commit = model.name.partition("@")
+    from_hub = bool(model.source and commit and "/" in hub_id)
     described: dict[str, Any] = {
-        "model_path": model.source or model.name,
+        "model_path": hub_id if from_hub else model.source or model.name,
         "task_type": TASK_TYPES.get(model.task, model.task),
         "task": model.task,
         "pipeline_name": _snake(cls) if cls else None,
@@ -79,9 +87,12 @@ def describe_model(
         "backend": model.backend,
         "num_gpus": num_gpus,
     }
+    if from_hub:
+        described["revision"] = commit
     for name, components in PRECISIONS.items():
         dtype = next((found[c] for c in components if c in found), None)
-        described[name] = dtype if dtype is not None else ("float32" if on_cpu else None)
+        dtype = dtype if dtype is not None else ("float32" if on_cpu else None)
+        described[name] = None if dtype is None else SHORT_DTYPES.get(dtype, dtype)
     return described
 
 
