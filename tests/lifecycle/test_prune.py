@@ -530,6 +530,30 @@ def test_prune_meeting_a_directory_at_an_artifacts_name_says_so_in_its_line(
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM compile_artifacts").fetchone() == (0,)
     assert odd.is_dir() and not plain.exists()
+    again = prune(lifecycle_cli, db, "--keep-runs", "1", "--now", str(NOW))
+    assert again.returncode == 0, again.stderr
+    assert f"({odd}: a directory, not a regular file)" in again.stdout, again.stdout
+
+
+def test_prune_removes_a_fifo_or_a_link_no_row_names_without_opening_it(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed]
+) -> None:
+    """A FIFO and a symbolic link at digest names no row names, old enough: both unlinked
+    (neither opened, nor followed: the link's target stays), as a regular file would be."""
+    db = build_journal(tmp_path / "j.db", aged("a", 1))
+    (named,) = with_artifacts(db, ("a", b"named"))
+    folder = named.parent
+    fifo, link, target = folder / ("3" * 64), folder / ("4" * 64), tmp_path / "target"
+    os.mkfifo(fifo)
+    target.write_bytes(b"not ours")
+    link.symlink_to(target)
+    for path in (fifo, link):
+        os.utime(path, (LONG_AGO, LONG_AGO), follow_symlinks=False)
+    result = prune(lifecycle_cli, db, "--keep-runs", "5")
+    assert result.returncode == 0, result.stderr
+    assert "removed 2 compile artifact file(s) that no row names" in result.stdout, result.stdout
+    assert sorted(p.name for p in folder.iterdir()) == [named.name]
+    assert target.read_bytes() == b"not ours"
 
 
 def test_prune_meeting_a_file_it_may_not_remove_says_so_and_a_later_prune_removes_it(

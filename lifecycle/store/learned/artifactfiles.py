@@ -57,20 +57,29 @@ def write_file(folder: Path, digest: str, data: bytes) -> None:
 
 
 def stale_files(folder: Path, *, before: float) -> tuple[list[str], list[str]]:
-    """The regular files in `folder` named like a digest or a keep's temporary file, last
-    written before `before`; and a line for a folder that cannot be listed."""
+    """The entries in `folder` named like a digest or a keep's temporary file, last changed
+    before `before`, that are not folders (a FIFO or a link at such a name is removed as a file
+    is: unlinked, never opened or followed); and a line for each folder at such a name, which
+    is left as it is, and for a folder that cannot be listed."""
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
         return [], []
     except OSError as exc:
         return [], [f"{folder}: {exc.strerror or exc}"]
-    return [
-        name
-        for name in names
-        if (is_digest(name) or name.startswith(TEMPORARY_PREFIX))
-        and _regular_before(folder / name, before)
-    ], []
+    stale, left = [], []
+    for name in names:
+        if not (is_digest(name) or name.startswith(TEMPORARY_PREFIX)):
+            continue
+        try:
+            status = os.lstat(folder / name)
+        except OSError:
+            continue
+        if stat.S_ISDIR(status.st_mode):
+            left.append(f"{folder / name}: a directory, not a regular file")
+        elif status.st_mtime < before:
+            stale.append(name)
+    return stale, left
 
 
 def remove_named(folder: Path, names: list[str]) -> tuple[int, list[str]]:
@@ -90,11 +99,3 @@ def remove_named(folder: Path, names: list[str]) -> tuple[int, list[str]]:
         except OSError as exc:
             left.append(f"{path}: {exc.strerror or exc}")
     return removed, left
-
-
-def _regular_before(path: Path, before: float) -> bool:
-    try:
-        status = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(status.st_mode) and status.st_mtime < before
