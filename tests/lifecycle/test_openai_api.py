@@ -192,3 +192,16 @@ def test_the_models_are_listed_as_openai_and_described_as_sglang(
         "vae_precision": "fp32",
         "text_encoder_precision": "fp32",
     }
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None])
+def test_generate_reads_json_sent_as_curl_sends_it_by_default(
+    server: Served, content_type: str | None
+) -> None:
+    """`curl -d '{"prompt": ...}' /generate` sends JSON as a URL-encoded form (or a client
+    names no content type): /generate reads it as the JSON it is."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    body = b'{"prompt": "a cat", "width": 48, "height": 32, "frames": 5, "steps": 1, "seed": 2}'
+    reply = server.client.post("/generate", content=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+    assert (reply.json()["width"], reply.json()["frames"]) == (48, 5)

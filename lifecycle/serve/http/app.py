@@ -24,6 +24,7 @@ from lifecycle.serve.http.bodies import (
     MAX_BODY_BYTES,
     BodyLimit,
     GenerateBody,
+    JsonByDefault,
     field_refusals,
     refuse_body,
 )
@@ -82,6 +83,7 @@ def create_app(
     """
     app = FastAPI(title="lifecycle", version="0.1.0", lifespan=_front_warmed)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(JsonByDefault)
     app.add_middleware(
         GenerateSpans,
         tracing=tracing if tracing is not None else process_tracing(),

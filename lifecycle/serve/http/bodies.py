@@ -104,6 +104,22 @@ def field_refusals(values: Mapping[str, Any], model: ModelSpec) -> list[dict[str
     return [{"loc": ["body", name], "msg": why, "type": "value_error"} for name, why in problems]
 
 
+class JsonByDefault:
+    """POST /generate takes JSON alone: a body sent with curl's default content type (`curl -d
+    '{"prompt": "a cat"}'`, a URL-encoded form) or with none is read as the JSON it is."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") == "/generate":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            given = dict(scope["headers"]).get(b"content-type", b"")
+            if not given or given.startswith(b"application/x-www-form-urlencoded"):
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 class BodyLimit:
     """Refuse a request body over `max_bytes` with 413: at once when its declared length is
     over, else as soon as that many bytes have arrived (a chunked body declares none), so
