@@ -30,7 +30,7 @@ from lifecycle.core.decisions.rankcheck import (
     slow_findings,
     unusable_figure,
 )
-from lifecycle.core.errors import RankCheckFailed
+from lifecycle.core.errors import ConfigError, RankCheckFailed
 from lifecycle.core.format.events import EnvironmentChecked, RankProbed, SlowRank
 from lifecycle.core.format.kinds.rankevents import LinkFigure, RankEnvironment
 from lifecycle.core.settings.config import ServerArgs, SlowRankPolicy
@@ -48,9 +48,13 @@ TEST_ENVIRONMENT_ENV = "LIFECYCLE_TEST_RANK_ENVIRONMENT"
 # VALUE_CHARS first).
 ENVIRONMENT_BYTES = 4096
 VALUE_CHARS = 200
-# The compute probe: a square matmul of this side, timed this many times (the best counts),
-# sized for a few milliseconds each on the device class (CPU float32; CUDA bfloat16).
+# The compute probe: a chain of square matmuls of this side, timed this many times (the best
+# counts). On CUDA (bfloat16) a chain of 64 at 4096 is some 8.8 TFLOP, tens of milliseconds on
+# a data-centre GPU, long past its launch and timer noise; on CPU (float32, one core) one
+# matmul at 256, under a millisecond, so that the whole check stays under 1 % of a small
+# model's startup to ready (BENCHMARKS.md, rankgate).
 PROBE_SIDE = {"cpu": 256, "cuda": 4096}
+PROBE_CHAIN = {"cpu": 1, "cuda": 64}
 PROBE_REPEATS = {"cpu": 10, "cuda": 10}
 # ... at least this many, and no more once this long has passed.
 MIN_REPEATS = 3
@@ -175,12 +179,21 @@ def local_environment(
 
 
 def _as_told(found: RankEnvironment, *, rank: int, text: str) -> RankEnvironment:
-    names = {f.name: f.type for f in fields(RankEnvironment)}
+    """`found` with what the test hook tells this rank to report instead; a field the hook
+    names that is not one, or a size that is not a number, is refused naming the hook."""
+    names = [f.name for f in fields(RankEnvironment)]
     told: dict[str, object] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         where, _, assignment = item.partition(":")
         name, _, value = assignment.partition("=")
-        if where.strip() == str(rank) and name in names:
+        if name not in names:
+            raise ConfigError(
+                f"{TEST_ENVIRONMENT_ENV}: {item!r}: no field {name!r} (the fields: "
+                f"{', '.join(names)})"
+            )
+        if name == "memory_bytes" and not value.isdigit():
+            raise ConfigError(f"{TEST_ENVIRONMENT_ENV}: {item!r}: memory_bytes is a number")
+        if where.strip() == str(rank):
             told[name] = int(value) if name == "memory_bytes" else value
     return replace(found, **told) if told else found  # type: ignore[arg-type]
 
@@ -236,7 +249,7 @@ def _probe_compute(device: torch.device, stretch: Callable[[float], float]) -> t
 
 def _timed_matmul(device: torch.device, stretch: Callable[[float], float]) -> tuple[float, int]:
     kind = "cuda" if device.type == "cuda" else "cpu"
-    side, repeats = PROBE_SIDE[kind], PROBE_REPEATS[kind]
+    side, chain, repeats = PROBE_SIDE[kind], PROBE_CHAIN[kind], PROBE_REPEATS[kind]
     dtype = torch.bfloat16 if kind == "cuda" else torch.float32
     generator = torch.Generator().manual_seed(0)
     a = torch.randn((side, side), generator=generator).to(device=device, dtype=dtype)
@@ -249,11 +262,12 @@ def _timed_matmul(device: torch.device, stretch: Callable[[float], float]) -> tu
         if done >= MIN_REPEATS and time.perf_counter() - began > PROBE_BUDGET_S:
             break  # a loaded host: the best of those so far
         started = time.perf_counter()
-        torch.mm(a, b)
+        for _ in range(chain):
+            torch.mm(a, b)
         synchronize(device)
         stretch(started)
         best = min(best, time.perf_counter() - started)
-    return best, 2 * side**3
+    return best, 2 * side**3 * chain
 
 
 def _link_groups(comm: Comm) -> list[tuple[RecordedGroup, int]]:
