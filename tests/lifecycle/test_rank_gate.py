@@ -130,7 +130,14 @@ def test_the_slow_fault_takes_a_factor() -> None:
     assert parse_fault("1:gate-check:slow").factor == 3.0
     spec = parse_fault("2:re-warm:slow:4.5")
     assert (spec.kind, spec.factor, str(spec)) == (FaultKind.SLOW, 4.5, "2:re-warm:slow:4.5")
-    for bad in ("1:gate-check:slow:1", "1:gate-check:slow:x", "1:gate-check:raise:4"):
+    served = parse_fault("1:request:slow:2:2.5")  # from the 2nd request, 2.5 times slower
+    assert (served.request, served.factor, str(served)) == (2, 2.5, "1:request:slow:2:2.5")
+    assert (parse_fault("1:request:slow:3").request, parse_fault("1:request:slow:3").factor) == (
+        3,
+        3.0,
+    )
+    for bad in ("1:gate-check:slow:1", "1:gate-check:slow:x", "1:gate-check:raise:4",
+                "1:request:slow:2:1", "1:request:raise:2:3"):  # fmt: skip
         with pytest.raises(FaultSpecError):
             parse_fault(bad)
 

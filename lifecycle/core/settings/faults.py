@@ -1,5 +1,5 @@
-"""Fault specs (`--fault RANK:STATE:KIND`, `RANK:request:KIND[:N]`): what to break on purpose,
-parsed and checked."""
+"""Fault specs (`--fault RANK:STATE:KIND`, `RANK:request:KIND[:N]`,
+`RANK:request:slow:N:FACTOR`): what to break on purpose, parsed and checked."""
 
 from __future__ import annotations
 
@@ -51,7 +51,12 @@ class FaultSpec:
                 else ""
             )
             return f"{self.rank}:{self.state.value}:{self.kind.value}{slower}"
-        nth = "" if self.request == 1 else f":{self.request}"
+        slower = (
+            f":{self.request}:{self.factor:g}"
+            if self.kind is FaultKind.SLOW and self.factor != DEFAULT_SLOW_FACTOR
+            else ""
+        )
+        nth = slower or ("" if self.request == 1 else f":{self.request}")
         return f"{self.rank}:{REQUEST}:{self.kind.value}{nth}"
 
     @property
@@ -66,6 +71,9 @@ def parse_fault(spec: str) -> FaultSpec:
     parts = [p.strip() for p in text.split(":")]
     request: int | None = None
     factor = DEFAULT_SLOW_FACTOR
+    if len(parts) == 5 and parts[1] == REQUEST and parts[2] == FaultKind.SLOW.value:
+        factor = _slow_factor(spec, parts[4])  # RANK:request:slow:N:FACTOR
+        parts = parts[:4]
     if len(parts) == 4 and parts[1] != REQUEST and parts[2] == FaultKind.SLOW.value:
         factor = _slow_factor(spec, parts[3])
         parts = parts[:3]
@@ -74,8 +82,8 @@ def parse_fault(spec: str) -> FaultSpec:
         parts = parts[:3]
     if len(parts) != 3:
         raise FaultSpecError(
-            f"bad fault spec {spec!r}: expected RANK:STATE:KIND, RANK:STATE:slow[:FACTOR] or"
-            " RANK:request:KIND[:N], e.g. 1:drop-buffers:raise",
+            f"bad fault spec {spec!r}: expected RANK:STATE:KIND, RANK:STATE:slow[:FACTOR],"
+            " RANK:request:KIND[:N] or RANK:request:slow:N:FACTOR, e.g. 1:drop-buffers:raise",
             spec=spec,
         )
     rank_text, state_text, kind_text = parts
