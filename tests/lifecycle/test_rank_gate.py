@@ -19,6 +19,8 @@ import pytest
 
 from lifecycle.core.decisions.rankcheck import (
     ProbeFigures,
+    cross_host_partners,
+    describe_slow,
     environment_differences,
     environment_failure,
     slow_findings,
@@ -99,6 +101,46 @@ def test_a_slow_link_names_the_members_of_the_group_slower_than_its_kind() -> No
     assert [(f.rank, f.measure, f.group) for f in found] == [
         (0, "link", "ulysses0"), (1, "link", "ulysses0"),
     ]  # fmt: skip
+
+
+def test_across_hosts_each_rank_exchanges_with_its_place_on_the_next_host_and_the_one_before() -> (
+    None
+):
+    """Hosts in the order of their lowest rank, a rank's place its index on its host: every
+    rank sends to its place on the next host and receives from its place on the one before,
+    and every send has its receive (a host with fewer ranks leaves places without a partner);
+    on one host there is no exchange."""
+    assert cross_host_partners([env(), env(), env()]) == {}
+    two = cross_host_partners([env(host="a"), env(host="a"), env(host="b"), env(host="b")])
+    assert {r: (p.to, p.from_) for r, p in two.items()} == {
+        0: (2, 2), 1: (3, 3), 2: (0, 0), 3: (1, 1),
+    }  # fmt: skip
+    hosts = ["a", "a", "b", "c", "c"]
+    three = cross_host_partners([env(host=h) for h in hosts])
+    assert {r: (p.to, p.from_) for r, p in three.items()} == {
+        0: (2, 3), 1: (None, 4), 2: (3, 0), 3: (0, 2), 4: (1, None),
+    }  # fmt: skip
+    sends = {(r, p.to) for r, p in three.items() if p.to is not None}
+    receives = {(p.from_, r) for r, p in three.items() if p.from_ is not None}
+    assert sends == receives
+
+
+def test_a_rank_slow_across_hosts_is_found_against_every_others_exchange() -> None:
+    """Each rank's exchange across hosts against the median of every rank's: the slow one
+    named with the measure `link` in `cross-host`; within the threshold, none."""
+
+    def ranks(slow: float) -> list[ProbeFigures]:
+        times = [0.002, 0.002, 0.0021, slow]
+        return [ProbeFigures(rank=r, compute_s=0.002, links={}, cross_host_s=t)
+                for r, t in enumerate(times)]  # fmt: skip
+
+    assert slow_findings(ranks(0.0025), threshold=0.7) == ()
+    (found,) = slow_findings(ranks(0.01), threshold=0.7)
+    assert (found.rank, found.measure, found.group) == (3, "link", "cross-host")
+    assert describe_slow(found, threshold=0.7).startswith("rank 3's cross-host exchange took")
+    unusable = unusable_figure(ranks(math.nan))
+    assert unusable is not None and unusable.rank == 3
+    assert "cross-host exchange probe measured" in unusable.line
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.001, math.nan, math.inf])
@@ -257,6 +299,24 @@ def test_a_slow_rank_under_fail_stops_the_startup_and_the_verdict_names_it(
         "failed", [1], "gate-check",
     )  # fmt: skip
     assert checks(tmp_path, ev.WarmupRecord) == {}  # stopped before any warmup
+
+
+def test_ranks_on_two_hosts_time_their_exchange_across_them(tmp_path: Path) -> None:
+    """Rank 1 told by the test hook that it runs on another host: each rank times its
+    exchange with the other across the hosts (one uneven all-to-all of the world), journals it
+    among its links, and replay shows it."""
+    done = boot(
+        tmp_path, "--num-ranks", "2", env={"LIFECYCLE_TEST_RANK_ENVIRONMENT": "1:host=node-b"}
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    probed = checks(tmp_path, ev.RankProbed)
+    for rank, other in ((0, 1), (1, 0)):
+        (event,) = probed[rank]
+        assert isinstance(event, ev.RankProbed)
+        (crossing,) = [link for link in event.links if link.group.startswith("cross-host")]
+        assert crossing.group == f"cross-host to rank {other}" and crossing.seconds > 0
+    shown = run_cli("replay", ["show", "latest", str(tmp_path / "j.db")], cwd=tmp_path).stdout
+    assert "cross-host to rank 1" in shown and "cross-host to rank 0" in shown
 
 
 def test_the_gate_runs_on_one_rank_and_journals_its_figures(

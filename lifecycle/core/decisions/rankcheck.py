@@ -18,6 +18,8 @@ MATTERING = frozenset({"torch", "cuda", "nccl", "dtype", "capability"})
 # The host differs by design.
 _COMPARED = tuple(f.name for f in fields(RankEnvironment) if f.name != "host")
 DEFAULT_SLOW_RANK_THRESHOLD = 0.7
+# The measure's group of an exchange between hosts (across nodes), by rank pairs.
+CROSS_HOST = "cross-host"
 
 
 def environment_differences(
@@ -88,6 +90,38 @@ class ProbeFigures:
     rank: int
     compute_s: float
     links: Mapping[str, float]
+    cross_host_s: float | None = None  # its exchange with its places on the other hosts
+
+
+@dataclass(frozen=True, slots=True)
+class Partners:
+    """A rank's exchange across hosts: the rank it sends to (its place on the next host) and
+    the one it receives from (its place on the host before); None where that host has no rank
+    at its place."""
+
+    to: int | None
+    from_: int | None
+
+
+def cross_host_partners(environments: Sequence[RankEnvironment]) -> dict[int, Partners]:
+    """Across hosts (the group spans more than one), each rank's partners: hosts in the order
+    of their lowest rank, a rank's place its index among its host's ranks; on one host, none.
+    Every send has its receive: the rank a rank sends to receives from it."""
+    hosts: dict[str, list[int]] = {}
+    for rank, environment in enumerate(environments):
+        hosts.setdefault(environment.host, []).append(rank)
+    if len(hosts) < 2:
+        return {}
+    placed = list(hosts.values())
+    partners = {}
+    for index, ranks in enumerate(placed):
+        after, before = placed[(index + 1) % len(placed)], placed[index - 1]
+        for place, rank in enumerate(ranks):
+            partners[rank] = Partners(
+                to=after[place] if place < len(after) else None,
+                from_=before[place] if place < len(before) else None,
+            )
+    return partners
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +149,8 @@ def unusable_figure(figures: Sequence[ProbeFigures]) -> Unusable | None:
     for each in figures:
         links = [(f"{group}'s all-to-all", s) for group, s in each.links.items()]
         measured = [("compute", each.compute_s), *links]
+        if each.cross_host_s is not None:
+            measured.append((f"{CROSS_HOST} exchange", each.cross_host_s))
         for what, seconds in measured:
             if not (math.isfinite(seconds) and seconds > 0):
                 return Unusable(
@@ -129,8 +165,9 @@ def unusable_figure(figures: Sequence[ProbeFigures]) -> Unusable | None:
 def slow_findings(figures: Sequence[ProbeFigures], *, threshold: float) -> tuple[SlowFinding, ...]:
     """The ranks whose speed (the inverse of a figure) is below `threshold` of the median
     speed: in compute, against every rank; in a link, a group against the groups of its kind
-    (ulysses against ulysses), each of its members named. A kind with one group has nothing
-    to be compared with. Figures must be usable (see unusable_figure)."""
+    (ulysses against ulysses), each of its members named, and a rank's exchange across hosts
+    against every other rank's. A kind with one group has nothing to be compared with.
+    Figures must be usable (see unusable_figure)."""
     found: list[SlowFinding] = []
     if len(figures) > 1:
         found.extend(_below("compute", "world", {f.rank: f.compute_s for f in figures}, threshold))
@@ -148,6 +185,9 @@ def slow_findings(figures: Sequence[ProbeFigures], *, threshold: float) -> tuple
             continue
         for slow in _below("link", "", kind_groups, threshold):
             found.extend(replace(slow, rank=rank) for rank in members[slow.group])
+    crossing = {f.rank: f.cross_host_s for f in figures if f.cross_host_s is not None}
+    if len(crossing) > 1:  # each rank's exchange across hosts against every other's
+        found.extend(_below("link", CROSS_HOST, crossing, threshold))
     return tuple(found)
 
 
@@ -175,7 +215,11 @@ def _below(
 
 def describe_slow(finding: SlowFinding, *, threshold: float) -> str:
     """'rank 1's compute took 12.1 ms, 0.25 of the median's 3.0 ms (threshold 0.7)'."""
-    what = "compute" if finding.measure == "compute" else f"{finding.group} all-to-all"
+    what = f"{finding.group} all-to-all"
+    if finding.measure == "compute":
+        what = "compute"
+    elif finding.group == CROSS_HOST:
+        what = f"{CROSS_HOST} exchange"
     return (
         f"rank {finding.rank}'s {what} took {finding.figure_s * 1e3:.1f} ms, {finding.ratio:.2f}"
         f" of the median's speed ({finding.median_s * 1e3:.1f} ms; threshold {threshold:g})"

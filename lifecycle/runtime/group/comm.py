@@ -198,6 +198,33 @@ class RecordedGroup:
         )
 
     @_eager
+    def exchange(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        *,
+        input_splits: tuple[int, ...],
+        output_splits: tuple[int, ...],
+        purpose: str,
+    ) -> None:
+        """An uneven all-to-all: `input_splits[j]` elements of `inp` to rank j of the group, in
+        order, and `output_splits[j]` of `out` from it."""
+        self._run(
+            op="all_to_all",
+            purpose=purpose,
+            tensors=(inp, out),
+            input_splits=input_splits,
+            output_splits=output_splits,
+            call=lambda: dist.all_to_all_single(
+                out,
+                inp,
+                output_split_sizes=list(output_splits),
+                input_split_sizes=list(input_splits),
+                group=self._pg,
+                async_op=True,
+            ),
+        )
+
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, purpose: str) -> None:
         """Gather every member's `inp` into `out[i]` for member i."""
         if self.size == 1:

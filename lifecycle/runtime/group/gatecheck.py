@@ -21,8 +21,10 @@ import structlog
 import torch
 
 from lifecycle.core.decisions.rankcheck import (
+    Partners,
     ProbeFigures,
     SlowFinding,
+    cross_host_partners,
     describe_difference,
     describe_slow,
     environment_differences,
@@ -36,6 +38,12 @@ from lifecycle.core.format.kinds.rankevents import LinkFigure, RankEnvironment
 from lifecycle.core.settings.config import ServerArgs, SlowRankPolicy
 from lifecycle.runtime.device import synchronize
 from lifecycle.runtime.group.comm import Comm, RecordedGroup
+from lifecycle.runtime.group.crosshost import (
+    LINK_ELEMENTS_PER_PEER,
+    LINK_REPEATS,
+    crossing_figure,
+    probe_cross_host,
+)
 from lifecycle.runtime.keeping.skeleton import weights_dtypes
 from lifecycle.runtime.recorder import Recorder
 
@@ -59,10 +67,9 @@ PROBE_REPEATS = {"cpu": 10, "cuda": 10}
 # ... at least this many, and no more once this long has passed.
 MIN_REPEATS = 3
 PROBE_BUDGET_S = 0.05
-# The link probe: each member sends this many float32 to each peer, timed this many times
-# after one that lines the members up (the best counts).
-LINK_ELEMENTS_PER_PEER = 65536
-LINK_REPEATS = 2
+# The link probe: each member sends LINK_ELEMENTS_PER_PEER float32 to each peer, timed
+# LINK_REPEATS times after one that lines the members up (the best counts), as the exchange
+# across hosts does (runtime.group.crosshost).
 # NCCL's own diagnostics (NCCL 2.31+), and how much of their report is journaled.
 NCCL_DIAGNOSTICS = {"NCCL_RUN_DIAGNOSTICS": "1", "NCCL_RUN_RAS_DIAGNOSTICS": "1"}
 DIAGNOSTICS_CHARS = 4000
@@ -96,7 +103,9 @@ def check_ranks(
             log.warning("environment_differs", detail=describe_difference(difference))
     compute_s, flop = _probe_compute(device, stretch)
     links = _probe_links(comm)
-    figures = _gather_figures(comm, compute_s, links)
+    partners = cross_host_partners(everyone)
+    crossing = probe_cross_host(comm, partners[rank]) if partners else None
+    figures = _gather_figures(comm, compute_s, links, crossing=crossing, partners=partners)
     recorder.record(
         RankProbed(
             host=mine.host,
@@ -106,7 +115,8 @@ def check_ranks(
             links=tuple(
                 LinkFigure(group=group.name, seconds=_journaled(links[group.name]), bytes=nbytes)
                 for group, nbytes in _link_groups(comm)
-            ),
+            )
+            + crossing_figure(partners.get(rank), crossing),
             diagnostics=nccl_report(args, env) if device.type == "cuda" else None,
         )
     )
@@ -298,19 +308,32 @@ def _probe_links(comm: Comm) -> dict[str, float]:
     return found
 
 
-def _gather_figures(comm: Comm, compute_s: float, links: dict[str, float]) -> list[ProbeFigures]:
-    """Every rank's figures: compute, then its Ulysses and CFG groups' (NaN: none)."""
+def _gather_figures(
+    comm: Comm,
+    compute_s: float,
+    links: dict[str, float],
+    *,
+    crossing: float | None,
+    partners: Mapping[int, Partners],
+) -> list[ProbeFigures]:
+    """Every rank's figures: compute, then its Ulysses and CFG groups' and its exchange across
+    hosts (NaN: none)."""
     layout = comm.layout
     nan = float("nan")
     mine = torch.tensor(
-        [compute_s, links.get(comm.ulysses.name, nan), links.get(comm.cfg.name, nan)],
+        [
+            compute_s,
+            links.get(comm.ulysses.name, nan),
+            links.get(comm.cfg.name, nan),
+            nan if crossing is None else crossing,
+        ],
         dtype=torch.float64,
     )
     world = comm.world
     everyone = mine.repeat(world.size, 1)  # as the environments' rows
     world.all_gather(everyone, mine, purpose="probe-figures")
     figures = []
-    for rank, (compute, ulysses, cfg) in enumerate(everyone.tolist()):
+    for rank, (compute, ulysses, cfg, across) in enumerate(everyone.tolist()):
         cfg_rank, ulysses_rank = divmod(rank, layout.ulysses)
         # A group of one rank runs no collective, so has no figure.
         named = {
@@ -318,7 +341,15 @@ def _gather_figures(comm: Comm, compute_s: float, links: dict[str, float]) -> li
             f"cfg{ulysses_rank}": (cfg, layout.cfg_parallel > 1),
         }
         links = {group: seconds for group, (seconds, real) in named.items() if real}
-        figures.append(ProbeFigures(rank=rank, compute_s=compute, links=links))
+        paired = rank in partners and (partners[rank].to, partners[rank].from_) != (None, None)
+        figures.append(
+            ProbeFigures(
+                rank=rank,
+                compute_s=compute,
+                links=links,
+                cross_host_s=across if paired else None,
+            )
+        )
     return figures
 
 
