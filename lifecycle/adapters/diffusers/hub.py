@@ -8,9 +8,13 @@ for a hub ID, and before diffusers is, so that the operator's HF_HUB_OFFLINE is 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import logging
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,22 +129,24 @@ def cached_snapshot(model: HubModel) -> Path | None:
 
 def download_snapshot(model: HubModel) -> Path:
     """Download `model`'s model_index.json and its components' files into the cache (resumed
-    where an earlier download stopped, with huggingface_hub's progress) and return its
-    snapshot folder; one line for a repository, revision or file the hub does not give."""
+    where an earlier download stopped, with huggingface_hub's progress on a terminal) and
+    return its snapshot folder; one line for a repository, revision or file the hub does not
+    give, or a connection to it that failed (refused, dropped, timed out)."""
     hub = _hub()
     try:
-        index = Path(hub.hf_hub_download(model.repo_id, INDEX, revision=model.revision))
-        commit = index.parent.name
-        files = hub.list_repo_files(model.repo_id, revision=commit)
-        chosen = snapshot_files(_read_index(index, model), files)
-        folder = Path(
-            hub.snapshot_download(
-                model.repo_id,
-                revision=commit,
-                allow_patterns=[_literal(f) for f in (INDEX, *chosen)],
+        with _hub_quiet_unless_terminal(hub):
+            index = Path(hub.hf_hub_download(model.repo_id, INDEX, revision=model.revision))
+            commit = index.parent.name
+            files = hub.list_repo_files(model.repo_id, revision=commit)
+            chosen = snapshot_files(_read_index(index, model), files)
+            folder = Path(
+                hub.snapshot_download(
+                    model.repo_id,
+                    revision=commit,
+                    allow_patterns=[_literal(f) for f in (INDEX, *chosen)],
+                )
             )
-        )
-    except (OSError, ValueError, hub.errors.EntryNotFoundError) as exc:
+    except (OSError, ValueError, hub.errors.EntryNotFoundError, *_transport_errors()) as exc:
         raise ConfigError(
             f"--model-path {model.shown}: cannot be downloaded from the hub into"
             f" {cache_folder()}: {_first_line(exc)}",
@@ -276,6 +282,46 @@ def _hub() -> Any:
             field="model_path",
         ) from None
     return huggingface_hub
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The errors of the HTTP client huggingface_hub speaks through (httpx2 in 2.x, httpx in
+    1.x) that are no OSError: a connection refused, dropped part-way or timed out raises them
+    through hf_hub_download and snapshot_download once the client's own retries are spent.
+    Only those already imported (huggingface_hub imports its own)."""
+    found: list[type[BaseException]] = []
+    for module in ("httpx2", "httpx"):
+        error = getattr(sys.modules.get(module), "HTTPError", None)
+        if isinstance(error, type) and issubclass(error, BaseException):
+            found.append(error)
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def _hub_quiet_unless_terminal(hub: Any) -> Iterator[None]:
+    """huggingface_hub's progress bars and its warnings (each retry of a dropped connection)
+    off while it is entered, where stderr is no terminal: what a failed download says is its
+    one line. On a terminal, and where HF_HUB_DISABLE_PROGRESS_BARS decides the bars, left as
+    they are."""
+    if sys.stderr is not None and sys.stderr.isatty():
+        yield
+        return
+    # The module (huggingface_hub.utils's attribute `tqdm` is the class, which shadows it).
+    bars = importlib.import_module("huggingface_hub.utils.tqdm")
+    bars_off = (
+        hub.constants.HF_HUB_DISABLE_PROGRESS_BARS is None and not bars.are_progress_bars_disabled()
+    )
+    library_logger = logging.getLogger("huggingface_hub")
+    level = library_logger.level
+    library_logger.setLevel(logging.ERROR)
+    if bars_off:
+        bars.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars_off:
+            bars.enable_progress_bars()
+        library_logger.setLevel(level)
 
 
 def _first_line(exc: BaseException) -> str:
