@@ -235,11 +235,10 @@ def test_a_hanging_rank_keeps_its_heartbeat_and_reports_a_stall(
 def test_a_skipped_collective_leaves_the_ranks_out_of_step(
     tmp_path: Path, lifecycle_cli: Callable[..., Completed]
 ) -> None:
-    """A rank that skips the gate agreement is journaled with the collective it skipped; its
-    peer is left waiting at that sequence number until a failure stops it (its own timeout,
-    or the agreed abort when the skipping rank fails first); the launcher exits 1.
-    (Calibration closed: the skipping rank's next collectives are in its Ulysses group, not
-    the world's.)"""
+    """A rank that skips gate-check's first collective (the world's gather of the ranks'
+    environments, docs/ranks.md) is journaled with the collective it skipped; its peer is left
+    waiting at that sequence number until a failure stops it (its own timeout, or the agreed
+    abort when the skipping rank fails first); the launcher exits 1."""
     _, ranks = failed_boot(
         lifecycle_cli, tmp_path / "j.db", "--num-ranks", "2", "--fault",
         "1:gate-check:skip-collective", "--dist-timeout", "4", timeout=120,
@@ -247,7 +246,7 @@ def test_a_skipped_collective_leaves_the_ranks_out_of_step(
     )  # fmt: skip
     (skip,) = [e for e in ranks[1] if isinstance(e.event, FaultInjected)]
     assert skip.state == "gate-check"
-    assert "(all_reduce_min #0 in world)" in skip.event.fault
+    assert "(all_gather #0 in world)" in skip.event.fault
     waiting = fold_run(ranks[0])[0]
     assert waiting.state == "failed"
     stopped_in = [state for _, state, _ in waiting.errors] + [s for _, s, _ in waiting.aborts]
