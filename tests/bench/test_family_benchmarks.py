@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.expertswap import RESIDENT, SWAPPED, experts_rows, measure_experts
+from bench.expertswap import RESIDENT, SWAPPED, experts_rows, latents_agree, measure_experts
 from bench.families import QWEN, WAN22, Served, generate_row
 from bench.stats import median
 from bench.suite import Settings
@@ -37,7 +37,8 @@ def number(cell: str) -> float:
 def test_experts_rows_set_swapped_against_resident_and_the_declaration(tmp_path: Path) -> None:
     """A round of each residency's worker process (the smallest Wan 2.2 directory, one request
     each after an untimed one) gives four rows, each with positive figures, a ratio computed
-    from them and a target met or missed; the two residencies make the same latents."""
+    from them and a target met or missed; the two residencies make the same latents, to float32
+    rounding."""
     from bench.pipelinedirs import save_small_wan22
 
     directory = save_small_wan22(tmp_path / "wan22")
@@ -45,7 +46,8 @@ def test_experts_rows_set_swapped_against_resident_and_the_declaration(tmp_path:
     settings = Settings(quick=True, workdir=tmp_path)
     runs = measure_experts(settings, directory, request, rounds=1)
     resident, swapped = runs[RESIDENT][0], runs[SWAPPED][0]
-    assert resident.checksum == swapped.checksum
+    # The same latents, or within float32 rounding (a CPU may round reloaded blocks otherwise).
+    assert latents_agree(resident, swapped).startswith(("identical", "within float32 rounding"))
     assert len(swapped.step_s) == 4 and swapped.switch_step == 2
     assert len(swapped.waits_s) == 2 and resident.waits_s == ()
     assert swapped.released_bytes > 0 and swapped.reload_s > 0
@@ -61,7 +63,9 @@ def test_experts_rows_set_swapped_against_resident_and_the_declaration(tmp_path:
     for row in rows:
         assert number(row.value) > 0 and number(row.baseline) > 0, row
         assert re.fullmatch(r"(<= [\d.]+|within 25%): (met|MISSED)", row.target), row.target
-        assert "latents identical across residencies" in row.how
+        assert re.search(
+            r"latents (identical|within float32 rounding).* across residencies", row.how
+        )
     peak, switch, declared_peak, declared_time = rows
     peaks = swapped.transformers_peak_bytes, resident.transformers_peak_bytes
     assert peak.ratio == format_ratio(peaks[0] / peaks[1])
