@@ -29,6 +29,10 @@ SHELL = ("bash", "console", "sh", "shell")
 COMMAND_TIMEOUT_S = 300.0
 # What varies from run to run, made one word so that the rest of a line is compared as it is.
 VARYING = (
+    # What the process group's backend says of a collective it timed out: gloo's words differ
+    # with the side that waited (a send, "Timed out waiting 5000ms for send operation to
+    # complete", or a receive, "Operation timed out!").
+    (re.compile(r"(did not finish within \S+ s \([^)]*\)): .*$"), r"\1: BACKEND'S WORDS"),
     (re.compile(r"\b\d{8}-\d{6}-[0-9a-f]{6}\b"), "RUN"),  # a run id
     (re.compile(r"\d+\.\d+(e-?\d+)?"), "N"),  # seconds, MiB
     (re.compile(r"\b[0-9a-f]{12,16}\b"), "HEX"),  # a request id, a checksum
