@@ -74,7 +74,7 @@ def test_a_rank_slowed_from_ready_is_the_straggler_on_metrics_and_lifecycle(
     """`--fault 1:ready:slow:10`: after five /generate, /metrics has a lag per request on each
     rank, rank 1's summing to more than rank 0's, and /lifecycle names rank 1 the straggler
     in ulysses0 with the sentence a person reads; the driver rank 1 says it has (a test hook)
-    is gate-check's one finding there, a difference that does not matter."""
+    is gate-check's one environment finding there, a difference that does not matter."""
     fault = ("--num-ranks", "2", "--fault", "1:ready:slow:10")
     told = {"LIFECYCLE_TEST_RANK_ENVIRONMENT": "1:driver=999.99"}
     with serve(tmp_path, *fault, env=told) as served:
@@ -106,7 +106,12 @@ def test_a_rank_slowed_from_ready_is_the_straggler_on_metrics_and_lifecycle(
     )  # fmt: skip
     assert straggler["median_lag_s"] > straggler["next_lag_s"]
     assert straggler["text"].startswith("rank 1 enters ulysses0's collectives ")
-    (found,) = state["rank_checks"]
+    # gate-check's probes measure each rank's speed on this shared machine: under load a
+    # rank can be measured slow (a `slow-rank` finding, a warning); the environment's
+    # difference is the one finding the test put there
+    codes = {found["code"] for found in state["rank_checks"]}
+    assert codes <= {"environment", "slow-rank"}, state["rank_checks"]
+    (found,) = [found for found in state["rank_checks"] if found["code"] == "environment"]
     assert {key: found[key] for key in ("code", "rank", "field", "value", "matters")} == {
         "code": "environment", "rank": 1, "field": "driver", "value": "999.99", "matters": False
     }  # fmt: skip
