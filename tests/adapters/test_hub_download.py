@@ -106,23 +106,28 @@ def test_a_boot_downloads_only_what_the_pipeline_loads_once(tmp_path: Path, repo
         assert "download model" not in names and "read settings" in names
 
 
-@pytest.mark.parametrize("failure", ["dropped", "stopped"])
+@pytest.mark.parametrize("failure", ["dropped", "stopped", "silent"])
 def test_a_broken_download_is_one_line_and_the_next_boot_completes_it(
     tmp_path: Path, repo: Path, failure: str
 ) -> None:
     """A download whose connection drops part-way through a weights file (every retry of it
-    too), or whose hub stops answering after model_index.json: one line on stderr naming the
-    model and the cache, exit 2, no traceback, no journal (httpx2's transport errors are no
-    OSError: caught in hub.py). The cache keeps what came whole; a later boot with the hub
-    answering downloads only the rest, each file once, and reaches ready (huggingface_hub
-    2.4.0 resumes file by file: the cut file's partial bytes are not kept, it comes again
+    too), whose hub stops answering after model_index.json, or whose hub takes the file
+    list's request and never answers it (huggingface_hub sets no timeout there; hub.py bounds
+    each page at 3 x HF_HUB_ETAG_TIMEOUT, 1 s here): one line on stderr naming the model and
+    the cache, exit 2, no traceback, no journal (httpx2's transport errors are no OSError:
+    caught in hub.py). The cache keeps what came whole; a later boot with the hub answering
+    downloads only the rest, each file once, and reaches ready (huggingface_hub 2.4.0
+    resumes file by file: the cut file's partial bytes are not kept, it comes again
     whole)."""
+    env = {"HF_HUB_ETAG_TIMEOUT": "1"} if failure == "silent" else {}
     with fake_hub(REPO, repo) as hub:
         if failure == "dropped":
             hub.drop(WEIGHTS)
-        else:
+        elif failure == "stopped":
             hub.stop_after("model_index.json")
-        broken = boot(tmp_path, hub, "j.db")
+        else:
+            hub.silent("tree")
+        broken = boot(tmp_path, hub, "j.db", **env)
         cache = (tmp_path / "hf" / "hub").resolve()
         assert_refused_before_start(
             broken, f"--model-path {REPO}: cannot be downloaded from the hub into {cache}: ",
@@ -132,8 +137,10 @@ def test_a_broken_download_is_one_line_and_the_next_boot_completes_it(
             assert hub.downloads()[WEIGHTS] > 1  # huggingface_hub's own retries, each cut
         kept = linked(tmp_path) if snapshot(tmp_path).exists() else set()
         assert "model_index.json" in kept and WEIGHTS not in kept
-        if failure == "stopped":
+        if failure != "dropped":
             assert not all(r.answered for r in hub.log()) and kept == {"model_index.json"}
+        if failure == "silent":
+            assert "the hub did not answer for its file list in 3 s" in broken.stderr
 
         hub.heal()
         hub.forget()

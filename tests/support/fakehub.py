@@ -6,7 +6,8 @@ fixed commit that `main` resolves to. A test points huggingface_hub at it with `
 
 It stands in for huggingface.co, which tests may not reach (and this machine cannot): every
 request a test's download makes comes here, and is logged, so a test can say which files were
-asked for and that a start asked for nothing; and it can fail on purpose (`drop`, `stop_after`).
+asked for and that a start asked for nothing; and it can fail on purpose (`drop`, `stop_after`,
+`silent`).
 
 What it answers, as the hub does (huggingface_hub's file_download.py and hf_api.py read these):
 
@@ -91,6 +92,8 @@ class FakeHub:
         self._drop: dict[str, int] = {}  # file -> the byte after which its content is cut
         self._stop_after: str | None = None
         self._stopped = False
+        self._silent: set[str] = set()  # kinds of request held unanswered until heal()
+        self._released = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -109,6 +112,7 @@ class FakeHub:
         return self
 
     def close(self) -> None:
+        self._released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -168,11 +172,21 @@ class FakeHub:
         with self._lock:
             self._stop_after, self._stopped = file, False
 
+    def silent(self, kind: str) -> None:
+        """Accept every request of `kind` ("tree": the file list's pages) and answer nothing,
+        the connection held open, until `heal()` or `close()` (a hub behind a proxy that
+        stalls): no client timeout of its own ends it, the caller's bound must."""
+        with self._lock:
+            self._silent.add(kind)
+            self._released.clear()
+
     def heal(self) -> None:
         """Answer every request again."""
         with self._lock:
             self._drop.clear()
             self._stop_after, self._stopped = None, False
+            self._silent.clear()
+        self._released.set()
 
     # -- what was asked -----------------------------------------------------------------------
 
@@ -200,6 +214,10 @@ class FakeHub:
     def _answering(self) -> bool:
         with self._lock:
             return not self._stopped
+
+    def _holds(self, kind: str) -> bool:
+        with self._lock:
+            return kind in self._silent
 
     def _served(self, file: str) -> None:
         with self._lock:
@@ -288,6 +306,11 @@ class _Handler(BaseHTTPRequestHandler):
         wanted = self.headers.get("Range")
         if not hub._answering():
             hub._record(Request(method, kind, file, wanted, answered=False))
+            self._hang_up()
+            return
+        if hub._holds(kind):
+            hub._record(Request(method, kind, file, wanted, answered=False))
+            hub._released.wait()
             self._hang_up()
             return
         hub._record(Request(method, kind, file, wanted, answered=True))

@@ -8,12 +8,15 @@ for a hub ID, and before diffusers is, so that the operator's HF_HUB_OFFLINE is 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib
 import json
 import logging
 import re
 import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,11 @@ REVISION = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
 # left out where the component has its own: diffusers loads those without a `variant`.
 VARIANTS = frozenset({"fp16", "bf16", "fp32", "fp8", "ema", "non_ema"})
 PREFERRED_WEIGHTS = ".safetensors"
+DOWNLOAD_WORKERS = 8  # files downloaded at once: snapshot_download's default max_workers
+# A page of the file list is waited for this many times huggingface_hub's timeout for a
+# file's metadata (HF_HUB_ETAG_TIMEOUT, 10 s by default): a page is one request, as a file's
+# metadata is, and may be retried.
+LIST_PAGE_TIMEOUTS = 3
 # What a component's folder may hold that the load never reads (other frameworks' weights).
 NOT_READ = (".onnx", ".onnx_data", ".msgpack", ".h5", ".ckpt", ".tflite", ".mlmodel", ".pb")
 
@@ -131,21 +139,27 @@ def download_snapshot(model: HubModel) -> Path:
     """Download `model`'s model_index.json and its components' files into the cache (resumed
     where an earlier download stopped, with huggingface_hub's progress on a terminal) and
     return its snapshot folder; one line for a repository, revision or file the hub does not
-    give, or a connection to it that failed (refused, dropped, timed out)."""
+    give, or a connection to it that failed (refused, dropped, timed out, or silent).
+
+    Each file is huggingface_hub's `hf_hub_download` at the resolved commit, DOWNLOAD_WORKERS
+    at a time (as its snapshot_download does), whose requests carry its timeouts
+    (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT); the file list is bounded here (see
+    _file_list), since its API call carries none."""
     hub = _hub()
     try:
         with _hub_quiet_unless_terminal(hub):
             index = Path(hub.hf_hub_download(model.repo_id, INDEX, revision=model.revision))
             commit = index.parent.name
-            files = hub.list_repo_files(model.repo_id, revision=commit)
+            files = _file_list(hub, model, commit)
             chosen = snapshot_files(_read_index(index, model), files)
-            folder = Path(
-                hub.snapshot_download(
-                    model.repo_id,
-                    revision=commit,
-                    allow_patterns=[_literal(f) for f in (INDEX, *chosen)],
-                )
-            )
+            with concurrent.futures.ThreadPoolExecutor(DOWNLOAD_WORKERS) as pool:
+                fetched = [
+                    pool.submit(hub.hf_hub_download, model.repo_id, name, revision=commit)
+                    for name in chosen if name != INDEX
+                ]  # fmt: skip
+                for each in fetched:
+                    each.result()
+            folder = index.parent
     except (OSError, ValueError, hub.errors.EntryNotFoundError, *_transport_errors()) as exc:
         raise ConfigError(
             f"--model-path {model.shown}: cannot be downloaded from the hub into"
@@ -159,6 +173,39 @@ def download_snapshot(model: HubModel) -> Path:
             field="model_path",
         )
     return folder
+
+
+def _file_list(hub: Any, model: HubModel, commit: str) -> list[str]:
+    """The repository's files at `commit`, read from the hub's paged tree API in a thread of
+    its own, each page within LIST_PAGE_TIMEOUTS x HF_HUB_ETAG_TIMEOUT seconds: huggingface_hub
+    2.4's `list_repo_tree` sets no timeout, so a hub that takes the connection and never
+    answers would hold the startup for ever. A TimeoutError past that; the call's own error
+    where it fails."""
+    bound_s = LIST_PAGE_TIMEOUTS * float(hub.constants.HF_HUB_ETAG_TIMEOUT)
+    repo_file = importlib.import_module("huggingface_hub.hf_api").RepoFile
+    names: list[str] = []
+    failed: list[BaseException] = []
+    answered = [time.monotonic()]  # when the latest page came
+    done = threading.Event()
+
+    def walk() -> None:
+        try:
+            for entry in hub.list_repo_tree(model.repo_id, recursive=True, revision=commit):
+                answered[0] = time.monotonic()
+                if isinstance(entry, repo_file):
+                    names.append(entry.path)
+        except BaseException as exc:  # raised again on the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=walk, name="hub-file-list", daemon=True).start()
+    while not done.wait(0.1):
+        if time.monotonic() - answered[0] > bound_s:
+            raise TimeoutError(f"the hub did not answer for its file list in {bound_s:g} s")
+    if failed:
+        raise failed[0]
+    return names
 
 
 def snapshot_files(index: dict[str, Any], repo_files: Iterable[str]) -> tuple[str, ...]:
@@ -248,11 +295,6 @@ def _variant(name: str) -> bool:
 
 def _is_bin_index(name: str) -> bool:
     return name.endswith(".bin.index.json")
-
-
-def _literal(name: str) -> str:
-    """A file's name as an fnmatch pattern that matches it alone."""
-    return re.sub(r"([\[\]*?])", r"[\1]", name)
 
 
 def _read_index(path: Path, model: HubModel) -> dict[str, Any]:
