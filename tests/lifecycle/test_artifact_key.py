@@ -274,3 +274,31 @@ def test_a_boot_whose_key_file_others_can_read_is_refused_in_one_line(
     said = done.stdout + done.stderr
     assert OPERATOR not in said
     assert hashlib.sha256(OPERATOR.encode()).hexdigest() not in said
+
+
+@pytest.mark.parametrize(
+    ("command", "uses"),
+    [
+        (("boot", "--keeper", "keeper.sock"), "a keeper named by path"),
+        (("serve", "--port", "0", "--compile"), "serve --compile"),
+    ],
+    ids=["boot-keeper", "serve-compile"],
+)
+def test_a_key_file_that_is_not_there_is_refused_before_any_rank_starts(
+    tmp_path: Path, lifecycle_cli: Callable[..., Completed], command: tuple[str, ...], uses: str
+) -> None:
+    """Where the startup would use the artifact key (with a keeper, whose messages are signed
+    with a key derived from it; under `serve --compile`, as under `boot --compile`), a
+    LIFECYCLE_ARTIFACT_KEY_FILE that names no file is one line naming it, exit 2, before the
+    journal is opened: nothing journaled, no failed gate-check, no server started."""
+    missing = tmp_path / "keys" / "artifact.key"
+    env = {"LIFECYCLE_ARTIFACT_KEY_FILE": str(missing)}
+    done = lifecycle_cli(
+        command[0], "--model", "micro-video", "--db", "j.db", *command[1:], env=env, timeout=240
+    )
+    assert done.returncode == 2, (uses, done.stdout + done.stderr)
+    assert f"LIFECYCLE_ARTIFACT_KEY_FILE={str(missing)!r}" in one_clear_line(done)
+    assert "No such file" in one_clear_line(done)
+    assert "serving on" not in done.stdout and "gate-check" not in done.stdout + done.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("j.db")]
+    assert not missing.exists()

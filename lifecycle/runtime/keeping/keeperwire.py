@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lifecycle.runtime.artifacts.signing import artifact_key
+
 _LABEL = b"lifecycle-keeper/1"
 _SKELETON_TAG = b"lifecycle-skeleton/1"
 HEADER_LIMIT = 1 << 20  # a header is a few hundred bytes; a bigger one is garbage
@@ -207,3 +209,19 @@ def ask(
         _close(got)
         raise KeeperUnavailable(f"refused: {str(answer['error'])[:200]}")
     return answer, got
+
+
+def keeper_link(
+    args_keeper: str, *, journal: str, env: Mapping[str, str]
+) -> tuple[KeeperLink | None, str]:
+    """The keeper --keeper names and its key, or None and why none is used; ConfigError (one
+    line) for an artifact key that cannot be used, which the launcher checks before a rank
+    starts and a rank meets again here."""
+    if args_keeper == "off":
+        return None, "--keeper off"
+    named = args_keeper != "auto"
+    path = Path(args_keeper) if named else default_socket(env)
+    if not named and private_socket(path) is not None:
+        return None, f"no keeper at {path}"
+    key = KeeperKey.derived(artifact_key(env, journal=journal).secret)
+    return KeeperLink(path=path, key=key, named=named), ""

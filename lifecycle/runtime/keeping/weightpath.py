@@ -8,7 +8,6 @@ import gc
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -23,14 +22,11 @@ from lifecycle.core.format.events import (
     WeightsKept,
     WeightsPath,
 )
-from lifecycle.runtime.artifacts.signing import artifact_key
 from lifecycle.runtime.keeping.keeperwire import (
-    KeeperKey,
     KeeperLink,
     KeeperUnavailable,
     ask,
-    default_socket,
-    private_socket,
+    keeper_link,
 )
 from lifecycle.runtime.keeping.skeleton import (
     NotPackable,
@@ -52,20 +48,6 @@ OUTPUT_DIFFERS = "the output of the fixed request differs from the reference"
 
 class AttachRefused(Exception):
     """What the keeper handed is not to be served with; what differed, in words."""
-
-
-def keeper_link(
-    args_keeper: str, *, journal: str, env: Mapping[str, str]
-) -> tuple[KeeperLink | None, str]:
-    """The keeper --keeper names and its key, or None and why none is used."""
-    if args_keeper == "off":
-        return None, "--keeper off"
-    named = args_keeper != "auto"
-    path = Path(args_keeper) if named else default_socket(env)
-    if not named and private_socket(path) is not None:
-        return None, f"no keeper at {path}"
-    key = KeeperKey.derived(artifact_key(env, journal=journal).secret)
-    return KeeperLink(path=path, key=key, named=named), ""
 
 
 def load_or_attach(rt: RankRuntime, load: Any) -> None:

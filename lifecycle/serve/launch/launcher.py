@@ -17,6 +17,7 @@ from lifecycle.core.format.states import State
 from lifecycle.core.settings.config import ServerArgs
 from lifecycle.runtime.artifacts.signing import artifact_key
 from lifecycle.runtime.group.signals import leave_process, watch_shutdown_signals
+from lifecycle.runtime.keeping.keeperwire import keeper_link
 from lifecycle.runtime.phases import IMPORT_RUNTIME, IMPORT_TORCH, OPEN_JOURNAL, mark
 from lifecycle.runtime.recorder import Recorder
 from lifecycle.serve.console.progress import ProgressPrinter
@@ -45,8 +46,7 @@ def boot(args: ServerArgs, *, created_at: float, options: LaunchOptions) -> int:
     Under torchrun this process is one rank of the group; otherwise one rank runs here and
     several run as spawned processes.
     """
-    if args.enable_torch_compile:  # an artifact key that cannot be used: refused before a rank
-        artifact_key(os.environ, journal=args.db)
+    refuse_unusable_key(args)
     if under_torchrun(os.environ):
         from lifecycle.serve.ranks.worker import RankEnv, run_rank_process
 
@@ -75,6 +75,7 @@ def serve(
     """Boot the ranks as processes of their own and serve HTTP here until SIGTERM, or until
     `front.linger_s` after a fatal startup failure (then exit 1, so that a pod restarts). Under
     torchrun this process is one rank of the group, and rank 0 serves HTTP."""
+    refuse_unusable_key(args)
     if under_torchrun(os.environ):
         from lifecycle.serve.launch.nodeserve import serve_under_torchrun
 
@@ -82,6 +83,17 @@ def serve(
     from lifecycle.serve.http.server import serve_http
 
     return serve_http(args, created_at=created_at, options=options, front=front)
+
+
+def refuse_unusable_key(args: ServerArgs) -> None:
+    """An artifact key that cannot be used (LIFECYCLE_ARTIFACT_KEY too short, the file
+    LIFECYCLE_ARTIFACT_KEY_FILE names missing or open to others): ConfigError, one line, before
+    the journal is opened or a rank starts, where the startup would use it: --compile signs
+    and checks artifacts with it, and a keeper's messages are signed with a key derived from
+    it (--keeper PATH, or auto where the host's keeper socket is there)."""
+    if args.enable_torch_compile:
+        artifact_key(os.environ, journal=args.db)
+    keeper_link(args.keeper, journal=args.db, env=os.environ)
 
 
 def _torchrun_env(env: Mapping[str, str]) -> str:
