@@ -34,6 +34,9 @@ VARYING = (
     # complete", or a receive, "Operation timed out!").
     (re.compile(r"(did not finish within \S+ s \([^)]*\)): .*$"), r"\1: BACKEND'S WORDS"),
     (re.compile(r"\b\d{8}-\d{6}-[0-9a-f]{6}\b"), "RUN"),  # a run id
+    # A collective's number in its group: gate-check probes the links once more when a round
+    # finds a rank slow, which a loaded machine can make one seem.
+    (re.compile(r"#\d+\b"), "#N"),
     (re.compile(r"\d+\.\d+(e-?\d+)?"), "N"),  # seconds, MiB
     (re.compile(r"\b[0-9a-f]{12,16}\b"), "HEX"),  # a request id, a checksum
     (re.compile(r"\b\d{5,}\b"), "N"),  # bytes

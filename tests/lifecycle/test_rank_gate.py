@@ -19,6 +19,7 @@ import pytest
 
 from lifecycle.core.decisions.rankcheck import (
     ProbeFigures,
+    best_of,
     cross_host_partners,
     describe_slow,
     environment_differences,
@@ -101,6 +102,44 @@ def test_a_slow_link_names_the_members_of_the_group_slower_than_its_kind() -> No
     assert [(f.rank, f.measure, f.group) for f in found] == [
         (0, "link", "ulysses0"), (1, "link", "ulysses0"),
     ]  # fmt: skip
+
+
+def test_a_slow_link_names_its_member_slow_in_compute_not_the_ones_that_waited_for_it() -> None:
+    """Rank 1 slow in compute makes its group cfg1 = {1, 3} slow too: the link's finding names
+    rank 1, not rank 3, which waited for it; a slow link with no member slow in compute still
+    names every member."""
+    figures = [
+        ProbeFigures(rank=r, compute_s=0.008 if r == 1 else 0.002,
+                     links={f"ulysses{r // 2}": 0.001, f"cfg{r % 2}": 0.01 if r % 2 else 0.002})
+        for r in range(4)
+    ]  # fmt: skip
+    found = slow_findings(figures, threshold=0.7)
+    assert [(f.rank, f.measure, f.group) for f in found] == [
+        (1, "compute", "world"), (1, "link", "cfg1"),
+    ]  # fmt: skip
+    figures[1] = ProbeFigures(rank=1, compute_s=0.002, links=figures[1].links)
+    found = slow_findings(figures, threshold=0.7)
+    assert [(f.rank, f.group) for f in found] == [(1, "cfg1"), (3, "cfg1")]
+
+
+def test_a_second_round_keeps_each_ranks_best_figure_measure_by_measure() -> None:
+    """A rank measured slow in one round and not in the other is not slow; one slow in both
+    is (best_of, the rounds gate-check runs when a round finds a rank slow)."""
+
+    def rnd(slow: dict[int, float], crossing: float | None = None) -> list[ProbeFigures]:
+        return [
+            ProbeFigures(rank=r, compute_s=slow.get(r, 0.002), links={"ulysses0": 0.001 + r},
+                         cross_host_s=crossing)
+            for r in range(2)
+        ]  # fmt: skip
+
+    first, second = rnd({0: 0.009, 1: 0.008}, crossing=0.5), rnd({1: 0.008}, crossing=0.25)
+    best = best_of(first, second)
+    assert [(f.compute_s, f.links, f.cross_host_s) for f in best] == [
+        (0.002, {"ulysses0": 0.001}, 0.25), (0.008, {"ulysses0": 1.001}, 0.25),
+    ]  # fmt: skip
+    assert [f.rank for f in slow_findings(best, threshold=0.7)] == [1]
+    assert best_of(rnd({}), rnd({}, crossing=0.1))[0].cross_host_s is None
 
 
 def test_across_hosts_each_rank_exchanges_with_its_place_on_the_next_host_and_the_one_before() -> (

@@ -9,17 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from lifecycle.core.decisions.rankcheck import TEST_ENVIRONMENT_ENV, as_told
 from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.kinds.rankevents import RankEnvironment
 from lifecycle.core.settings.config import ServerArgs
 from lifecycle.core.settings.modelspec import MODEL_PRESETS
-from lifecycle.runtime.group.gatecheck import (
-    DIAGNOSTICS_CHARS,
-    TEST_ENVIRONMENT_ENV,
-    _as_told,
-    nccl_diagnostics_env,
-    nccl_report,
-)
+from lifecycle.runtime.group.gatecheck import DIAGNOSTICS_CHARS, nccl_diagnostics_env, nccl_report
 
 FOUND = RankEnvironment(
     host="node-1", torch="2.13.0", cuda="", nccl="", driver="", python="3.11.7", device="cpu",
@@ -31,9 +26,9 @@ def test_the_hook_tells_one_rank_another_environment() -> None:
     """`RANK:FIELD=VALUE,...`: the rank named reports the values told, every other rank what it
     found; a size is a number."""
     told = "1:torch=9.9,1:memory_bytes=1024,0:nccl=2.31.0"
-    one = _as_told(FOUND, rank=1, text=told)
+    one = as_told(FOUND, rank=1, text=told)
     assert (one.torch, one.memory_bytes, one.nccl) == ("9.9", 1024, "")
-    assert _as_told(FOUND, rank=2, text=told) == FOUND
+    assert as_told(FOUND, rank=2, text=told) == FOUND
 
 
 @pytest.mark.parametrize(
@@ -48,7 +43,7 @@ def test_the_hook_refuses_what_is_not_a_field_or_a_size(told: str, said: str) ->
     is refused naming the hook, on every rank (not only the one named), not ignored."""
     for rank in (0, 1):
         with pytest.raises(ConfigError) as refused:
-            _as_told(FOUND, rank=rank, text=told)
+            as_told(FOUND, rank=rank, text=told)
         assert TEST_ENVIRONMENT_ENV in str(refused.value) and said in str(refused.value)
 
 

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
+from lifecycle.core.errors import ConfigError
 from lifecycle.core.format.kinds.rankevents import EnvironmentDifference, RankEnvironment
 
 # The fields whose disagreement changes numerics or collectives: the startup fails on them.
@@ -18,6 +19,9 @@ MATTERING = frozenset({"torch", "cuda", "nccl", "dtype", "capability"})
 # The host differs by design.
 _COMPARED = tuple(f.name for f in fields(RankEnvironment) if f.name != "host")
 DEFAULT_SLOW_RANK_THRESHOLD = 0.7
+# A test hook, for tests only: `RANK:FIELD=VALUE[,...]` makes that rank report VALUE for a
+# field of its environment (another torch, another NCCL), as a rank started elsewhere would.
+TEST_ENVIRONMENT_ENV = "LIFECYCLE_TEST_RANK_ENVIRONMENT"
 # The measure's group of an exchange between hosts (across nodes), by rank pairs.
 CROSS_HOST = "cross-host"
 
@@ -53,6 +57,26 @@ def environment_differences(
             )
         )
     return tuple(found)
+
+
+def as_told(found: RankEnvironment, *, rank: int, text: str) -> RankEnvironment:
+    """`found` with what the test hook tells this rank to report instead; a field the hook
+    names that is not one, or a size that is not a number, is refused naming the hook."""
+    names = [f.name for f in fields(RankEnvironment)]
+    told: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        where, _, assignment = item.partition(":")
+        name, _, value = assignment.partition("=")
+        if name not in names:
+            raise ConfigError(
+                f"{TEST_ENVIRONMENT_ENV}: {item!r}: no field {name!r} (the fields: "
+                f"{', '.join(names)})"
+            )
+        if name == "memory_bytes" and not value.isdigit():
+            raise ConfigError(f"{TEST_ENVIRONMENT_ENV}: {item!r}: memory_bytes is a number")
+        if where.strip() == str(rank):
+            told[name] = int(value) if name == "memory_bytes" else value
+    return replace(found, **told) if told else found  # type: ignore[arg-type]
 
 
 def describe_difference(difference: EnvironmentDifference) -> str:
@@ -165,12 +189,13 @@ def unusable_figure(figures: Sequence[ProbeFigures]) -> Unusable | None:
 def slow_findings(figures: Sequence[ProbeFigures], *, threshold: float) -> tuple[SlowFinding, ...]:
     """The ranks whose speed (the inverse of a figure) is below `threshold` of the median
     speed: in compute, against every rank; in a link, a group against the groups of its kind
-    (ulysses against ulysses), each of its members named, and a rank's exchange across hosts
-    against every other rank's. A kind with one group has nothing to be compared with.
-    Figures must be usable (see unusable_figure)."""
+    (ulysses against ulysses), each of its members named (those of them slow in compute, where
+    any is), and a rank's exchange across hosts against every other rank's. A kind with one
+    group has nothing to be compared with. Figures must be usable (see unusable_figure)."""
     found: list[SlowFinding] = []
     if len(figures) > 1:
         found.extend(_below("compute", "world", {f.rank: f.compute_s for f in figures}, threshold))
+    computing_slowly = {finding.rank for finding in found}
     groups: dict[str, list[float]] = {}
     members: dict[str, list[int]] = {}
     for each in figures:
@@ -184,11 +209,34 @@ def slow_findings(figures: Sequence[ProbeFigures], *, threshold: float) -> tuple
         if len(kind_groups) < 2:
             continue
         for slow in _below("link", "", kind_groups, threshold):
-            found.extend(replace(slow, rank=rank) for rank in members[slow.group])
+            # A member slow in compute is why its group's all-to-all is slow: it is named,
+            # not the members that waited for it.
+            named = [r for r in members[slow.group] if r in computing_slowly]
+            found.extend(replace(slow, rank=rank) for rank in named or members[slow.group])
     crossing = {f.rank: f.cross_host_s for f in figures if f.cross_host_s is not None}
     if len(crossing) > 1:  # each rank's exchange across hosts against every other's
         found.extend(_below("link", CROSS_HOST, crossing, threshold))
     return tuple(found)
+
+
+def best_of(first: Sequence[ProbeFigures], again: Sequence[ProbeFigures]) -> list[ProbeFigures]:
+    """Each rank's best (least) figure of two rounds of the probes, measure by measure: a
+    rank found slow is measured again, every rank with it, and is slow only where it was so
+    both times (a host's other work, which stalls one round, seldom stalls two)."""
+    best = []
+    for one, other in zip(first, again, strict=True):
+        crossing = one.cross_host_s
+        if crossing is not None and other.cross_host_s is not None:
+            crossing = min(crossing, other.cross_host_s)
+        best.append(
+            ProbeFigures(
+                rank=one.rank,
+                compute_s=min(one.compute_s, other.compute_s),
+                links={g: min(s, other.links.get(g, s)) for g, s in one.links.items()},
+                cross_host_s=crossing,
+            )
+        )
+    return best
 
 
 def _below(
