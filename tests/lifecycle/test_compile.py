@@ -359,3 +359,22 @@ def test_a_header_planted_in_the_shared_temporary_folder_is_not_compiled_in(
     assert events(tmp_path / "j.db", "compiled")[-1][1]["cache"] == "miss"
     assert not marker.exists()
     assert [p for p in headers.iterdir() if p.suffix == ".gch"] == []
+
+
+def test_every_collective_and_buffer_lookup_runs_eagerly_under_compile() -> None:
+    """Under --compile a recorded collective and a staging buffer's lookup break the compiled
+    graph instead of being traced (their journal records and the buffers' dict would become
+    guards that recompile a block when they change): each is marked for
+    run_eagerly_under_compile, the one that may be called inside a block."""
+    from lifecycle.runtime.group import comm
+
+    marked = {
+        f"{owner.__name__}.{name}"
+        for owner in (comm.RecordedGroup, comm.StagingBuffers)
+        for name, member in vars(owner).items()
+        if getattr(member, comm._EAGER, False)
+    }
+    assert marked == {
+        "RecordedGroup.all_to_all", "RecordedGroup.exchange", "RecordedGroup.all_gather",
+        "RecordedGroup.all_reduce", "StagingBuffers.get",
+    }  # fmt: skip

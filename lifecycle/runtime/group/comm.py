@@ -225,6 +225,7 @@ class RecordedGroup:
             ),
         )
 
+    @_eager
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, purpose: str) -> None:
         """Gather every member's `inp` into `out[i]` for member i."""
         if self.size == 1:
